@@ -1,0 +1,5 @@
+import sys
+
+from gs1.cli import main
+
+sys.exit(main())

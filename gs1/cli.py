@@ -1,0 +1,60 @@
+"""`gs1` console script: a thin dispatcher over gs1.commands.*.
+
+Every user-facing failure is a `UserError` (or an argparse error) and ends as one line on
+stderr with exit code 2 -- never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from gs1.errors import UserError
+
+# Telemetry off before anything imports prefect.
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (argparse prints usage + message)
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gs1.commands import COMMANDS
+
+    parser = _Parser(prog="gs1", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"gs1.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"gs1.commands.{name}":
+                continue  # command not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except UserError as e:
+        sys.stderr.write(f"gs1: error: {e}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("gs1: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
