@@ -1,0 +1,77 @@
+"""Atomic artifact writers and checked readers.
+
+Every artifact is written to a temp file in the destination folder and renamed into place, so a
+crash never leaves a half-written file and a failed write never clobbers the previous one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from gs1.errors import UserError
+
+
+def _atomic_write(path: Path, write) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_parquet_atomic(table: pa.Table, path: str | Path, schema: pa.Schema | None = None) -> Path:
+    """Write `table` (cast to `schema` when given) to `path` atomically."""
+    if schema is not None:
+        table = table.select(schema.names).cast(schema)
+    return _atomic_write(Path(path), lambda tmp: pq.write_table(table, tmp))
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    def write(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    return _atomic_write(Path(path), write)
+
+
+def write_json_atomic(path: str | Path, obj) -> Path:
+    return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_jsonl_atomic(path: str | Path, rows: Iterable[dict]) -> Path:
+    return write_text_atomic(path, "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows))
+
+
+def read_parquet(path: str | Path, schema: pa.Schema | None = None, required: Iterable[str] = ()) -> pa.Table:
+    """Read a Parquet artifact; a missing file, unreadable file or missing column is a UserError."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such file")
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # pyarrow raises several types for a corrupt file
+        raise UserError(f"{path}: not a readable Parquet file ({type(e).__name__})") from None
+    names = list(schema.names) if schema is not None else []
+    missing = [c for c in [*names, *required] if c not in table.column_names]
+    if missing:
+        raise UserError(f"{path}: missing column(s) {', '.join(sorted(set(missing)))}")
+    if schema is not None:
+        try:
+            table = table.select(schema.names).cast(schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise UserError(f"{path}: columns do not match the schema ({e})") from None
+    return table
