@@ -1,0 +1,173 @@
+"""The `tinker` backend: the real Tinker SDK, checked for reachability before it is built.
+
+The user sets `TINKER_BASE_URL` (the service root, e.g.
+`https://tinker.thinkingmachines.dev/services/tinker-prod`) and `TINKER_API_KEY` (a key
+starting `tml-`, or a Tinker-issued JWT), or passes `base_url=` / `api_key=`.
+
+`tinker.ServiceClient` opens no connection when it is built, and once used it retries an
+unreachable service for minutes. So before building one this module probes
+`GET {base_url}/api/v1/healthz` and then asks `POST /api/v1/client/config` with the key (the
+SDK's own first authenticated call), within `probe_timeout` seconds in all, and turns every
+way that can fail into one `UserError` line. The key is sent only in the `X-API-Key` header
+(how the SDK authenticates) and never appears in a message.
+
+Retries after start-up are the SDK's own, and they already cover what the RL loop needs
+(tinker 0.38, read from `tinker/lib`):
+- every request it submits (`asample`, `forward_backward`, `optim_step`, saves, session
+  calls) goes through `InternalClientHolder.execute_with_retries`: connection errors,
+  timeouts, 408/409/429 and 5xx are retried with backoff 1, 2, 4 ... 30 s for up to 5 min
+  (402 billing pauses for up to an hour);
+- polling a result (`/retrieve_future`) retries 5xx at once, connection errors and 429
+  with backoff, and re-submits a sample whose promise expired (410);
+- `SamplingClient.sample` runs under `RetryHandler` (`RetryConfig`): the retryable errors
+  again, backoff 0.5 s doubling to 10 s with 25 % jitter, until no request has made
+  progress for `progress_timeout` (2 h). `SAMPLE_RETRY_CONFIG` below is that default,
+  exposed so a caller can pass a tighter one to `create_sampling_client(retry_config=...)`
+  or `save_weights_and_get_sampling_client(retry_config=...)`.
+What the SDK does not retry is a request the service reports as failed
+(`RequestFailedError`); `rl.sampling.sample_bounded` retries those a bounded number of times.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import httpx
+import tinker
+from tinker.lib.retry_handler import RetryConfig
+
+from gs1.errors import UserError
+
+HEALTHZ_PATH = "/api/v1/healthz"
+CLIENT_CONFIG_PATH = "/api/v1/client/config"
+
+# The SDK's default retry policy for sampling, named so callers can see and adjust it.
+SAMPLE_RETRY_CONFIG = RetryConfig()
+
+
+def make_tinker_service_client(
+    base_url: str | None = None,
+    api_key: str | None = None,
+    *,
+    probe_timeout: float = 5.0,
+    **service_kwargs: Any,
+) -> tinker.ServiceClient:
+    """A real `tinker.ServiceClient` for a service that answered its health and key checks.
+
+    `base_url` defaults to `$TINKER_BASE_URL` and `api_key` to `$TINKER_API_KEY`.
+    `service_kwargs` go to `tinker.ServiceClient` (`user_metadata`, `project_id`,
+    `display_name`, `default_headers_overrides`). Raises `UserError` (one line, no key in
+    it) when either is missing or malformed, the service cannot be reached, or it rejects
+    the key.
+    """
+    base_url = _resolve_base_url(base_url)
+    api_key = _resolve_api_key(api_key)
+    extra_headers = dict(service_kwargs.get("default_headers_overrides") or {})
+    probe_service(base_url, api_key, timeout=probe_timeout, headers=extra_headers)
+    return tinker.ServiceClient(base_url=base_url, api_key=api_key, **service_kwargs)
+
+
+def probe_service(
+    base_url: str,
+    api_key: str,
+    *,
+    timeout: float = 5.0,
+    headers: dict[str, str] | None = None,
+) -> None:
+    """Check that `base_url` is a live Tinker service that accepts `api_key`, within `timeout` s.
+
+    `headers` are sent with both requests, after the Cloudflare Access headers the SDK itself
+    adds from `CLOUDFLARE_ACCESS_CLIENT_ID` / `CLOUDFLARE_ACCESS_CLIENT_SECRET`, so the probe
+    passes the same gateway the SDK will. Raises `UserError` with one line naming what is wrong.
+    """
+    deadline = time.monotonic() + timeout
+    sent_headers = _sdk_default_headers() | dict(headers or {})
+    with httpx.Client(timeout=timeout, follow_redirects=True, headers=sent_headers) as http:
+        health = _request(http, "GET", base_url, HEALTHZ_PATH, api_key, deadline)
+        if not health.is_success:
+            raise UserError(
+                f"Tinker service at {base_url} is not healthy: GET {HEALTHZ_PATH} answered "
+                f"HTTP {health.status_code}"
+            )
+        config = _request(
+            http, "POST", base_url, CLIENT_CONFIG_PATH, api_key, deadline,
+            headers={"X-API-Key": api_key},
+            json={"sdk_version": tinker.__version__},
+        )
+    if config.status_code in (401, 403):
+        raise UserError(
+            f"Tinker service at {base_url} rejected TINKER_API_KEY (HTTP {config.status_code})"
+        )
+    if not config.is_success:
+        raise UserError(
+            f"Tinker service at {base_url} failed the client check: POST {CLIENT_CONFIG_PATH} "
+            f"answered HTTP {config.status_code}"
+        )
+
+
+def _request(
+    http: httpx.Client,
+    method: str,
+    base_url: str,
+    path: str,
+    api_key: str,
+    deadline: float,
+    **kwargs: Any,
+) -> httpx.Response:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise UserError(f"Tinker service at {base_url} did not answer in time ({path})")
+    try:
+        return http.request(method, base_url + path, timeout=remaining, **kwargs)
+    except httpx.TimeoutException:
+        raise UserError(
+            f"Tinker service at {base_url} did not answer {path} within the probe timeout; "
+            "check TINKER_BASE_URL and your network"
+        ) from None
+    except httpx.HTTPError as e:
+        reason = _redact(_one_line(f"{type(e).__name__}: {e}"), api_key)
+        raise UserError(
+            f"Tinker service at {base_url} is unreachable ({reason}); check TINKER_BASE_URL"
+        ) from None
+
+
+def _sdk_default_headers() -> dict[str, str]:
+    # Mirrors tinker.lib.internal_client_holder._get_default_headers (private in the SDK).
+    headers = {}
+    if client_id := os.environ.get("CLOUDFLARE_ACCESS_CLIENT_ID"):
+        headers["CF-Access-Client-Id"] = client_id
+    if client_secret := os.environ.get("CLOUDFLARE_ACCESS_CLIENT_SECRET"):
+        headers["CF-Access-Client-Secret"] = client_secret
+    return headers
+
+
+def _resolve_base_url(base_url: str | None) -> str:
+    resolved = (base_url or os.environ.get("TINKER_BASE_URL") or "").strip()
+    if not resolved:
+        raise UserError(
+            "no Tinker service URL: set TINKER_BASE_URL (e.g. "
+            "https://tinker.thinkingmachines.dev/services/tinker-prod) or pass base_url"
+        )
+    if not resolved.startswith(("http://", "https://")):
+        raise UserError(f"TINKER_BASE_URL must start with http:// or https://, got {resolved!r}")
+    return resolved.rstrip("/")
+
+
+def _resolve_api_key(api_key: str | None) -> str:
+    resolved = (api_key or os.environ.get("TINKER_API_KEY") or "").strip()
+    if not resolved:
+        raise UserError("no Tinker API key: set TINKER_API_KEY or pass api_key")
+    # The SDK's own rule (ApiKeyAuthProvider): a `tml-` key or a Tinker-issued JWT.
+    if not resolved.startswith(("tml-", "eyJ")):
+        raise UserError("TINKER_API_KEY is malformed: a Tinker API key starts with 'tml-'")
+    return resolved
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _redact(text: str, secret: str) -> str:
+    return text.replace(secret, "<redacted>") if secret else text

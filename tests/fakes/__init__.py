@@ -1,0 +1,1 @@
+"""Test-only fakes (named `Fake...`): never imported by the package itself."""
