@@ -1,4 +1,25 @@
-"""Advantage estimators (float64 numpy). Filled in by the estimators issue."""
+"""Advantage estimators (float64 numpy, small pure functions over plain arrays).
+
+Every estimator gives each rollout a baseline b_i and the advantage r_i - b_i. Semantics are
+pinned in DESIGN.md ("Spec semantics pinned here"):
+
+- grpo: b_i = mean reward of i's group (same prompt, same step), no std division; equal to
+  `tinker_cookbook.rl.data_processing.compute_advantages`.
+- batch_mean: b_i = mean reward of the step's batch, i included (FlashREINFORCE's baseline).
+- rloo: b_i = mean reward of the other rollouts of i's group; a group of one gets advantage 0.
+- gs1_kernel: b_i = kernel-weighted mean reward over a window of rollouts without i (below).
+
+The RL loop calls `advantages_for_step` once per step with the spec's `advantage` name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rl.kernels import effective_neighbors, kernel_weights, squared_distances, standardize
 
 # Spec `advantage` name -> estimator id.
 ADVANTAGE_ESTIMATORS = {
@@ -7,3 +28,390 @@ ADVANTAGE_ESTIMATORS = {
     "batch_mean": "batch_mean",
     "leave_one_out": "rloo",
 }
+
+# The user's pinned kernel (docs/contracts.md "Kernel config").
+DEFAULT_KERNEL = {
+    "family": "gaussian",
+    "features": ["log_prompt_num_tokens", "prompt_mean_logprob"],
+    "scales": None,
+    "bandwidth": 0.5,
+    "window": 256,
+    "min_mass": 1e-3,
+}
+
+
+# ---------------------------------------------------------------------------- group baselines
+
+
+def _rewards(rewards_R) -> np.ndarray:
+    rewards_R = np.asarray(rewards_R, dtype=np.float64)
+    if rewards_R.ndim != 1:
+        raise ValueError("rewards must be a 1-d array")
+    if not np.all(np.isfinite(rewards_R)):
+        raise ValueError("rewards must be finite")
+    return rewards_R
+
+
+def _group_sums(rewards_R: np.ndarray, group_ids_R) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(group index per rollout, reward sum per group, size per group)."""
+    group_ids_R = np.asarray(group_ids_R)
+    if group_ids_R.shape != rewards_R.shape:
+        raise ValueError("group_ids must have one entry per reward")
+    _, group_R = np.unique(group_ids_R, return_inverse=True)
+    group_R = group_R.reshape(-1)
+    sums_G = np.bincount(group_R, weights=rewards_R)
+    sizes_G = np.bincount(group_R)
+    return group_R, sums_G, sizes_G
+
+
+def grpo_advantages(rewards_R, group_ids_R) -> tuple[np.ndarray, np.ndarray]:
+    """b_i = mean reward of i's group (self included). Returns (baseline_R, advantage_R)."""
+    rewards_R = _rewards(rewards_R)
+    group_R, sums_G, sizes_G = _group_sums(rewards_R, group_ids_R)
+    baseline_R = sums_G[group_R] / sizes_G[group_R]
+    return baseline_R, rewards_R - baseline_R
+
+
+def batch_mean_advantages(rewards_R) -> tuple[np.ndarray, np.ndarray]:
+    """b_i = mean reward of the whole batch (self included). Returns (baseline_R, advantage_R)."""
+    rewards_R = _rewards(rewards_R)
+    baseline_R = np.full_like(rewards_R, rewards_R.mean()) if rewards_R.size else rewards_R.copy()
+    return baseline_R, rewards_R - baseline_R
+
+
+def rloo_advantages(rewards_R, group_ids_R) -> tuple[np.ndarray, np.ndarray]:
+    """b_i = mean reward of the other rollouts of i's group; a group of one gets b_i = r_i."""
+    rewards_R = _rewards(rewards_R)
+    group_R, sums_G, sizes_G = _group_sums(rewards_R, group_ids_R)
+    others_R = sizes_G[group_R] - 1
+    loo_R = (sums_G[group_R] - rewards_R) / np.maximum(others_R, 1)
+    baseline_R = np.where(others_R > 0, loo_R, rewards_R)
+    return baseline_R, rewards_R - baseline_R
+
+
+# ---------------------------------------------------------------------------- gs1 kernel
+
+
+@dataclass(frozen=True)
+class KernelAdvantages:
+    """Per-rollout output of the GS1 kernel estimator (float64 arrays; fallback is bool)."""
+
+    baseline: np.ndarray
+    advantage: np.ndarray
+    kernel_mass: np.ndarray  # sum_j w_ij over the window without i
+    effective_neighbors: np.ndarray  # (sum_j w_ij)^2 / sum_j w_ij^2; 0 when there is no weight
+    fallback: np.ndarray  # kernel_mass < min_mass (window-mean or lone-rollout baseline used)
+
+    def __len__(self) -> int:
+        return len(self.baseline)
+
+
+def _features(features_R_F, n: int, name: str) -> np.ndarray:
+    features_R_F = np.asarray(features_R_F, dtype=np.float64)
+    if features_R_F.ndim == 1 and n == 0:
+        features_R_F = features_R_F.reshape(0, 0)
+    if features_R_F.ndim != 2 or features_R_F.shape[0] != n:
+        raise ValueError(f"{name} must be 2-d with one row per reward")
+    if not np.all(np.isfinite(features_R_F)):
+        raise ValueError(f"{name} must be finite")
+    return features_R_F
+
+
+def _check_kernel_params(bandwidth: float, window: int, min_mass: float) -> None:
+    if not bandwidth > 0:
+        raise ValueError(f"bandwidth must be > 0, got {bandwidth}")
+    if int(window) != window or window < 1:
+        raise ValueError(f"window must be an integer >= 1, got {window}")
+    if not min_mass >= 0:
+        raise ValueError(f"min_mass must be >= 0, got {min_mass}")
+
+
+def gs1_kernel_step(
+    rewards_B,
+    features_B_F,
+    history_rewards_H=(),
+    history_features_H_F=None,
+    *,
+    bandwidth: float = 0.5,
+    window: int = 256,
+    min_mass: float = 1e-3,
+    family: str = "gaussian",
+    scales=None,
+) -> KernelAdvantages:
+    """GS1 kernel baselines for one step's batch of B rollouts.
+
+    The window is the whole current batch plus the most recent max(0, window - B) history
+    rollouts (history is the earlier rollouts, oldest first). When window < B the window is the
+    current batch alone: every rollout of the step is always in it. For rollout i of the batch:
+
+        z = standardize(window features) * scales       (mean, population std over the window)
+        w_ij = exp(-||z_i - z_j||^2 / (2 h^2))           for j in the window, j != i
+        mass_i = sum_j w_ij
+        b_i = sum_j w_ij r_j / mass_i                    if mass_i >= min_mass
+            = mean of r_j over the window without i      otherwise (fallback)
+            = r_i                                        if i is alone in its window
+
+    Returns per-rollout baseline, advantage r - b, kernel mass, effective neighbours
+    (sum w)^2 / sum w^2 and the fallback flag (mass < min_mass).
+    """
+    _check_kernel_params(bandwidth, window, min_mass)
+    rewards_B = _rewards(rewards_B)
+    B = rewards_B.shape[0]
+    features_B_F = _features(features_B_F, B, "features_B_F")
+    history_rewards_H = _rewards(history_rewards_H)
+    H = history_rewards_H.shape[0]
+    if H == 0:  # the first step: no history (its features may be None or empty)
+        history_features_H_F = np.zeros((0, features_B_F.shape[1]))
+    elif history_features_H_F is None:
+        raise ValueError("history_features_H_F is required with history rewards")
+    history_features_H_F = _features(history_features_H_F, H, "history_features_H_F")
+    if history_features_H_F.shape[1] != features_B_F.shape[1]:
+        raise ValueError("history and batch features must have the same number of columns")
+    if B == 0:
+        empty = np.zeros(0)
+        return KernelAdvantages(empty, empty, empty, empty, np.zeros(0, dtype=bool))
+
+    n_history = min(H, max(0, int(window) - B))
+    rewards_W = np.concatenate([history_rewards_H[H - n_history :], rewards_B])
+    features_W_F = np.concatenate([history_features_H_F[H - n_history :], features_B_F], axis=0)
+    W = rewards_W.shape[0]
+
+    z_W_F = standardize(features_W_F, scales)
+    z_B_F = z_W_F[n_history:]
+    w_B_W = kernel_weights(squared_distances(z_B_F, z_W_F), bandwidth, family)
+    w_B_W[np.arange(B), n_history + np.arange(B)] = 0.0  # leave self out
+
+    mass_B = w_B_W.sum(axis=1)
+    fallback_B = mass_B < min_mass
+    kernel_mean_B = (w_B_W @ rewards_W) / np.where(fallback_B, 1.0, mass_B)
+    loo_mean_B = (rewards_W.sum() - rewards_B) / max(W - 1, 1)
+    baseline_B = np.where(fallback_B, loo_mean_B, kernel_mean_B)
+    if W == 1:
+        baseline_B = rewards_B.copy()  # alone in its window: advantage 0
+    return KernelAdvantages(
+        baseline=baseline_B,
+        advantage=rewards_B - baseline_B,
+        kernel_mass=mass_B,
+        effective_neighbors=effective_neighbors(w_B_W),
+        fallback=fallback_B,
+    )
+
+
+def step_batches(steps_R) -> list[tuple[int, int]]:
+    """[start, stop) row ranges of the consecutive runs of equal step values, in row order.
+
+    A step whose rows are not consecutive is an error: rows of one step form one batch.
+    """
+    steps_R = np.asarray(steps_R)
+    if steps_R.ndim != 1:
+        raise ValueError("steps must be a 1-d array")
+    if steps_R.size == 0:
+        return []
+    change = np.flatnonzero(steps_R[1:] != steps_R[:-1]) + 1
+    starts = np.concatenate([[0], change])
+    stops = np.concatenate([change, [steps_R.size]])
+    if len(np.unique(steps_R[starts])) != len(starts):
+        raise ValueError("the rows of each step must be consecutive (row order = rollout order)")
+    return [(int(a), int(b)) for a, b in zip(starts, stops)]
+
+
+def gs1_kernel_log(steps_R, rewards_R, features_R_F, **kernel) -> KernelAdvantages:
+    """GS1 kernel baselines over a whole rollout log (rows in rollout order).
+
+    Consecutive rows of one step form its batch; the history of a step is every earlier row.
+    `kernel` takes gs1_kernel_step's keyword arguments (bandwidth, window, min_mass, family,
+    scales).
+    """
+    rewards_R = _rewards(rewards_R)
+    features_R_F = _features(features_R_F, rewards_R.shape[0], "features_R_F")
+    if len(steps_R) != rewards_R.shape[0]:
+        raise ValueError("steps and rewards must have the same length")
+    batches = step_batches(steps_R)
+    window = int(kernel.get("window", 256))
+    out = {k: np.zeros(rewards_R.shape[0]) for k in ("baseline", "advantage", "kernel_mass", "effective_neighbors")}
+    fallback_R = np.zeros(rewards_R.shape[0], dtype=bool)
+    for start, stop in batches:
+        history_start = max(0, start - max(0, window - (stop - start)))
+        step = gs1_kernel_step(
+            rewards_R[start:stop],
+            features_R_F[start:stop],
+            rewards_R[history_start:start],
+            features_R_F[history_start:start],
+            **kernel,
+        )
+        for k, column in out.items():
+            column[start:stop] = getattr(step, k)
+        fallback_R[start:stop] = step.fallback
+    return KernelAdvantages(fallback=fallback_R, **out)
+
+
+class KernelWindow:
+    """The training loop's kernel history: the most recent earlier rollouts, oldest first.
+
+    Compute a step with `history()` and then `append` that step's rewards and features.
+    Holds at most `window` rollouts (a step never uses more than window - 1 history rows).
+    """
+
+    def __init__(self, window: int = 256):
+        if int(window) != window or window < 1:
+            raise ValueError(f"window must be an integer >= 1, got {window}")
+        self.window = int(window)
+        self._rewards_H = np.zeros(0)
+        self._features_H_F: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self._rewards_H.shape[0]
+
+    def history(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """(history_rewards_H, history_features_H_F); features None before the first append."""
+        return self._rewards_H, self._features_H_F
+
+    def append(self, rewards_B, features_B_F) -> None:
+        rewards_B = _rewards(rewards_B)
+        features_B_F = _features(features_B_F, rewards_B.shape[0], "features_B_F")
+        if self._features_H_F is None:
+            self._features_H_F = np.zeros((0, features_B_F.shape[1]))
+        elif features_B_F.shape[1] != self._features_H_F.shape[1]:
+            raise ValueError("features must keep the same number of columns across steps")
+        self._rewards_H = np.concatenate([self._rewards_H, rewards_B])[-self.window :]
+        self._features_H_F = np.concatenate([self._features_H_F, features_B_F], axis=0)[-self.window :]
+
+
+# ---------------------------------------------------------------------------- dispatch
+
+
+@dataclass(frozen=True)
+class StepAdvantages:
+    """One step's advantages; the kernel columns are None for non-kernel estimators."""
+
+    baseline: np.ndarray
+    advantage: np.ndarray
+    kernel_mass: np.ndarray | None = None
+    effective_neighbors: np.ndarray | None = None
+    fallback: np.ndarray | None = None
+
+
+def estimator_id(advantage_name: str) -> str:
+    """Spec advantage name (or an estimator id itself) -> estimator id; unknown -> ValueError."""
+    if advantage_name in ADVANTAGE_ESTIMATORS:
+        return ADVANTAGE_ESTIMATORS[advantage_name]
+    if advantage_name in ADVANTAGE_ESTIMATORS.values():
+        return advantage_name
+    known = ", ".join(sorted(ADVANTAGE_ESTIMATORS))
+    raise ValueError(f"unknown advantage estimator {advantage_name!r}; known: {known}")
+
+
+def kernel_params(kernel: dict | None = None) -> dict:
+    """A kernel config (docs/contracts.md) -> gs1_kernel_step keyword arguments.
+
+    Missing (or None) keys take the pinned defaults; "features" names the columns the caller built
+    with `rl.kernels.prompt_features` and is not a step argument.
+    """
+    config = {**DEFAULT_KERNEL, **{k: v for k, v in (kernel or {}).items() if v is not None}}
+    unknown = set(config) - set(DEFAULT_KERNEL)
+    if unknown:
+        raise ValueError(f"unknown kernel config key(s): {', '.join(sorted(unknown))}")
+    params = {k: config[k] for k in ("bandwidth", "window", "min_mass", "family", "scales")}
+    _check_kernel_params(params["bandwidth"], params["window"], params["min_mass"])
+    if params["scales"] is not None and len(params["scales"]) != len(config["features"]):
+        raise ValueError("kernel scales need one entry per feature")
+    return params
+
+
+def advantages_for_step(
+    advantage_name: str,
+    *,
+    rewards_B,
+    group_ids_B,
+    features_B_F=None,
+    window_state: KernelWindow | None = None,
+    kernel: dict | None = None,
+) -> StepAdvantages:
+    """One step's advantages for the spec's `advantage` name (see ADVANTAGE_ESTIMATORS).
+
+    For gs1_kernel, `features_B_F` and `window_state` are required; the step is computed against
+    the window's history and then appended to it. `kernel` is the arm's kernel config.
+    """
+    estimator = estimator_id(advantage_name)
+    if estimator == "grpo":
+        return StepAdvantages(*grpo_advantages(rewards_B, group_ids_B))
+    if estimator == "rloo":
+        return StepAdvantages(*rloo_advantages(rewards_B, group_ids_B))
+    if estimator == "batch_mean":
+        return StepAdvantages(*batch_mean_advantages(rewards_B))
+    # gs1_kernel
+    if features_B_F is None or window_state is None:
+        raise ValueError("gs1_kernel needs features_B_F and a KernelWindow window_state")
+    params = kernel_params(kernel)
+    if params["window"] != window_state.window:
+        raise ValueError(f"kernel window {params['window']} != window_state.window {window_state.window}")
+    features_B_F = np.asarray(features_B_F, dtype=np.float64)
+    n_features = len((kernel or {}).get("features") or DEFAULT_KERNEL["features"])
+    if features_B_F.ndim != 2 or features_B_F.shape[1] != n_features:
+        raise ValueError(f"features_B_F must have {n_features} columns (one per kernel feature)")
+    history_rewards_H, history_features_H_F = window_state.history()
+    step = gs1_kernel_step(rewards_B, features_B_F, history_rewards_H, history_features_H_F, **params)
+    window_state.append(rewards_B, features_B_F)
+    return StepAdvantages(
+        baseline=step.baseline,
+        advantage=step.advantage,
+        kernel_mass=step.kernel_mass,
+        effective_neighbors=step.effective_neighbors,
+        fallback=step.fallback,
+    )
+
+
+# ---------------------------------------------------------------------------- FlashREINFORCE
+
+
+def bernoulli_kl(p_logprob, q_logprob) -> np.ndarray:
+    """KL(Bern(p) || Bern(q)) from log p and log q, elementwise.
+
+    p log(p/q) + (1-p) log((1-p)/(1-q)); the second term is 0 when p == 1 and +inf when q == 1 > p.
+    """
+    lp = np.asarray(p_logprob, dtype=np.float64)
+    lq = np.asarray(q_logprob, dtype=np.float64)
+    one_minus_p = -np.expm1(lp)
+    one_minus_q = -np.expm1(lq)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        first = np.exp(lp) * (lp - lq)
+        second = one_minus_p * (np.log(one_minus_p) - np.log(one_minus_q))
+    second = np.where(one_minus_p > 0, second, 0.0)
+    return first + second
+
+
+def flash_reinforce_coefficients(
+    sampler_logprobs_B: Sequence,
+    learner_logprobs_B: Sequence,
+    *,
+    delta: float,
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """FlashREINFORCE per-token loss coefficients for B trajectories of lengths T_i.
+
+    For trajectory i with token t, sampler logprob s_it and learner logprob l_it:
+
+        ratio_it = exp(l_it - s_it)                                (detached: a constant)
+        kl_i     = (1 / T_i) sum_t KL(Bern(exp s_it) || Bern(exp l_it))
+        mask_i   = [kl_i <= delta]                                 (per-trajectory trust mask)
+        coef_it  = ratio_it * mask_i / (T_i * B)                   (sample-mean weight)
+
+    The policy-gradient loss is then -sum_i A_i sum_t coef_it * logprob_it. Returns
+    (coefficients_B: list of arrays of length T_i, trust_mask_B: bool array of length B).
+    """
+    if len(sampler_logprobs_B) != len(learner_logprobs_B):
+        raise ValueError("sampler and learner logprobs need one entry per trajectory")
+    if not delta >= 0:
+        raise ValueError(f"delta must be >= 0, got {delta}")
+    B = len(sampler_logprobs_B)
+    coefficients_B: list[np.ndarray] = []
+    mask_B = np.zeros(B, dtype=bool)
+    for i, (sampler_T, learner_T) in enumerate(zip(sampler_logprobs_B, learner_logprobs_B)):
+        sampler_T = np.asarray(sampler_T, dtype=np.float64)
+        learner_T = np.asarray(learner_T, dtype=np.float64)
+        if sampler_T.shape != learner_T.shape or sampler_T.ndim != 1 or sampler_T.size == 0:
+            raise ValueError(f"trajectory {i}: sampler and learner logprobs must be 1-d, equal and non-empty")
+        mask_B[i] = bool(bernoulli_kl(sampler_T, learner_T).mean() <= delta)
+        ratio_T = np.exp(learner_T - sampler_T)
+        weight = 1.0 / (sampler_T.size * B)
+        coefficients_B.append(ratio_T * weight if mask_B[i] else np.zeros_like(ratio_T))
+    return coefficients_B, mask_B

@@ -1,0 +1,97 @@
+"""Kernel pieces of the GS1 cross-prompt baseline (float64 numpy, pure functions).
+
+Prompt features, their standardisation over a window, kernel weights and the effective number of
+neighbours. `rl.estimators.gs1_kernel_step` puts them together. Semantics pinned in DESIGN.md:
+
+- phi = (log prompt_num_tokens, prompt_mean_logprob), z-scored by the window's mean and
+  population std; a feature whose values are all equal in the window has std 0 and contributes
+  no distance (its z is 0 everywhere, so no rounding noise is blown up into a distance).
+- gaussian weights w_ij = exp(-||z_i - z_j||^2 / (2 h^2)).
+- effective neighbours of i: (sum_j w_ij)^2 / sum_j w_ij^2 (0 when every weight is 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+# Names a kernel config may list under "features", in the order the spec pins them.
+FEATURE_NAMES = ("log_prompt_num_tokens", "prompt_mean_logprob")
+KERNEL_FAMILIES = ("gaussian",)
+
+
+def prompt_features(
+    prompt_num_tokens_R,
+    prompt_mean_logprob_R,
+    names: Sequence[str] = FEATURE_NAMES,
+) -> np.ndarray:
+    """Per-rollout prompt features, one column per name: features_R_F (float64).
+
+    `log_prompt_num_tokens` = log(prompt_num_tokens); `prompt_mean_logprob` as given (the
+    sampler's mean logprob over prompt tokens 2..n, computed before the rollout).
+    """
+    num_tokens_R = np.asarray(prompt_num_tokens_R, dtype=np.float64)
+    mean_logprob_R = np.asarray(prompt_mean_logprob_R, dtype=np.float64)
+    if num_tokens_R.shape != mean_logprob_R.shape or num_tokens_R.ndim != 1:
+        raise ValueError("prompt_num_tokens and prompt_mean_logprob must be 1-d and of equal length")
+    columns = []
+    for name in names:
+        if name == "log_prompt_num_tokens":
+            if np.any(~(num_tokens_R > 0)):
+                raise ValueError("prompt_num_tokens must be positive to take its log")
+            columns.append(np.log(num_tokens_R))
+        elif name == "prompt_mean_logprob":
+            columns.append(mean_logprob_R)
+        else:
+            raise ValueError(f"unknown prompt feature {name!r}; known: {', '.join(FEATURE_NAMES)}")
+    if not columns:
+        raise ValueError("at least one prompt feature is needed")
+    features_R_F = np.stack(columns, axis=1)
+    if not np.all(np.isfinite(features_R_F)):
+        raise ValueError("prompt features must be finite")
+    return features_R_F
+
+
+def standardize(features_W_F: np.ndarray, scales_F=None) -> np.ndarray:
+    """z-score each feature by the window's mean and population std, then multiply by its scale.
+
+    A feature whose values are all equal has std 0: its z is 0 everywhere (no distance).
+    """
+    features_W_F = np.asarray(features_W_F, dtype=np.float64)
+    mean_F = features_W_F.mean(axis=0)
+    std_F = features_W_F.std(axis=0)
+    # "all values equal" decides constancy, not std == 0: a constant column's float mean can
+    # differ from the value by one ulp, and dividing that by a tiny std would invent distances.
+    constant_F = np.all(features_W_F == features_W_F[:1], axis=0)
+    safe_std_F = np.where(constant_F, 1.0, std_F)
+    z_W_F = np.where(constant_F, 0.0, (features_W_F - mean_F) / safe_std_F)
+    if scales_F is not None:
+        z_W_F = z_W_F * np.asarray(scales_F, dtype=np.float64)
+    return z_W_F
+
+
+def squared_distances(z_B_F: np.ndarray, z_W_F: np.ndarray) -> np.ndarray:
+    """||z_i - z_j||^2 for each row i of z_B_F and j of z_W_F: sq_dist_B_W.
+
+    Computed from differences (not |a|^2 + |b|^2 - 2ab) so that ties give exactly 0.
+    """
+    diff_B_W_F = z_B_F[:, None, :] - z_W_F[None, :, :]
+    return np.einsum("bwf,bwf->bw", diff_B_W_F, diff_B_W_F)
+
+
+def kernel_weights(sq_dist: np.ndarray, bandwidth: float, family: str = "gaussian") -> np.ndarray:
+    """Kernel weights from squared distances. gaussian: exp(-d^2 / (2 h^2))."""
+    if not bandwidth > 0:
+        raise ValueError(f"bandwidth must be > 0, got {bandwidth}")
+    if family == "gaussian":
+        return np.exp(-np.asarray(sq_dist, dtype=np.float64) / (2.0 * bandwidth * bandwidth))
+    raise ValueError(f"unknown kernel family {family!r}; known: {', '.join(KERNEL_FAMILIES)}")
+
+
+def effective_neighbors(w_B_W: np.ndarray) -> np.ndarray:
+    """(sum_j w_ij)^2 / sum_j w_ij^2 per row; 0 for a row whose weights are all 0."""
+    w_B_W = np.asarray(w_B_W, dtype=np.float64)
+    mass_B = w_B_W.sum(axis=-1)
+    sq_mass_B = np.square(w_B_W).sum(axis=-1)
+    return np.where(sq_mass_B > 0, np.square(mass_B) / np.where(sq_mass_B > 0, sq_mass_B, 1.0), 0.0)

@@ -1,0 +1,412 @@
+"""Advantage estimators against the cookbook, hand loops and the independent GS1 reference."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import tinker
+import torch
+from rl.reference_gs1 import gs1_kernel_log_reference, gs1_kernel_reference
+from tinker_cookbook.completers import TokensWithLogprobs
+from tinker_cookbook.rl.data_processing import compute_advantages
+from tinker_cookbook.rl.types import Trajectory, TrajectoryGroup, Transition
+
+from rl import checks
+from rl.estimators import (
+    ADVANTAGE_ESTIMATORS,
+    KernelWindow,
+    advantages_for_step,
+    batch_mean_advantages,
+    estimator_id,
+    flash_reinforce_coefficients,
+    grpo_advantages,
+    gs1_kernel_log,
+    gs1_kernel_step,
+    kernel_params,
+    rloo_advantages,
+)
+from rl.kernels import effective_neighbors, prompt_features, standardize
+
+KEYS = ("baseline", "advantage", "kernel_mass", "effective_neighbors")
+
+
+# ---------------------------------------------------------------------------- group baselines
+
+
+def _trajectory_groups(rewards_P_G):
+    ob = tinker.ModelInput.from_ints([11, 12])
+    return [
+        TrajectoryGroup(
+            trajectories_G=[
+                Trajectory(
+                    transitions=[Transition(ob=ob, ac=TokensWithLogprobs([7, 8], [-0.1, -0.2]), reward=float(r), episode_done=True)],
+                    final_ob=ob,
+                )
+                for r in rewards_G
+            ],
+            final_rewards_G=[0.0] * len(rewards_G),
+            metrics_G=[{} for _ in rewards_G],
+        )
+        for rewards_G in rewards_P_G
+    ]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_grpo_equals_cookbook_compute_advantages(seed):
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 9, size=6)  # includes groups of one
+    rewards_P_G = [rng.random(s) * rng.choice([1.0, 5.0]) for s in sizes]
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # the cookbook builds its tensors in the default dtype
+    try:
+        cookbook_P = compute_advantages(_trajectory_groups(rewards_P_G))
+    finally:
+        torch.set_default_dtype(previous)
+    cookbook_R = torch.cat(cookbook_P).numpy()
+    baseline_R, advantage_R = grpo_advantages(np.concatenate(rewards_P_G), np.repeat(np.arange(len(sizes)), sizes))
+    np.testing.assert_allclose(advantage_R, cookbook_R, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(baseline_R + advantage_R, np.concatenate(rewards_P_G), rtol=0, atol=1e-15)
+
+
+def test_grpo_groups_by_id_not_position():
+    rewards = np.array([1.0, 0.0, 1.0, 1.0, 0.0])
+    groups = np.array(["b", "a", "b", "a", "c"])
+    baseline, advantage = grpo_advantages(rewards, groups)
+    np.testing.assert_array_equal(baseline, [1.0, 0.5, 1.0, 0.5, 0.0])
+    np.testing.assert_array_equal(advantage, [0.0, -0.5, 0.0, 0.5, 0.0])
+
+
+def test_batch_mean_and_rloo_match_hand_loops():
+    rng = np.random.default_rng(3)
+    rewards = rng.random(40)
+    groups = rng.integers(0, 12, 40)
+    baseline, advantage = batch_mean_advantages(rewards)
+    expected = sum(rewards) / len(rewards)
+    assert np.all(np.abs(baseline - expected) < 1e-14)
+    np.testing.assert_allclose(advantage, rewards - expected, atol=1e-14)
+
+    baseline, advantage = rloo_advantages(rewards, groups)
+    for i in range(len(rewards)):
+        others = [rewards[j] for j in range(len(rewards)) if groups[j] == groups[i] and j != i]
+        want = sum(others) / len(others) if others else rewards[i]
+        assert abs(baseline[i] - want) < 1e-12
+        assert abs(advantage[i] - (rewards[i] - want)) < 1e-12
+
+
+def test_rloo_group_of_one_is_zero_and_nan_reward_rejected():
+    _, advantage = rloo_advantages([0.3, 1.0, 0.0], [0, 1, 1])
+    assert advantage[0] == 0.0 and advantage[1] == 1.0 and advantage[2] == -1.0
+    with pytest.raises(ValueError):
+        grpo_advantages([0.0, float("nan")], [0, 0])
+
+
+# ---------------------------------------------------------------------------- gs1 kernel vs reference
+
+
+def _draw(rng, n, *, ties=False, constant=None, n_features=2):
+    features = np.stack([np.log(rng.integers(15, 500, n)), rng.normal(-1.3, 0.6, n)], axis=1)[:, :n_features]
+    if ties:
+        features = features[rng.integers(0, max(1, n // 5), n)]
+    if constant is not None:
+        features[:, constant] = 0.1  # 0.1 * n / n is not exactly 0.1: constancy must be by equality
+    rewards = rng.integers(0, 2, n).astype(np.float64)
+    if rng.random() < 0.3:
+        rewards = rng.random(n)
+    return rewards, features
+
+
+def _assert_matches(ours, ref, tol=1e-12):
+    for key in KEYS:
+        expected = np.asarray(ref[key], dtype=np.float64)
+        np.testing.assert_allclose(getattr(ours, key), expected, rtol=tol, atol=tol, err_msg=key)
+    np.testing.assert_array_equal(ours.fallback, np.asarray(ref["fallback"], dtype=bool))
+
+
+CASES = [
+    # (B, H, window, bandwidth, ties, constant feature)
+    (64, 192, 256, 0.5, False, None),
+    (64, 500, 256, 0.5, False, None),
+    (64, 0, 256, 0.5, False, None),  # first step: no history
+    (1, 0, 256, 0.5, False, None),  # alone in its window
+    (1, 1, 256, 0.5, False, None),
+    (1, 300, 256, 1.0, False, None),  # one-row batch
+    (40, 100, 16, 0.5, False, None),  # window smaller than the batch
+    (40, 100, 40, 0.5, False, None),  # window equal to the batch
+    (40, 100, 41, 0.5, False, None),
+    (50, 120, 128, 0.4, True, None),  # ties
+    (30, 60, 64, 0.5, False, 0),  # constant feature
+    (30, 60, 64, 0.5, False, 1),
+    (30, 60, 64, 0.5, True, 1),
+    (25, 25, 64, 0.02, False, None),  # mostly fallback
+    (25, 25, 64, 1e7, False, None),  # huge h
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
+@pytest.mark.parametrize("seed", range(3))
+def test_gs1_kernel_step_matches_reference(case, seed):
+    B, H, window, h, ties, constant = case
+    rng = np.random.default_rng(seed)
+    rewards_B, features_B = _draw(rng, B, ties=ties, constant=constant)
+    rewards_H, features_H = _draw(rng, H, ties=ties, constant=constant)
+    ours = gs1_kernel_step(rewards_B, features_B, rewards_H, features_H, bandwidth=h, window=window)
+    ref = gs1_kernel_reference(
+        rewards_B.tolist(), features_B.tolist(), rewards_H.tolist(), features_H.tolist(), bandwidth=h, window=window, min_mass=1e-3
+    )
+    _assert_matches(ours, ref)
+
+
+def test_gs1_kernel_step_matches_reference_with_scales_and_min_mass():
+    rng = np.random.default_rng(7)
+    rewards_B, features_B = _draw(rng, 20)
+    rewards_H, features_H = _draw(rng, 70)
+    for scales in ([1.0, 1.0], [2.0, 0.5], [0.0, 1.0]):
+        for min_mass in (0.0, 1e-3, 0.5):
+            ours = gs1_kernel_step(rewards_B, features_B, rewards_H, features_H, bandwidth=0.3, window=64, min_mass=min_mass, scales=scales)
+            ref = gs1_kernel_reference(
+                rewards_B.tolist(), features_B.tolist(), rewards_H.tolist(), features_H.tolist(),
+                bandwidth=0.3, window=64, min_mass=min_mass, scales=scales,
+            )
+            _assert_matches(ours, ref)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("window", [256, 50, 8])
+def test_gs1_kernel_log_matches_reference_over_multi_step_logs(seed, window):
+    rng = np.random.default_rng(seed)
+    batch_sizes = [int(rng.integers(1, 40)) for _ in range(12)]
+    steps = np.repeat(np.arange(len(batch_sizes)) * 3 + 5, batch_sizes)  # non-contiguous step numbers
+    rewards, features = _draw(rng, len(steps), ties=seed == 1)
+    ours = gs1_kernel_log(steps, rewards, features, bandwidth=0.5, window=window)
+    ref = gs1_kernel_log_reference(steps.tolist(), rewards.tolist(), features.tolist(), bandwidth=0.5, window=window, min_mass=1e-3)
+    _assert_matches(ours, ref)
+
+
+def test_kernel_window_and_dispatcher_reproduce_the_log():
+    rng = np.random.default_rng(11)
+    steps = np.repeat(np.arange(9), 64)
+    rewards, features = _draw(rng, len(steps))
+    state = KernelWindow(256)
+    columns = {k: [] for k in (*KEYS, "fallback")}
+    for step in range(9):
+        rows = steps == step
+        out = advantages_for_step(
+            "kernel_cross_prompt_baseline",
+            rewards_B=rewards[rows],
+            group_ids_B=np.arange(64),
+            features_B_F=features[rows],
+            window_state=state,
+        )
+        for k in columns:
+            columns[k].append(getattr(out, k))
+    assert len(state) == 256
+    log = gs1_kernel_log(steps, rewards, features)
+    for k in columns:
+        np.testing.assert_array_equal(np.concatenate(columns[k]), getattr(log, k))
+
+
+def test_step_rows_must_be_consecutive():
+    with pytest.raises(ValueError, match="consecutive"):
+        gs1_kernel_log([0, 1, 0], [1.0, 0.0, 1.0], np.ones((3, 2)))
+
+
+# ---------------------------------------------------------------------------- kernel properties
+
+
+def test_forced_activation_gives_nonconstant_baseline():
+    result = checks.check_forced_activation()
+    assert result.passed, result.details
+    assert result.details["baseline_spread"] > 0.1
+
+
+def test_forced_nonactivation_huge_bandwidth_is_leave_one_out_window_mean():
+    assert checks.check_forced_nonactivation().passed
+    rng = np.random.default_rng(5)
+    rewards_B, features_B = _draw(rng, 64)
+    rewards_H, features_H = _draw(rng, 400)
+    out = gs1_kernel_step(rewards_B, features_B, rewards_H, features_H, bandwidth=1e9, window=256)
+    window_rewards = list(rewards_H[-192:]) + list(rewards_B)
+    for b in range(64):
+        others = window_rewards[:192 + b] + window_rewards[192 + b + 1:]
+        assert abs(out.baseline[b] - sum(others) / len(others)) <= 1e-12
+    assert not out.fallback.any()
+    np.testing.assert_allclose(out.kernel_mass, 255.0, rtol=1e-12)
+    np.testing.assert_allclose(out.effective_neighbors, 255.0, rtol=1e-12)
+
+
+def test_fallback_path_uses_window_mean_and_flags_it():
+    assert checks.check_fallback_path().passed
+    # Two far-apart clusters of 3: h tiny -> every rollout's mass is ~0 except its own cluster's.
+    features = np.array([[0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [9.0, 1.0], [12.0, 1.0], [15.0, 1.0]])
+    rewards = np.array([1.0, 0.0, 1.0, 0.0, 1.0, 1.0])
+    out = gs1_kernel_step(rewards, features, bandwidth=0.01)
+    np.testing.assert_array_equal(out.fallback, [False, False, False, True, True, True])
+    np.testing.assert_allclose(out.baseline[:3], [0.5, 1.0, 0.5], atol=1e-15)  # ties: weight 1
+    np.testing.assert_allclose(out.baseline[3:], (rewards.sum() - rewards[3:]) / 5, atol=1e-15)
+
+
+def test_lone_rollout_gets_zero_advantage():
+    out = gs1_kernel_step([0.25], [[3.0, -1.0]])
+    assert out.baseline[0] == 0.25 and out.advantage[0] == 0.0
+    assert out.kernel_mass[0] == 0.0 and out.effective_neighbors[0] == 0.0 and out.fallback[0]
+    out = gs1_kernel_step([0.25], [[3.0, -1.0]], [1.0, 0.0], [[1.0, 1.0], [2.0, 2.0]], window=1)
+    assert out.advantage[0] == 0.0  # window 1: the history is out of reach
+
+
+def test_window_smaller_than_batch_ignores_history():
+    rng = np.random.default_rng(2)
+    rewards_B, features_B = _draw(rng, 30)
+    rewards_H, features_H = _draw(rng, 50)
+    with_history = gs1_kernel_step(rewards_B, features_B, rewards_H, features_H, window=10)
+    alone = gs1_kernel_step(rewards_B, features_B, window=10)
+    np.testing.assert_array_equal(with_history.baseline, alone.baseline)
+
+
+def test_effective_neighbors_formula():
+    w = np.array([[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0], [0.5, 0.25, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    np.testing.assert_allclose(effective_neighbors(w), [4.0, 1.0, 0.75**2 / 0.3125, 0.0], rtol=1e-15)
+    rng = np.random.default_rng(0)
+    rewards_B, features_B = _draw(rng, 10)
+    out = gs1_kernel_step(rewards_B, features_B)
+    z = standardize(features_B)
+    for i in range(10):
+        w_i = [math.exp(-sum((z[i] - z[j]) ** 2) / 0.5) for j in range(10) if j != i]
+        assert abs(out.effective_neighbors[i] - sum(w_i) ** 2 / sum(x * x for x in w_i)) < 1e-12
+
+
+def test_zero_scale_drops_a_feature_and_constant_feature_adds_no_distance():
+    rng = np.random.default_rng(4)
+    rewards, features = _draw(rng, 30)
+    dropped = gs1_kernel_step(rewards, features, scales=[1.0, 0.0])
+    one_feature = gs1_kernel_step(rewards, features[:, :1])
+    np.testing.assert_allclose(dropped.baseline, one_feature.baseline, atol=1e-14)
+    constant = features.copy()
+    constant[:, 1] = 0.1
+    np.testing.assert_allclose(gs1_kernel_step(rewards, constant).baseline, one_feature.baseline, atol=1e-14)
+
+
+def test_standardize_constant_column_is_exactly_zero():
+    z = standardize(np.array([[0.1, 1.0], [0.1, 2.0], [0.1, 3.0]]))
+    assert np.all(z[:, 0] == 0.0)
+    np.testing.assert_allclose(z[:, 1], [-math.sqrt(1.5), 0.0, math.sqrt(1.5)], rtol=1e-14)
+
+
+def test_prompt_features():
+    f = prompt_features([10, 100], [-1.0, -2.0])
+    np.testing.assert_allclose(f, [[math.log(10), -1.0], [math.log(100), -2.0]])
+    assert prompt_features([10], [-1.0], names=("prompt_mean_logprob",)).shape == (1, 1)
+    with pytest.raises(ValueError):
+        prompt_features([0], [-1.0])
+    with pytest.raises(ValueError):
+        prompt_features([5], [-1.0], names=("nope",))
+
+
+# ---------------------------------------------------------------------------- dispatch
+
+
+def test_dispatcher_covers_every_registered_estimator():
+    rewards = np.array([1.0, 0.0, 1.0, 1.0])
+    groups = np.array([0, 0, 1, 1])
+    expected = {
+        "grpo": grpo_advantages(rewards, groups)[1],
+        "rloo": rloo_advantages(rewards, groups)[1],
+        "batch_mean": batch_mean_advantages(rewards)[1],
+    }
+    for name, estimator in ADVANTAGE_ESTIMATORS.items():
+        assert estimator_id(name) == estimator
+        if estimator == "gs1_kernel":
+            out = advantages_for_step(name, rewards_B=rewards, group_ids_B=groups, features_B_F=np.eye(4)[:, :2],
+                                      window_state=KernelWindow(8), kernel={"window": 8, "scales": None})
+            assert out.kernel_mass is not None and out.fallback.dtype == bool
+        else:
+            out = advantages_for_step(name, rewards_B=rewards, group_ids_B=groups)
+            np.testing.assert_array_equal(out.advantage, expected[estimator])
+            assert out.kernel_mass is None
+    with pytest.raises(ValueError, match="unknown advantage"):
+        advantages_for_step("ppo", rewards_B=rewards, group_ids_B=groups)
+    with pytest.raises(ValueError, match="window_state"):
+        advantages_for_step("kernel_cross_prompt_baseline", rewards_B=rewards, group_ids_B=groups, features_B_F=np.ones((4, 2)))
+    for kernel in ({"window": 16}, None):  # the kernel's window (default 256) must be the state's
+        with pytest.raises(ValueError, match="window"):
+            advantages_for_step(
+                "kernel_cross_prompt_baseline", rewards_B=rewards, group_ids_B=groups, features_B_F=np.ones((4, 2)),
+                window_state=KernelWindow(8), kernel=kernel,
+            )
+    with pytest.raises(ValueError, match="columns"):
+        advantages_for_step(
+            "kernel_cross_prompt_baseline", rewards_B=rewards, group_ids_B=groups, features_B_F=np.ones((4, 2)),
+            window_state=KernelWindow(256), kernel={"features": ["prompt_mean_logprob"]},
+        )
+
+
+def test_kernel_params_defaults_and_validation():
+    assert kernel_params(None) == {"bandwidth": 0.5, "window": 256, "min_mass": 1e-3, "family": "gaussian", "scales": None}
+    assert kernel_params({"bandwidth": 1.0})["bandwidth"] == 1.0
+    assert kernel_params({"bandwidth": None, "window": None})["window"] == 256  # None = default
+    for bad in ({"bandwidth": 0}, {"window": 0}, {"colour": 1}, {"scales": [1.0]}):
+        with pytest.raises(ValueError):
+            kernel_params(bad)
+    with pytest.raises(ValueError, match="family"):
+        gs1_kernel_step([1.0, 0.0], np.ones((2, 2)), family="laplace")
+
+
+# ---------------------------------------------------------------------------- FlashREINFORCE
+
+
+def test_flash_reinforce_coefficients_match_hand_loop():
+    rng = np.random.default_rng(0)
+    lengths = [5, 1, 12, 7]
+    sampler = [np.log(rng.uniform(0.05, 0.99, T)) for T in lengths]
+    learner = [s + rng.normal(0, 0.05 if i != 2 else 1.5, len(s)) for i, s in enumerate(sampler)]
+    learner = [np.minimum(l, -1e-9) for l in learner]
+    learner[1] = sampler[1].copy()  # identical policies: KL 0, ratio 1
+    delta = 0.05
+    coefficients, mask = flash_reinforce_coefficients(sampler, learner, delta=delta)
+    B = len(lengths)
+    for i in range(B):
+        kl = 0.0
+        for s, l in zip(sampler[i], learner[i]):
+            p, q = math.exp(s), math.exp(l)
+            kl += p * math.log(p / q) + (1 - p) * math.log((1 - p) / (1 - q))
+        keep = kl / lengths[i] <= delta
+        assert mask[i] == keep
+        for t in range(lengths[i]):
+            want = math.exp(learner[i][t] - sampler[i][t]) * keep / (lengths[i] * B)
+            assert abs(coefficients[i][t] - want) <= 1e-15
+    assert mask.tolist() == [True, True, False, True]
+    assert coefficients[1][0] == 1.0 / B
+
+
+def test_flash_reinforce_certain_token_and_bad_input():
+    coefficients, mask = flash_reinforce_coefficients([[0.0, -0.1]], [[0.0, -0.1]], delta=0.0)
+    assert mask[0] and np.allclose(coefficients[0], 0.5)
+    _, mask = flash_reinforce_coefficients([[-0.5]], [[0.0]], delta=10.0)  # learner certain, sampler not
+    assert not mask[0]
+    with pytest.raises(ValueError):
+        flash_reinforce_coefficients([[]], [[]], delta=0.1)
+
+
+# ---------------------------------------------------------------------------- the offline checks
+
+
+def test_offline_checks_pass_with_the_reference():
+    results = checks.run_offline_checks(gs1_kernel_reference)
+    assert [r.name for r in results] == [
+        "forced_activation", "forced_nonactivation", "fallback_path", "grpo_matches_cookbook", "kernel_matches_reference",
+    ]
+    assert all(r.passed for r in results), results
+    assert all(isinstance(r.passed, bool) for r in results)
+
+
+def test_reference_check_fails_on_a_wrong_reference():
+    def off_by_a_bit(*args, **kwargs):
+        out = gs1_kernel_reference(*args, **kwargs)
+        return {**out, "baseline": [b + 1e-9 for b in out["baseline"]]}
+
+    def window_mean_only(rewards_B, features_B_F, history_rewards_H, history_features_H_F, **kernel):
+        return gs1_kernel_reference(rewards_B, features_B_F, history_rewards_H, history_features_H_F, **{**kernel, "bandwidth": 1e9})
+
+    assert not checks.check_kernel_against_reference(off_by_a_bit).passed
+    assert not checks.check_kernel_against_reference(window_mean_only).passed
