@@ -72,6 +72,6 @@ def read_parquet(path: str | Path, schema: pa.Schema | None = None, required: It
     if schema is not None:
         try:
             table = table.select(schema.names).cast(schema)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as e:
             raise UserError(f"{path}: columns do not match the schema ({e})") from None
     return table

@@ -1,0 +1,31 @@
+"""Benchmarks as envs: problems, prompts (cookbook renderer), reward and grade (cookbook grader).
+
+`get_env(name, data_dir=None, **kw)` returns one by name; `ENV_NAMES` lists the names a spec's
+`dataset.name` may take.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from gs1.errors import UserError
+from rl.envs.base import Env, Problem, make_prompt_id, parse_prompt_id
+
+# name -> "module:class"; modules load on demand (GSM8K pulls in `datasets`).
+_ENVS = {
+    "gsm8k": "rl.envs.gsm8k:Gsm8kEnv",
+    "arithmetic": "rl.envs.arithmetic:ArithmeticEnv",
+}
+ENV_NAMES = tuple(_ENVS)
+
+
+def get_env(name: str, data_dir: str | Path | None = None, **kw) -> Env:
+    """The env called `name`; `data_dir` is a local copy of its data (GSM8K), kw go to the env."""
+    if name not in _ENVS:
+        raise UserError(f"unknown dataset {name!r} (known: {', '.join(ENV_NAMES)})")
+    module, cls = _ENVS[name].split(":")
+    return getattr(importlib.import_module(module), cls)(data_dir, **kw)
+
+
+__all__ = ["ENV_NAMES", "Env", "Problem", "get_env", "make_prompt_id", "parse_prompt_id"]

@@ -1,0 +1,135 @@
+"""reasoning-gym generators as envs: offline, deterministic, verifiable benchmarks for transfer.
+
+Each env wraps one `reasoning_gym` procedural generator. Train problems are the generator's first
+`n_train` items at `seed`; test problems are items at a different seed (`seed + 1_000_003`) whose
+question does not occur in train, the first `n_test` of them. Both are fixed by the seed.
+
+Prompt: reasoning-gym's own "default" system prompt (think step by step, final answer inside
+`<answer>...</answer>`) then the question as the user turn, rendered by the cookbook renderer
+through a cookbook `ProblemEnv` (`initial_observation`). Reward: the generator's own
+`score_answer` on the text inside the last `<answer>` tags (no tags: the generator scores `None`,
+which is 0), with no format term, so it lies in [0, 1] and may be fractional (countdown gives
+partial credit). Grade: correct when that score is 1.0.
+
+Prompt ids: `rg_<generator>/<split>/<index>`.
+"""
+
+from __future__ import annotations
+
+from tinker_cookbook.rl.problem_env import ProblemEnv
+
+from gs1.errors import UserError
+from rl.envs.base import CookbookProblemEnv, Problem, make_prompt_id
+
+# env name -> (reasoning-gym dataset name, generator config)
+REASONING_GYM_ENVS: dict[str, tuple[str, dict]] = {
+    "rg_basic_arithmetic": ("basic_arithmetic", {}),
+    "rg_chain_sum": ("chain_sum", {}),
+    "rg_gsm_symbolic": ("gsm_symbolic", {}),
+    "rg_countdown": ("countdown", {}),
+    "rg_lcm": ("lcm", {}),
+}
+TEST_SEED_OFFSET = 1_000_003
+
+
+def _system_prompt() -> str:
+    from reasoning_gym.utils import SYSTEM_PROMPTS
+
+    return SYSTEM_PROMPTS["default"]
+
+
+class ScoredProblemEnv(ProblemEnv):
+    """Cookbook `ProblemEnv` whose answer score is the generator's `score_answer` (a float)."""
+
+    def __init__(self, renderer, question: str, entry: dict, dataset, reference: str):
+        super().__init__(renderer, convo_prefix=[{"role": "system", "content": _system_prompt()}], format_coef=0.0)
+        self.question, self.entry, self.dataset, self.reference = question, entry, dataset, reference
+
+    def get_question(self) -> str:
+        return self.question
+
+    def check_answer(self, sample_str: str) -> float:  # the cookbook takes float() of this
+        return score_response(self.dataset, self.entry, sample_str)
+
+    def check_format(self, sample_str: str) -> bool:
+        return extract(sample_str) is not None
+
+    def get_reference_answer(self) -> str:
+        return self.reference
+
+
+def extract(text: str) -> str | None:
+    from reasoning_gym.utils import extract_answer
+
+    return extract_answer(text)
+
+
+def score_response(dataset, entry: dict, text: str) -> float:
+    return float(dataset.score_answer(extract(text), entry))
+
+
+class ReasoningGymEnv(CookbookProblemEnv):
+    """One reasoning-gym generator behind the project's Env interface (module docstring)."""
+
+    def __init__(
+        self, name: str, data_dir=None, *, seed: int = 0, n_train: int = 2048, n_test: int = 256, config: dict | None = None
+    ):
+        super().__init__()  # data_dir: accepted for a uniform get_env signature; nothing to read
+        if name not in REASONING_GYM_ENVS:
+            raise UserError(f"unknown reasoning-gym env {name!r} (known: {', '.join(REASONING_GYM_ENVS)})")
+        self.name = name
+        self.generator, default_config = REASONING_GYM_ENVS[name]
+        self.config = {**default_config, **(config or {})}
+        self.seed, self.n_train, self.n_test = int(seed), int(n_train), int(n_test)
+        self._entries: dict[str, dict] = {}
+        self._datasets: dict[str, object] = {}
+
+    def _dataset(self, split: str):
+        import reasoning_gym
+
+        if split not in self._datasets:
+            if split == "train":
+                size, seed = self.n_train, self.seed
+            else:  # oversample: some items may repeat a train question and are dropped
+                size, seed = 2 * self.n_test + 64, self.seed + TEST_SEED_OFFSET
+            try:
+                self._datasets[split] = reasoning_gym.create_dataset(self.generator, size=size, seed=seed, **self.config)
+            except (TypeError, ValueError) as e:
+                raise UserError(f"{self.name}: bad generator config ({e})") from None
+        return self._datasets[split]
+
+    def _load_split(self, split: str) -> list[Problem]:
+        ds = self._dataset(split)
+        entries = [ds[i] for i in range(len(ds))]
+        if split == "test":
+            train_questions = {p.question for p in self._split("train")}
+            entries = [e for e in entries if e["question"] not in train_questions][: self.n_test]
+        problems = []
+        for i, entry in enumerate(entries):
+            problem = Problem(make_prompt_id(self.name, split, i), entry["question"], str(entry["answer"]))
+            self._entries[problem.id] = entry
+            problems.append(problem)
+        return problems
+
+    def entry(self, problem: Problem) -> dict:
+        if problem.id not in self._entries:
+            self.get_problem(problem.id)  # loads the split
+        return self._entries[problem.id]
+
+    def dataset_for(self, problem: Problem):
+        split = problem.id.split("/")[1]
+        return self._dataset(split)
+
+    def cookbook_env(self, renderer, problem: Problem):
+        return ScoredProblemEnv(renderer, problem.question, self.entry(problem), self.dataset_for(problem), problem.answer)
+
+    def extract_answer(self, text: str) -> str | None:
+        return extract(text)
+
+    def answer_is_correct(self, extracted: str, problem: Problem) -> bool:
+        return float(self.dataset_for(problem).score_answer(extracted, self.entry(problem))) >= 1.0
+
+
+def make_reasoning_gym_env(name: str, data_dir=None, **kw) -> ReasoningGymEnv:
+    """`rl.envs.get_env`-compatible factory: `make_reasoning_gym_env("rg_chain_sum", seed=0)`."""
+    return ReasoningGymEnv(name, data_dir, **kw)

@@ -1,0 +1,890 @@
+"""The pre-registered experiment spec (`specs/*.json`) as pydantic v2 models.
+
+Every field of the user's spec is modelled and the file validates unchanged. Unknown keys are kept
+(`extra="allow"` on every model): the spec is a record, so nothing is silently dropped, and they
+come back out of `model_dump`.
+
+Optional fields this project adds (defaults make the user's spec valid as it is):
+- `sampling`: `{max_tokens: 512, temperature: 1.0}` for training rollouts. When `sampling` is
+  absent, `max_tokens` is taken from `feasibility.effective_config.max_tokens` if recorded.
+- `renderer`: a tinker-cookbook renderer name; None means the cookbook's recommended renderer for
+  `base_model` (see `resolve_renderer_name`).
+- `base_model_path`: where the local engine loads weights from: a directory, a `.gguf` file, or
+  `pkg:<python_package>/<file>` for a file shipped inside an installed package
+  (see `resolve_base_model_path`). None means `base_model` is used as it is.
+- `pilot`: `{steps: 2, heldout_prompts: 64, heldout_samples: 8}`: the activation pilot's length
+  and the held-out per-prompt reward estimate behind the `baseline_reward_corr` gate.
+- `arms[].kernel`: a `KernelConfig` (docs/contracts.md); defaults are the user's pinned kernel.
+
+Problems are reported as `field.path: reason` lines (`load_spec` raises `SpecError`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gs1.errors import UserError
+
+# ---------------------------------------------------------------------------------------------
+# names the validators check against
+# ---------------------------------------------------------------------------------------------
+
+TREATMENT_ADVANTAGE = "kernel_cross_prompt_baseline"
+BASELINE_ADVANTAGE = "group_mean"
+DECISION_METHODS = ("paired_hoeffding",)
+OPTIMIZERS = ("adam", "adamw")  # both backends run Adam(W) with AdamParams
+KERNEL_FAMILIES = ("gaussian",)  # more come with the hill-climb issue
+KERNEL_FEATURES = ("log_prompt_num_tokens", "prompt_mean_logprob")
+ROLES = ("treatment", "baseline")
+
+
+def _advantage_estimators() -> dict[str, str]:
+    from rl.estimators import ADVANTAGE_ESTIMATORS
+
+    return ADVANTAGE_ESTIMATORS
+
+
+def _gate_metrics() -> tuple[str, ...]:
+    from rl.gates import GATE_METRICS
+
+    return tuple(GATE_METRICS)
+
+
+def _env_names() -> tuple[str, ...]:
+    from rl.envs import ENV_NAMES
+
+    return tuple(ENV_NAMES)
+
+
+class _Problems(ValueError):
+    """Several problems found by one model-level check, each at a path relative to the model."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__("; ".join(f"{p}: {m}" if p else m for p, m in problems))
+
+
+class Record(BaseModel):
+    """Base of every spec model: unknown keys are kept, not dropped."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+def _positive(v, what="must be > 0"):
+    if v is not None and not v > 0:
+        raise ValueError(what)
+    return v
+
+
+# ---------------------------------------------------------------------------------------------
+# arms
+# ---------------------------------------------------------------------------------------------
+
+
+class KernelConfig(Record):
+    """The GS1 kernel baseline (docs/contracts.md); the defaults are the user's pinned kernel."""
+
+    family: str = "gaussian"
+    features: list[str] = Field(default_factory=lambda: list(KERNEL_FEATURES))
+    scales: list[float] | None = None  # per-feature scale after z-scoring; None = 1 each
+    bandwidth: float = 0.5
+    window: int = 256  # rollouts in the window, current batch included
+    min_mass: float = 1e-3  # sum_j w_ij below this -> window-mean fallback
+
+    @field_validator("family")
+    @classmethod
+    def _family(cls, v):
+        if v not in KERNEL_FAMILIES:
+            raise ValueError(f"unknown kernel family {v!r} (known: {', '.join(KERNEL_FAMILIES)})")
+        return v
+
+    @field_validator("features")
+    @classmethod
+    def _features(cls, v):
+        if not v:
+            raise ValueError("must name at least one feature")
+        unknown = [f for f in v if f not in KERNEL_FEATURES]
+        if unknown:
+            raise ValueError(f"unknown feature(s) {unknown} (known: {', '.join(KERNEL_FEATURES)})")
+        if len(set(v)) != len(v):
+            raise ValueError("duplicate feature")
+        return v
+
+    @field_validator("bandwidth")
+    @classmethod
+    def _bandwidth(cls, v):
+        return _positive(v)
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, v):
+        if v < 2:
+            raise ValueError("must be >= 2")
+        return v
+
+    @field_validator("min_mass")
+    @classmethod
+    def _min_mass(cls, v):
+        if not v >= 0:
+            raise ValueError("must be >= 0")
+        return v
+
+    @model_validator(mode="after")
+    def _scales(self):
+        if self.scales is not None:
+            problems = []
+            if len(self.scales) != len(self.features):
+                problems.append(("scales", f"has {len(self.scales)} entries for {len(self.features)} features"))
+            problems += [(f"scales.{i}", "must be > 0") for i, s in enumerate(self.scales) if not s > 0]
+            if problems:
+                raise _Problems(problems)
+        return self
+
+
+class Arm(Record):
+    name: str
+    advantage: str  # a key of rl.estimators.ADVANTAGE_ESTIMATORS
+    group_size: int  # rollouts per prompt
+    groups_per_batch: int  # prompts per step
+    lr: float
+    seed: int = 0
+    kernel: KernelConfig = Field(default_factory=KernelConfig)  # read by the gs1_kernel estimator
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v):
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", v):
+            raise ValueError("must be letters, digits, '_', '.', '-' (it names folders)")
+        return v
+
+    @field_validator("advantage")
+    @classmethod
+    def _advantage(cls, v):
+        known = _advantage_estimators()
+        if v not in known:
+            raise ValueError(f"no estimator implements {v!r} (known: {', '.join(known)})")
+        return v
+
+    @field_validator("group_size", "groups_per_batch")
+    @classmethod
+    def _at_least_one(cls, v):
+        if v < 1:
+            raise ValueError("must be >= 1")
+        return v
+
+    @field_validator("lr")
+    @classmethod
+    def _lr(cls, v):
+        return _positive(v)
+
+    @property
+    def estimator(self) -> str:
+        return _advantage_estimators()[self.advantage]
+
+    @property
+    def batch_shape(self) -> str:
+        """`P x G = B`: prompts per step x rollouts per prompt = rollouts per step."""
+        return f"{self.groups_per_batch}x{self.group_size}={self.groups_per_batch * self.group_size}"
+
+
+# ---------------------------------------------------------------------------------------------
+# gates, preflights, decision
+# ---------------------------------------------------------------------------------------------
+
+
+class GateCheck(Record):
+    metric: str  # a name in rl.gates.GATE_METRICS
+    measures: str | None = None
+    one_of: list[str] | None = None  # passes when str(value) is one of these
+    min: float | None = None
+    max: float | None = None
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, v):
+        known = _gate_metrics()
+        if v not in known:
+            raise ValueError(f"unknown gate metric {v!r} (known: {', '.join(known)})")
+        return v
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.one_of is None and self.min is None and self.max is None:
+            raise _Problems([("", "needs one_of, min or max")])
+        if self.one_of is not None and (self.min is not None or self.max is not None):
+            raise _Problems([("", "use one_of or min/max, not both")])
+        if self.one_of is not None and not self.one_of:
+            raise _Problems([("one_of", "must not be empty")])
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise _Problems([("min", f"must be <= max ({self.min} > {self.max})")])
+        return self
+
+
+class ActivationGate(Record):
+    applicable: bool = True
+    checks: list[GateCheck] = Field(default_factory=list)
+    reason: str | None = None
+
+
+class Tolerance(Record):
+    atol: float | None = None
+    rtol: float | None = None
+    min_cosine: float | None = None
+
+    @field_validator("atol", "rtol")
+    @classmethod
+    def _nonneg(cls, v):
+        if v is not None and not v >= 0:
+            raise ValueError("must be >= 0")
+        return v
+
+    @field_validator("min_cosine")
+    @classmethod
+    def _cos(cls, v):
+        if v is not None and not -1 <= v <= 1:
+            raise ValueError("must lie in [-1, 1]")
+        return v
+
+
+class CorrectnessPath(Record):
+    id: str
+    kind: str
+    baseline_revision: str | None = None
+    reference_revision: str | None = None
+    tolerances: dict[str, Tolerance] = Field(default_factory=dict)
+
+
+class CorrectnessPreflight(Record):
+    paths: list[CorrectnessPath] = Field(default_factory=list)
+    required: bool = True
+    status: str | None = None
+
+
+class Criterion(Record):
+    id: str
+    metric: str
+    bounds: tuple[float, float]  # range of the per-item metric
+    margin: float  # on the weighted difference, e.g. treatment - baseline
+    weights: dict[str, float]  # role ("treatment"/"baseline") or arm name -> weight
+
+    @field_validator("bounds")
+    @classmethod
+    def _bounds(cls, v):
+        if not v[0] < v[1]:
+            raise ValueError(f"lower bound {v[0]} must be < upper bound {v[1]}")
+        return v
+
+    @field_validator("weights")
+    @classmethod
+    def _weights(cls, v):
+        if not v:
+            raise ValueError("must not be empty")
+        return v
+
+    def difference_range(self) -> tuple[float, float]:
+        """Range of sum_k w_k * metric_k with each metric in `bounds`."""
+        lo, hi = self.bounds
+        return (
+            sum(min(w * lo, w * hi) for w in self.weights.values()),
+            sum(max(w * lo, w * hi) for w in self.weights.values()),
+        )
+
+    @model_validator(mode="after")
+    def _margin(self):
+        lo, hi = self.difference_range()
+        if not lo < self.margin < hi:
+            raise _Problems([("margin", f"{self.margin} lies outside ({lo:g}, {hi:g}), the range of the weighted difference for bounds {list(self.bounds)}")])
+        return self
+
+
+class DecisionRule(Record):
+    method: str
+    alpha: float
+    criteria: list[Criterion]
+    seeds: list[int]
+    estimand: str | None = None
+    unit: str | None = None
+    version: int | None = None
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, v):
+        if v not in DECISION_METHODS:
+            raise ValueError(f"unsupported decision method {v!r} (supported: {', '.join(DECISION_METHODS)})")
+        return v
+
+    @field_validator("alpha")
+    @classmethod
+    def _alpha(cls, v):
+        if not 0 < v < 1:
+            raise ValueError("must lie in (0, 1)")
+        return v
+
+    @field_validator("criteria", "seeds")
+    @classmethod
+    def _nonempty(cls, v):
+        if not v:
+            raise ValueError("must not be empty")
+        return v
+
+    @model_validator(mode="after")
+    def _unique_ids(self):
+        seen: set[str] = set()
+        problems = []
+        for i, c in enumerate(self.criteria):
+            if c.id in seen:
+                problems.append((f"criteria.{i}.id", f"duplicate criterion id {c.id!r}"))
+            seen.add(c.id)
+        if len(set(self.seeds)) != len(self.seeds):
+            problems.append(("seeds", "duplicate seed"))
+        if problems:
+            raise _Problems(problems)
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# everything else in the record
+# ---------------------------------------------------------------------------------------------
+
+
+class Budget(Record):
+    gpu_hours: float
+    max_wall_minutes: float
+
+    @field_validator("gpu_hours", "max_wall_minutes")
+    @classmethod
+    def _pos(cls, v):
+        return _positive(v)
+
+
+class Dataset(Record):
+    name: str  # selects the env: rl.envs.ENV_NAMES
+    hf_path: str | None = None
+    split: str | None = None
+    n_examples: int | None = None  # training prompts drawn, in the seed-0 order
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v):
+        if v not in _env_names():
+            raise ValueError(f"no env for dataset {v!r} (known: {', '.join(_env_names())})")
+        return v
+
+    @field_validator("n_examples")
+    @classmethod
+    def _n(cls, v):
+        if v is not None and v < 1:
+            raise ValueError("must be >= 1")
+        return v
+
+
+class Eval(Record):
+    benchmark: str | None = None
+    metric: str | None = None
+    n_examples: int | None = None  # test items scored (first n in file order); None = all
+    aggregation: Any = None
+
+    @field_validator("n_examples")
+    @classmethod
+    def _n(cls, v):
+        if v is not None and v < 1:
+            raise ValueError("must be >= 1")
+        return v
+
+
+class ExperimentFeatures(Record):
+    adaptive_selection: bool = False
+    checkpoint_restore: bool = False
+    custom_loss: bool = False
+    custom_optimizer: bool = False
+    generated_training_data: bool = False
+    heldout_loss: bool = False
+    learned_generator: bool = False
+    paired_comparison: bool = False
+    paired_training_arms: bool = False
+    warmup_adaptation: bool = False
+
+
+class EffectiveConfig(Record):
+    arms: list[str] | None = None
+    base_model: str | None = None
+    batch_size: int | None = None
+    max_seq_len: int | None = None
+    max_tokens: int | None = None
+    n_eval: int | None = None
+    steps: int | None = None
+
+
+class Feasibility(Record):
+    config: Any = None
+    effective_config: EffectiveConfig | None = None
+    generation: Any = None
+    measurements: Any = None
+    primary_endpoint: str | None = None
+    recovery: Any = None
+    source: Any = None
+
+
+class GenerationApplicability(Record):
+    check: str | None = None
+    enforce: bool | None = None
+    features: dict[str, bool] = Field(default_factory=dict)
+    reasons: list[str] = Field(default_factory=list)
+    status: str | None = None
+
+
+class FeasibilityCheck(Record):
+    generation_applicability: GenerationApplicability | None = None
+    generation_counts: Any = None
+    gpu_hours: float | None = None
+    known_gpu_hours: float | None = None
+    phases: dict[str, Any] = Field(default_factory=dict)
+    problems: list[str] = Field(default_factory=list)
+    status: str | None = None
+    wall_seconds: float | None = None
+
+
+class GenerationAudit(Record):
+    answer_comparison: str | None = None
+    max_eval_overlaps: int | None = None
+    max_label_errors: int | None = None
+    min_sample_size: int | None = None
+    required: bool = False
+
+
+class Optimizer(Record):
+    name: str
+    lr: float
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v):
+        if v.lower() not in OPTIMIZERS:
+            raise ValueError(f"unsupported optimizer {v!r} (supported: {', '.join(OPTIMIZERS)})")
+        return v
+
+    @field_validator("lr")
+    @classmethod
+    def _lr(cls, v):
+        return _positive(v)
+
+
+class Preflight(Record):
+    probe: str | None = None
+    riskiest_assumption: str | None = None
+    tuning: str | None = None
+
+
+class OptimizerConfig(Record):
+    beta1: float | None = None
+    beta2: float | None = None
+    eps: float | None = None
+    lora_rank: int | None = None
+    lr: float | None = None
+    seed: int | None = None
+
+
+class RestorationArm(Record):
+    name: str
+    optimizer: str | None = None
+    optimizer_config: OptimizerConfig | None = None
+
+
+class RestorationGroup(Record):
+    arms: list[RestorationArm] = Field(default_factory=list)
+
+
+class RestorationPreflight(Record):
+    applicable: bool = False
+    fixed_batch_required: bool = False
+    groups: list[RestorationGroup] = Field(default_factory=list)
+    reason: str | None = None
+
+
+class SpecPreflight(Record):
+    findings: list[Any] = Field(default_factory=list)
+    status: str | None = None
+
+
+class Sampling(Record):
+    """Training rollouts' sampling parameters (eval decodes greedily)."""
+
+    max_tokens: int = 512
+    temperature: float = 1.0
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _max_tokens(cls, v):
+        if v < 1:
+            raise ValueError("must be >= 1")
+        return v
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, v):
+        if not v >= 0:
+            raise ValueError("must be >= 0")
+        return v
+
+
+class Pilot(Record):
+    """The activation pilot: `steps` treatment steps, and the held-out reward estimate."""
+
+    steps: int = 2
+    heldout_prompts: int = 64  # pilot prompts whose per-prompt mean reward is estimated
+    heldout_samples: int = 8  # samples per held-out prompt
+
+    @field_validator("steps", "heldout_prompts", "heldout_samples")
+    @classmethod
+    def _pos(cls, v):
+        if v < 1:
+            raise ValueError("must be >= 1")
+        return v
+
+
+# ---------------------------------------------------------------------------------------------
+# the spec
+# ---------------------------------------------------------------------------------------------
+
+
+class ExperimentSpec(Record):
+    title: str
+    hypothesis: str | None = None
+    training_type: str = "rl"
+    base_model: str
+    baseline: str | None = None
+    method: str | None = None
+    command: str | None = None
+    arms: list[Arm]
+    batch_size: int  # rollouts per step, the same in every arm
+    steps: int
+    lora_rank: int
+    max_seq_len: int | None = None
+    optimizer: Optimizer
+    dataset: Dataset
+    eval: Eval = Field(default_factory=Eval)
+    activation_gate: ActivationGate = Field(default_factory=ActivationGate)
+    correctness_preflight: CorrectnessPreflight | None = None
+    decision_rule: DecisionRule
+    budget: Budget
+    experiment_features: ExperimentFeatures = Field(default_factory=ExperimentFeatures)
+    feasibility: Feasibility | None = None
+    feasibility_check: FeasibilityCheck | None = None
+    feasibility_required: bool = True
+    generation_audit: GenerationAudit | None = None
+    preflight: Preflight | None = None
+    primary_endpoint: str | None = None
+    restoration_preflight: RestorationPreflight | None = None
+    spec_preflight: SpecPreflight | None = None
+    success_criterion: str | None = None
+
+    # added by this project (optional; see the module docstring)
+    sampling: Sampling = Field(default_factory=Sampling)
+    renderer: str | None = None
+    base_model_path: str | None = None
+    pilot: Pilot = Field(default_factory=Pilot)
+
+    @field_validator("batch_size", "steps", "lora_rank", "max_seq_len")
+    @classmethod
+    def _positive_int(cls, v):
+        if v is not None and v < 1:
+            raise ValueError("must be >= 1")
+        return v
+
+    @field_validator("arms")
+    @classmethod
+    def _arms_nonempty(cls, v):
+        if not v:
+            raise ValueError("must not be empty")
+        return v
+
+    @field_validator("base_model_path")
+    @classmethod
+    def _base_model_path(cls, v):
+        if v is not None and v.startswith("pkg:") and not re.fullmatch(r"pkg:[A-Za-z_][\w.]*/.+", v):
+            raise ValueError("a package path is 'pkg:<python_package>/<file>'")
+        return v
+
+    @model_validator(mode="after")
+    def _derive_sampling(self):
+        # The user's spec states max_tokens only in feasibility.effective_config (and its prose):
+        # take it from there when `sampling` was not given. Written into __dict__ so the derived
+        # value does not count as set by the user (exclude_unset dumps give back the file).
+        if "sampling" not in self.model_fields_set:
+            eff = self.feasibility.effective_config if self.feasibility else None
+            if eff is not None and eff.max_tokens is not None:
+                self.__dict__["sampling"] = Sampling(max_tokens=eff.max_tokens)
+        return self
+
+    @model_validator(mode="after")
+    def _cross_checks(self):
+        problems: list[tuple[str, str]] = []
+        names: set[str] = set()
+        for i, arm in enumerate(self.arms):
+            if arm.name in names:
+                problems.append((f"arms.{i}.name", f"duplicate arm name {arm.name!r}"))
+            names.add(arm.name)
+            if arm.group_size * arm.groups_per_batch != self.batch_size:
+                problems.append((
+                    f"arms.{i}",
+                    f"group_size x groups_per_batch = {arm.group_size} x {arm.groups_per_batch} = "
+                    f"{arm.group_size * arm.groups_per_batch} differs from batch_size {self.batch_size}",
+                ))
+        for c_i, crit in enumerate(self.decision_rule.criteria):
+            for key in crit.weights:
+                if key not in ROLES and key not in names:
+                    problems.append((f"decision_rule.criteria.{c_i}.weights.{key}", "neither a role (treatment, baseline) nor an arm name"))
+        if not problems:
+            try:
+                t, b = _find_treatment(self), _find_baseline(self)
+                if t.name == b.name:
+                    problems.append(("arms", f"arm {t.name!r} is both treatment and baseline"))
+            except ValueError as e:
+                problems.append(("arms", str(e)))
+        if self.restoration_preflight is not None:
+            for g_i, group in enumerate(self.restoration_preflight.groups):
+                for a_i, ra in enumerate(group.arms):
+                    if ra.name not in names:
+                        problems.append((f"restoration_preflight.groups.{g_i}.arms.{a_i}.name", f"no arm named {ra.name!r}"))
+        if self.max_seq_len is not None and self.sampling.max_tokens >= self.max_seq_len:
+            problems.append(("sampling.max_tokens", f"{self.sampling.max_tokens} leaves no room for the prompt in max_seq_len {self.max_seq_len}"))
+        eff = self.feasibility.effective_config if self.feasibility else None
+        if eff is not None:
+            recorded = {
+                "arms": [a.name for a in self.arms],
+                "base_model": self.base_model,
+                "batch_size": self.batch_size,
+                "max_seq_len": self.max_seq_len,
+                "max_tokens": self.sampling.max_tokens,
+                "n_eval": self.eval.n_examples,
+                "steps": self.steps,
+            }
+            where = {"max_tokens": "sampling.max_tokens", "n_eval": "eval.n_examples", "arms": "arm names"}
+            for key, value in recorded.items():
+                stated = getattr(eff, key)
+                same = sorted(stated) == sorted(value) if key == "arms" and stated and value else stated == value
+                if stated is not None and value is not None and not same:
+                    problems.append((f"feasibility.effective_config.{key}", f"{stated!r} differs from {where.get(key, key)} {value!r}"))
+        if self.renderer is None:
+            try:
+                resolve_renderer_name(self)
+            except UserError as e:
+                problems.append(("renderer", str(e)))
+        if problems:
+            raise _Problems(problems)
+        return self
+
+    def arm(self, name: str) -> Arm:
+        for a in self.arms:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _role_arm(spec: ExperimentSpec, role: str) -> Arm | None:
+    """The arm a criterion's weights name, by arm name with the role's sign."""
+    sign = 1 if role == "treatment" else -1
+    for crit in spec.decision_rule.criteria:
+        named = [spec.arm(k) for k, w in crit.weights.items() if k not in ROLES and w * sign > 0 and any(a.name == k for a in spec.arms)]
+        if len(named) == 1:
+            return named[0]
+    return None
+
+
+def _find_treatment(spec: ExperimentSpec) -> Arm:
+    kernel = [a for a in spec.arms if a.advantage == TREATMENT_ADVANTAGE]
+    if len(kernel) == 1:
+        return kernel[0]
+    if (arm := _role_arm(spec, "treatment")) is not None:
+        return arm
+    others = [a for a in spec.arms if a.advantage != BASELINE_ADVANTAGE]
+    if len(spec.arms) == 2 and len(others) == 1:
+        return others[0]
+    raise ValueError(f"cannot tell the treatment arm: give exactly one arm advantage {TREATMENT_ADVANTAGE!r} or name it in decision_rule weights")
+
+
+def _find_baseline(spec: ExperimentSpec) -> Arm:
+    grpo = [a for a in spec.arms if a.advantage == BASELINE_ADVANTAGE]
+    if len(grpo) == 1:
+        return grpo[0]
+    if (arm := _role_arm(spec, "baseline")) is not None:
+        return arm
+    treatment = _find_treatment(spec)
+    others = [a for a in spec.arms if a.name != treatment.name]
+    if len(others) == 1:
+        return others[0]
+    raise ValueError(f"cannot tell the baseline arm: give exactly one arm advantage {BASELINE_ADVANTAGE!r} or name it in decision_rule weights")
+
+
+def treatment_arm(spec: ExperimentSpec) -> Arm:
+    """The arm under test: the kernel-baseline arm, else the arm with positive decision weight."""
+    return _find_treatment(spec)
+
+
+def baseline_arm(spec: ExperimentSpec) -> Arm:
+    """The comparison arm: the group-mean (GRPO) arm, else the arm with negative decision weight."""
+    return _find_baseline(spec)
+
+
+def _model_registry(org: str) -> dict:
+    from tinker_cookbook import model_info
+
+    getters = {
+        "meta-llama": "get_llama_info",
+        "Qwen": "get_qwen_info",
+        "deepseek-ai": "get_deepseek_info",
+        "openai": "get_gpt_oss_info",
+        "moonshotai": "get_moonshot_info",
+        "zai-org": "get_zai_info",
+        "nvidia": "get_nvidia_info",
+    }
+    getter = getattr(model_info, getters.get(org, ""), None)
+    return getter() if getter is not None else {}
+
+
+def resolve_renderer_name(spec: ExperimentSpec) -> str:
+    """The renderer to use: `spec.renderer`, else the cookbook's recommendation for `base_model`.
+
+    A model the cookbook's table lacks (e.g. `Qwen/Qwen3.5-2B` in tinker-cookbook 0.5.8) gets
+    its family's renderer when every listed sibling of the same kind (same name up to the size,
+    chat vs `-Base`) recommends the same one; otherwise it is a UserError asking for `renderer`.
+    """
+    if spec.renderer is not None:
+        return spec.renderer
+    from tinker_cookbook.model_info import get_recommended_renderer_name
+
+    model = spec.base_model
+    try:
+        return get_recommended_renderer_name(model)
+    except Exception:
+        pass
+    org, _, version = model.split(":", 1)[0].partition("/")
+    family = version.split("-", 1)[0]
+    is_base = version.endswith("-Base")
+    siblings = {
+        attrs.recommended_renderers[0]
+        for name, attrs in _model_registry(org).items()
+        if name.split("-", 1)[0] == family and name.endswith("-Base") == is_base and attrs.recommended_renderers
+    }
+    if len(siblings) == 1:
+        return siblings.pop()
+    raise UserError(f"not set, and tinker-cookbook recommends no renderer for base_model {model!r}; set \"renderer\"")
+
+
+def resolve_base_model_path(spec: ExperimentSpec) -> str | None:
+    """`base_model_path` as a filesystem path (`pkg:` resolved without importing the package).
+
+    None when the spec gives none (load `base_model`). A path that does not exist is a UserError.
+    """
+    value = spec.base_model_path
+    if value is None:
+        return None
+    if value.startswith("pkg:"):
+        package, _, rel = value[4:].partition("/")
+        try:
+            found = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            found = None
+        if found is None or not found.submodule_search_locations:
+            raise UserError(f"base_model_path: package {package!r} is not installed")
+        path = Path(list(found.submodule_search_locations)[0]) / rel
+    else:
+        path = Path(value).expanduser()
+    if not path.exists():
+        raise UserError(f"base_model_path: {path} does not exist")
+    return str(path)
+
+
+def canonical_json(spec: ExperimentSpec) -> str:
+    """The spec with every default filled in, as sorted compact JSON (the hashed form)."""
+    return json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def spec_hash(spec_or_path: ExperimentSpec | str | Path) -> str:
+    """First 12 hex of the sha256 of the canonical JSON (equal for equal effective specs)."""
+    spec = spec_or_path if isinstance(spec_or_path, ExperimentSpec) else load_spec(spec_or_path)
+    return hashlib.sha256(canonical_json(spec).encode("utf-8")).hexdigest()[:12]
+
+
+def slug(title: str, max_len: int = 60) -> str:
+    """`"GS1 vs GRPO demo (local)"` -> `"gs1-vs-grpo-demo-local"`: safe for folder and flow names."""
+    s = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+    return s[:max_len].rstrip("-") or "spec"
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+# ---------------------------------------------------------------------------------------------
+
+
+class SpecError(UserError):
+    """An invalid spec: `problems` holds one `field.path: reason` line each."""
+
+    def __init__(self, problems: list[str], source: str | None = None):
+        self.problems = list(problems)
+        self.source = source
+        head = f"{source}: " if source else ""
+        n = len(self.problems)
+        super().__init__(f"{head}invalid spec ({n} problem{'s' if n != 1 else ''}): " + "; ".join(self.problems))
+
+
+def _format_loc(loc: tuple) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def spec_problems(err: ValidationError) -> list[str]:
+    """One `field.path: reason` line per problem in a pydantic ValidationError."""
+    lines = []
+    for e in err.errors(include_url=False):
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        cause = (e.get("ctx") or {}).get("error")
+        if isinstance(cause, _Problems):
+            for rel, msg in cause.problems:
+                path = _format_loc(loc + tuple(rel.split("."))) if rel else _format_loc(loc)
+                lines.append(f"{path or '(spec)'}: {msg}")
+            continue
+        msg = e["msg"]
+        if e["type"] == "missing":
+            msg = "required field is missing"
+        elif e["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
+        lines.append(f"{_format_loc(loc) or '(spec)'}: {msg}")
+    return lines
+
+
+def parse_spec(data: Any, source: str | None = None) -> ExperimentSpec:
+    """Validate a spec dict; a SpecError lists every problem found."""
+    if not isinstance(data, dict):
+        raise UserError(f"{source or 'spec'}: expected a JSON object at the top level")
+    try:
+        return ExperimentSpec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(spec_problems(e), source) from None
+
+
+def load_spec(path: str | Path) -> ExperimentSpec:
+    """Read and validate a spec file. Missing file or bad JSON: a one-line UserError."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such spec file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read ({type(e).__name__})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    return parse_spec(data, str(path))

@@ -1,0 +1,330 @@
+"""Envs: GSM8K from the shared copy and the arithmetic demo env, against the cookbook's own."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
+
+import datasets
+import pytest
+from tinker_cookbook import renderers
+from tinker_cookbook.recipes.math_rl import math_env as cookbook_math_env
+from tinker_cookbook.recipes.math_rl.math_env import Gsm8kDataset, MathEnv, extract_gsm8k_final_answer
+
+from gs1.errors import UserError
+from rl.envs import ENV_NAMES, Env, get_env, make_prompt_id, parse_prompt_id
+from rl.envs.arithmetic import generate_pairs
+from rl.envs.base import run_coroutine
+from fixtures.qwen_tokenizer import build_qwen_tokenizer
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return build_qwen_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def renderer(tokenizer):
+    return renderers.get_renderer("qwen3", tokenizer)
+
+
+@pytest.fixture(scope="session")
+def gsm8k(gsm8k_dir):
+    return get_env("gsm8k", data_dir=gsm8k_dir)
+
+
+@pytest.fixture(scope="session")
+def arithmetic():
+    return get_env("arithmetic")
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def file_rows(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# --- registry and ids ------------------------------------------------------------------------
+
+
+def test_get_env_by_name(gsm8k, arithmetic):
+    assert set(ENV_NAMES) == {"gsm8k", "arithmetic"}
+    assert gsm8k.name == "gsm8k" and arithmetic.name == "arithmetic"
+    assert isinstance(gsm8k, Env) and isinstance(arithmetic, Env)
+    with pytest.raises(UserError, match="unknown dataset 'mmlu'"):
+        get_env("mmlu")
+
+
+def test_prompt_ids_round_trip():
+    assert make_prompt_id("gsm8k", "train", 17) == "gsm8k/train/17"
+    assert parse_prompt_id("gsm8k/train/17") == ("gsm8k", "train", 17)
+    for bad in ["gsm8k/train", "gsm8k/dev/1", "gsm8k/train/x", "a/b/c/d"]:
+        with pytest.raises(ValueError):
+            parse_prompt_id(bad)
+
+
+# --- GSM8K data ------------------------------------------------------------------------------
+
+
+def test_gsm8k_loads_the_shared_copy_in_file_order(gsm8k, gsm8k_dir):
+    train, test = gsm8k.train_problems(), gsm8k.test_problems()
+    assert (len(train), len(test)) == (7473, 1319)
+    rows = file_rows(gsm8k_dir / "train.jsonl")
+    for i in (0, 1, 4000, 7472):
+        assert train[i].id == f"gsm8k/train/{i}"
+        assert train[i].question == rows[i]["question"]
+        assert train[i].answer == extract_gsm8k_final_answer(rows[i]["answer"])
+    assert train[1].answer == "10"
+    assert test[0].id == "gsm8k/test/0"
+    assert gsm8k.get_problem("gsm8k/test/5") == test[5]
+
+
+def test_gsm8k_seed0_order_is_the_datasets_shuffle_of_the_file_rows(gsm8k, gsm8k_dir):
+    rows = file_rows(gsm8k_dir / "train.jsonl")
+    shuffled = datasets.Dataset.from_list(rows).shuffle(seed=0)
+    order = gsm8k.train_order(0)
+    assert [p.question for p in order] == shuffled["question"]
+    assert sorted(p.id for p in order) == sorted(p.id for p in gsm8k.train_problems())
+    assert order == gsm8k.train_order(0)  # stable
+    assert [p.id for p in gsm8k.train_order(1)[:20]] != [p.id for p in order[:20]]
+
+
+def test_gsm8k_order_and_prompts_equal_the_cookbook_gsm8k_env(gsm8k, gsm8k_dir, renderer, monkeypatch, tokenizer):
+    """The cookbook's own Gsm8kDataset (its hub load swapped for the file rows) builds the same
+    prompts, in the same order, with the same rewards."""
+    rows = file_rows(gsm8k_dir / "train.jsonl")
+    monkeypatch.setattr(cookbook_math_env, "load_dataset", lambda *a, **k: datasets.Dataset.from_list(rows))
+    cookbook = Gsm8kDataset(
+        batch_size=6, group_size=1, renderer=renderer, convo_prefix=MathEnv.standard_fewshot_prefix(), split="train", seed=0
+    )
+    ours = gsm8k.train_order(0)[:6]
+    for builder, problem in zip(cookbook.get_batch(0), ours, strict=True):
+        (env,) = run_coroutine(builder.make_envs())
+        cookbook_prompt, stop = run_coroutine(env.initial_observation())
+        assert gsm8k.build_prompt(renderer, problem).to_ints() == cookbook_prompt.to_ints()
+        assert gsm8k.stop_sequences(renderer) == stop == [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        response = encode(tokenizer, f"Thus \\boxed{{{problem.answer}}}<|im_end|>")
+        assert gsm8k.reward(renderer, problem, response) == run_coroutine(env.step(response)).reward == 1.0
+
+
+def test_gsm8k_prompt_is_the_rendered_fewshot_conversation(gsm8k, renderer, tokenizer):
+    problem = gsm8k.train_problems()[1]
+    prompt = gsm8k.build_prompt(renderer, problem)
+    convo = MathEnv.standard_fewshot_prefix() + [{"role": "user", "content": problem.question + MathEnv.question_suffix()}]
+    assert prompt.to_ints() == renderer.build_generation_prompt(convo).to_ints()
+    text = tokenizer.decode(prompt.to_ints())
+    assert text.startswith("<|im_start|>user\nHow many r's are in strawberry?")
+    assert "\\boxed{3}<|im_end|>" in text
+    assert text.endswith(problem.question + " Write your answer in \\boxed{} format.<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_gsm8k_reward_is_the_cookbook_env_reward(gsm8k, renderer, tokenizer):
+    problem = gsm8k.train_problems()[1]  # answer 10
+    assert gsm8k.reward(renderer, problem, encode(tokenizer, "She earned \\boxed{10}.<|im_end|>")) == 1.0
+    assert gsm8k.reward(renderer, problem, encode(tokenizer, "She earned \\boxed{10.00}<|im_end|>")) == 1.0
+    wrong = gsm8k.reward(renderer, problem, encode(tokenizer, "She earned \\boxed{12}<|im_end|>"))
+    assert wrong < 1.0 and wrong == 0.0
+    # the cookbook's format term: no \boxed{} or no stop token costs 0.1
+    assert gsm8k.reward(renderer, problem, encode(tokenizer, "She earned 10.<|im_end|>")) == pytest.approx(-0.1)
+    assert gsm8k.reward(renderer, problem, encode(tokenizer, "She earned \\boxed{10}")) == pytest.approx(0.9)
+
+
+def test_gsm8k_eval_grade(gsm8k, renderer, tokenizer):
+    problem = gsm8k.train_problems()[1]
+    assert gsm8k.grade(renderer, problem, encode(tokenizer, "So \\boxed{10}<|im_end|>")) == (True, "10")
+    assert gsm8k.grade(renderer, problem, encode(tokenizer, "\\boxed{5} then \\boxed{10.0}<|im_end|>")) == (True, "10.0")
+    assert gsm8k.grade(renderer, problem, encode(tokenizer, "So \\boxed{7}<|im_end|>")) == (False, "7")
+    assert gsm8k.grade(renderer, problem, encode(tokenizer, "So 10<|im_end|>")) == (False, "")
+    # a truncated response (no stop token) is still graded on its boxed answer
+    assert gsm8k.grade(renderer, problem, encode(tokenizer, "So \\boxed{10}")) == (True, "10")
+
+
+def test_grading_works_off_the_main_thread_and_inside_an_event_loop(gsm8k, renderer, tokenizer):
+    problems = gsm8k.test_problems()[:8]
+    responses = [encode(tokenizer, f"\\boxed{{{p.answer}}}<|im_end|>") for p in problems]
+
+    def work(i):
+        assert threading.current_thread() is not threading.main_thread()
+        return gsm8k.grade(renderer, problems[i], responses[i]), gsm8k.reward(renderer, problems[i], responses[i])
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(work, range(len(problems))))
+    assert results == [((True, p.answer), 1.0) for p in problems]
+
+    async def from_async_code():
+        return gsm8k.reward(renderer, problems[0], responses[0]), gsm8k.build_prompt(renderer, problems[0])
+
+    reward, prompt = asyncio.run(from_async_code())
+    assert reward == 1.0 and prompt.to_ints() == gsm8k.build_prompt(renderer, problems[0]).to_ints()
+
+
+# --- GSM8K data errors -----------------------------------------------------------------------
+
+
+def write_split_dir(tmp_path, train_lines, test_lines=None):
+    d = tmp_path / "gsm8k"
+    d.mkdir()
+    (d / "train.jsonl").write_text("".join(line + "\n" for line in train_lines))
+    if test_lines is not None:
+        (d / "test.jsonl").write_text("".join(line + "\n" for line in test_lines))
+    return d
+
+
+GOOD = json.dumps({"question": "What is 2 + 2?", "answer": "2 + 2 = 4\n#### 4"})
+
+
+def test_gsm8k_malformed_line_names_file_and_line(tmp_path):
+    d = write_split_dir(tmp_path, [GOOD, GOOD, '{"question": "oops"'])
+    with pytest.raises(UserError) as exc:
+        get_env("gsm8k", data_dir=d).train_problems()
+    assert str(exc.value).startswith(f"{d / 'train.jsonl'}:3: not valid JSON")
+
+
+@pytest.mark.parametrize(
+    "line, reason",
+    [
+        (json.dumps({"question": "q"}), "expected an object with string 'question' and 'answer'"),
+        (json.dumps([1, 2]), "expected an object with string 'question' and 'answer'"),
+        (json.dumps({"question": "q", "answer": "no final line"}), "answer has no '#### <final answer>' line"),
+        ("", "empty line"),
+    ],
+)
+def test_gsm8k_bad_rows(tmp_path, line, reason):
+    d = write_split_dir(tmp_path, [GOOD, line])
+    with pytest.raises(UserError) as exc:
+        get_env("gsm8k", data_dir=d).train_problems()
+    assert str(exc.value) == f"{d / 'train.jsonl'}:2: {reason}"
+
+
+def test_gsm8k_missing_file_or_dir(tmp_path):
+    d = write_split_dir(tmp_path, [GOOD])
+    env = get_env("gsm8k", data_dir=d)
+    assert len(env.train_problems()) == 1
+    with pytest.raises(UserError, match=r"test\.jsonl: no such GSM8K data file"):
+        env.test_problems()
+    with pytest.raises(UserError, match="GSM8K data directory not found"):
+        get_env("gsm8k", data_dir=tmp_path / "nowhere")
+
+
+def test_gsm8k_data_dir_from_env_var(tmp_path, monkeypatch):
+    d = write_split_dir(tmp_path, [GOOD, GOOD], [GOOD])
+    monkeypatch.setenv("GS1_GSM8K_DIR", str(d))
+    env = get_env("gsm8k")
+    assert env.data_dir == d and len(env.train_problems()) == 2 and len(env.test_problems()) == 1
+
+
+def test_gsm8k_default_source_is_the_hub(monkeypatch):
+    """Without a data dir it asks `datasets` for openai/gsm8k main (a fake here: no network)."""
+    monkeypatch.delenv("GS1_GSM8K_DIR", raising=False)
+    calls = []
+
+    def fake_load_dataset(path, name=None, split=None, **kw):
+        calls.append((path, name, split))
+        return datasets.Dataset.from_list([{"question": f"{split} q", "answer": "#### 3"}])
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    env = get_env("gsm8k")
+    assert env.train_problems()[0].question == "train q" and env.test_problems()[0].answer == "3"
+    assert calls == [("openai/gsm8k", "main", "train"), ("openai/gsm8k", "main", "test")]
+
+    def offline(*a, **k):
+        raise ConnectionError("offline")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(UserError, match="could not load openai/gsm8k .*GS1_GSM8K_DIR"):
+        get_env("gsm8k").train_problems()
+
+
+# --- arithmetic ------------------------------------------------------------------------------
+
+
+def test_arithmetic_problems_are_deterministic_and_disjoint(arithmetic):
+    train, test = arithmetic.train_problems(), arithmetic.test_problems()
+    assert (len(train), len(test)) == (4096, 500)
+    again = get_env("arithmetic")
+    assert again.train_problems() == train and again.test_problems() == test
+    assert again.train_order(0) == arithmetic.train_order(0) != train
+    other = get_env("arithmetic", seed=1)
+    assert other.train_problems() != train
+    train_q, test_q = {p.question for p in train}, {p.question for p in test}
+    assert not train_q & test_q
+    assert len(test_q) == 500  # distinct test items
+    assert train[0].id == "arithmetic/train/0" and test[499].id == "arithmetic/test/499"
+
+
+def test_arithmetic_mixes_one_and_two_digit_operands(arithmetic):
+    pairs_train, pairs_test = generate_pairs(0, 4096, 500)
+    classes = [(len(str(a)), len(str(b))) for a, b in pairs_train]
+    for cls in [(1, 1), (1, 2), (2, 1), (2, 2)]:
+        assert 0.2 < classes.count(cls) / len(classes) < 0.3
+    for p, (a, b) in zip(arithmetic.train_problems(), pairs_train, strict=True):
+        assert p.question == f"What is {a} + {b}?" and p.answer == str(a + b)
+    assert {(len(str(a)), len(str(b))) for a, b in pairs_test} == {(1, 1), (1, 2), (2, 1), (2, 2)}
+
+
+def test_arithmetic_prompt_length_varies_with_operands(arithmetic, renderer, tokenizer):
+    by_class = {}
+    for p in arithmetic.train_problems()[:200]:
+        a, b = arithmetic.operands(p)
+        by_class.setdefault((a >= 10) + (b >= 10), set()).add(len(arithmetic.build_prompt(renderer, p).to_ints()))
+    assert max(by_class[0]) < min(by_class[1]) and max(by_class[1]) < min(by_class[2])
+
+
+def test_arithmetic_prompt_uses_the_cookbook_prefix(arithmetic, renderer, tokenizer):
+    problem = arithmetic.train_problems()[0]
+    text = tokenizer.decode(arithmetic.build_prompt(renderer, problem).to_ints())
+    assert text == (
+        "<|im_start|>user\nWhat is 4 + 5?<|im_end|>\n<|im_start|>assistant\n9<|im_end|>\n"
+        f"<|im_start|>user\n{problem.question} Answer with just the number.<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_arithmetic_reward_and_grade(arithmetic, renderer, tokenizer):
+    problem = next(p for p in arithmetic.train_problems() if int(p.answer) >= 10)
+    right, wrong = problem.answer, str(int(problem.answer) + 1)
+    cases = [
+        (f"{right}<|im_end|>", 1.0, (True, right)),
+        (f"{right}", 1.0, (True, right)),  # truncated: no format term
+        (f"The answer is {right}.<|im_end|>", 1.0, (True, right)),
+        (f"{wrong}<|im_end|>", 0.0, (False, wrong)),
+        (f"{wrong}\n{right}<|im_end|>", 0.0, (False, wrong)),  # only the first line counts
+        (f"{right}\n{wrong}<|im_end|>", 1.0, (True, right)),
+        ("I don't know<|im_end|>", 0.0, (False, "")),
+        ("<|im_end|>", 0.0, (False, "")),
+    ]
+    for text, reward, grade in cases:
+        tokens = encode(tokenizer, text)
+        assert arithmetic.reward(renderer, problem, tokens) == reward, text
+        assert arithmetic.grade(renderer, problem, tokens) == grade, text
+
+
+# --- the demo spec's renderer fits its model ---------------------------------------------------
+
+
+def test_demo_renderer_speaks_smollm2_chatml(repo_root):
+    """specs/demo_local.json pairs SmolLM2-135M-Instruct with the cookbook `qwen3_instruct`
+    renderer: the same ChatML turns as the model's own chat template, stopping on <|im_end|>."""
+    from transformers import AutoTokenizer
+
+    from schemas.spec import load_spec, resolve_base_model_path, resolve_renderer_name
+
+    spec = load_spec(repo_root / "specs" / "demo_local.json")
+    gguf = Path(resolve_base_model_path(spec))
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    renderer = renderers.get_renderer(resolve_renderer_name(spec), tok)
+    assert renderer.get_stop_sequences() == [tok.convert_tokens_to_ids("<|im_end|>")]
+    convo = [
+        {"role": "system", "content": "You are a helpful AI assistant named SmolLM, trained by Hugging Face"},
+        {"role": "user", "content": "What is 4 + 5?"},
+        {"role": "assistant", "content": "9"},
+        {"role": "user", "content": "What is 12 + 7? Answer with just the number."},
+    ]
+    ours = tok.decode(renderer.build_generation_prompt(convo).to_ints())
+    assert ours == tok.apply_chat_template(convo, tokenize=False, add_generation_prompt=True)
+    message, _ = renderer.parse_response(tok.encode("19<|im_end|>", add_special_tokens=False))
+    assert message["content"] == "19"
