@@ -58,9 +58,9 @@ def _gate_metrics() -> tuple[str, ...]:
 
 
 def _env_names() -> tuple[str, ...]:
-    from rl.envs import ENV_NAMES
+    from rl.envs import env_names
 
-    return tuple(ENV_NAMES)
+    return env_names()
 
 
 class _Problems(ValueError):

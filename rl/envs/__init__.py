@@ -7,25 +7,39 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from pathlib import Path
 
 from gs1.errors import UserError
 from rl.envs.base import Env, Problem, make_prompt_id, parse_prompt_id
 
 # name -> "module:class"; modules load on demand (GSM8K pulls in `datasets`).
-_ENVS = {
+_ENVS: dict[str, str | Callable[..., Env]] = {
     "gsm8k": "rl.envs.gsm8k:Gsm8kEnv",
     "arithmetic": "rl.envs.arithmetic:ArithmeticEnv",
 }
-ENV_NAMES = tuple(_ENVS)
+ENV_NAMES = tuple(_ENVS)  # the built-in benchmarks
+
+
+def register_env(name: str, target: str | Callable[..., Env]) -> None:
+    """Add an env: `"module:Class"` or a callable, called as `target(data_dir, **kw)`."""
+    _ENVS[name] = target
+
+
+def env_names() -> tuple[str, ...]:
+    """Every env a spec's `dataset.name` may take now (built-in and registered)."""
+    return tuple(_ENVS)
 
 
 def get_env(name: str, data_dir: str | Path | None = None, **kw) -> Env:
     """The env called `name`; `data_dir` is a local copy of its data (GSM8K), kw go to the env."""
     if name not in _ENVS:
-        raise UserError(f"unknown dataset {name!r} (known: {', '.join(ENV_NAMES)})")
-    module, cls = _ENVS[name].split(":")
-    return getattr(importlib.import_module(module), cls)(data_dir, **kw)
+        raise UserError(f"unknown dataset {name!r} (known: {', '.join(_ENVS)})")
+    target = _ENVS[name]
+    if isinstance(target, str):
+        module, attr = target.split(":")
+        target = getattr(importlib.import_module(module), attr)
+    return target(data_dir, **kw)
 
 
-__all__ = ["ENV_NAMES", "Env", "Problem", "get_env", "make_prompt_id", "parse_prompt_id"]
+__all__ = ["ENV_NAMES", "Env", "Problem", "env_names", "get_env", "make_prompt_id", "parse_prompt_id", "register_env"]

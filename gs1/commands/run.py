@@ -1,0 +1,73 @@
+"""`gs1 run [SPEC]`: run the pre-registered experiment flow (default: the local demo spec)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from gs1.errors import UserError
+
+DEMO_SPEC = "specs/demo_local.json"
+
+
+def default_spec() -> Path:
+    """`specs/demo_local.json` in the working directory, else beside the installed package."""
+    here = Path(DEMO_SPEC)
+    if here.is_file():
+        return here
+    return Path(__file__).resolve().parents[2] / DEMO_SPEC
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("run", help="run an experiment spec end to end (default: the local demo)")
+    p.add_argument("spec", nargs="?", help=f"spec JSON (default: {DEMO_SPEC})")
+    p.add_argument("--backend", choices=["local", "tinker"], default="local")
+    p.add_argument("--run-dir", help="run directory (default: runs/<title-slug>-<spec-hash>)")
+    p.add_argument("--data-dir", help="directory with GSM8K train.jsonl/test.jsonl (default: the hub; env GS1_GSM8K_DIR)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from schemas.spec import load_spec
+
+    spec_path = Path(args.spec) if args.spec else default_spec()
+    load_spec(spec_path)  # SpecError (a UserError) -> one line per problem, exit 2
+    data_dir = args.data_dir or os.environ.get("GS1_GSM8K_DIR")
+    if data_dir and not Path(data_dir).is_dir():
+        raise UserError(f"--data-dir {data_dir}: no such directory")
+    if args.backend == "tinker":
+        from rl.backends.tinker_backend import make_tinker_service_client
+
+        make_tinker_service_client()  # probe the service and the key now: one clear line, exit 2
+
+    from tasks.spec import run_dir_for
+
+    run_dir = Path(args.run_dir) if args.run_dir else run_dir_for(spec_path)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    print(f"gs1: running {spec_path} on the {args.backend} backend; run directory {run_dir}", flush=True)
+
+    from flows.experiment import experiment
+    from tasks.common import GateFailed
+
+    state = experiment(
+        spec_path=str(spec_path.resolve()), run_dir=str(run_dir.resolve()), backend=args.backend,
+        data_dir=str(Path(data_dir).resolve()) if data_dir else None, return_state=True,
+    )  # fmt: skip
+    if state.is_completed():
+        decision = state.result()
+        print(
+            f"gs1: decision {decision['verdict']}: {decision['treatment']} - {decision['baseline']} = "
+            f"{decision['mean_diff']:+.4f} (Hoeffding lower {decision['lower']:+.4f}, margin {decision['margin']:+.4f}, "
+            f"n={decision['n']})"
+        )
+        print(f"gs1: decision at {run_dir / 'decision' / 'decision.json'}; artifacts under {run_dir}")
+        return 0
+    error = state.result(raise_on_failure=False)
+    if isinstance(error, GateFailed):
+        sys.stderr.write(f"gs1: {error}\n")
+        return 1
+    if isinstance(error, UserError):
+        raise error
+    raise UserError(f"the flow ended {state.name}: {state.message}")

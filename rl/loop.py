@@ -1,0 +1,369 @@
+"""One RL arm, top to bottom: sample -> grade -> advantages -> datums -> forward_backward -> optim_step.
+
+Written in the style of tinker-cookbook's `recipes/rl_loop.py`: every sample future of a step is
+submitted before any is awaited, datums are built in plain sight, and lists carry their
+dimensions in their names:
+
+    _P  prompts of the step          _G  rollouts of one prompt (the arm's group size)
+    _B  rollouts of the step (P*G)   _T  tokens             _D  datums sent to forward_backward
+
+The loop never knows which backend it talks to: `service_client` is the real `tinker`
+ServiceClient or the embedded local engine, both returning futures of real `tinker.types`.
+Per-step logs go to `<arm_dir>/steps/step-NNNNN.{rollouts,metrics}.parquet`; because the
+kernel window is rebuilt from those logs and the sampling seeds are a pure function of
+(seed, step, prompt), a run resumed from a `save_state` checkpoint replays the same steps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+from tinker import types
+from tinker.types.tensor_data import TensorData
+
+from rl.envs.base import Env, Problem
+from rl.estimators import KernelWindow, advantages_for_step
+from rl.kernels import prompt_features
+
+
+@dataclass(frozen=True)
+class ArmConfig:
+    """Everything that defines one training arm (taken from the spec)."""
+
+    name: str
+    advantage: str  # a spec advantage name, see rl.estimators.ADVANTAGE_ESTIMATORS
+    group_size: int
+    groups_per_batch: int
+    lr: float
+    seed: int
+    steps: int
+    lora_rank: int
+    base_model: str
+    base_model_path: str | None = None
+    max_tokens: int = 512
+    temperature: float = 1.0
+    kernel: dict | None = None
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+
+    @property
+    def batch_size(self) -> int:
+        return self.group_size * self.groups_per_batch
+
+
+@dataclass
+class StepLog:
+    """What one step produced: one row per rollout, one row of step metrics."""
+
+    rollouts: dict[str, list]
+    metrics: dict[str, float]
+
+
+@dataclass
+class HeldoutRequest:
+    """Extra samples of some prompts, used only to measure the baseline (never trained on)."""
+
+    num_prompts: int
+    num_samples: int
+    rows: list[dict] = field(default_factory=list)
+
+
+def sampling_seed(seed: int, step: int, group: int) -> int:
+    """A sampling seed that depends only on (arm seed, step, prompt index): resume replays it."""
+    digest = hashlib.sha256(f"{seed}:{step}:{group}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def prompt_mean_logprob(prompt_logprobs_T: Sequence[float | None]) -> float:
+    """Mean of the sampler's logprobs over prompt tokens 2..n (the first token has none)."""
+    values = [lp for lp in prompt_logprobs_T[1:] if lp is not None]
+    return float(np.mean(values)) if values else 0.0
+
+
+def rollout_datum(prompt: types.ModelInput, tokens_T: list[int], logprobs_T: list[float], advantage: float) -> types.Datum:
+    """One rollout as an importance-sampling datum, exactly as the cookbook's rl_loop builds it.
+
+    Inputs are the prompt plus all sampled tokens but the last; targets are shifted by one, so
+    the first `prompt.length - 1` positions predict prompt tokens and carry zero advantage.
+    """
+    ob_len = prompt.length - 1
+    model_input = prompt.append(types.EncodedTextChunk(tokens=tokens_T[:-1]))
+    target_tokens = [0] * ob_len + list(tokens_T)
+    padded_logprobs = [0.0] * ob_len + list(logprobs_T)
+    padded_advantages = [0.0] * ob_len + [float(advantage)] * (model_input.length - ob_len)
+    assert model_input.length == len(target_tokens) == len(padded_logprobs) == len(padded_advantages)
+    return types.Datum(
+        model_input=model_input,
+        loss_fn_inputs={
+            "target_tokens": TensorData(data=target_tokens, dtype="int64", shape=[len(target_tokens)]),
+            "logprobs": TensorData(data=padded_logprobs, dtype="float32", shape=[len(padded_logprobs)]),
+            "advantages": TensorData(data=padded_advantages, dtype="float32", shape=[len(padded_advantages)]),
+        },
+    )
+
+
+def step_problems(order: Sequence[Problem], arm: ArmConfig, step: int) -> list[Problem]:
+    """The step's prompts: the next `groups_per_batch` of the shared seed-0 order (wrapping)."""
+    start = step * arm.groups_per_batch
+    return [order[(start + p) % len(order)] for p in range(arm.groups_per_batch)]
+
+
+def run_step(
+    step: int,
+    arm: ArmConfig,
+    *,
+    training_client,
+    env: Env,
+    renderer,
+    order: Sequence[Problem],
+    window: KernelWindow | None,
+    heldout: HeldoutRequest | None = None,
+) -> StepLog:
+    """One training step of `arm`; updates `window` with this step's rollouts."""
+    t_start = time.time()
+    sampling_client = training_client.save_weights_and_get_sampling_client()
+    problems_P = step_problems(order, arm, step)
+    prompts_P = [env.build_prompt(renderer, problem) for problem in problems_P]
+    stop = env.stop_sequences(renderer)
+
+    # Submit every request of the step before awaiting any: prompt logprobs (the kernel's
+    # feature, measured under the sampling policy before the rollout) and the rollouts.
+    prompt_logprob_futures_P = [sampling_client.compute_logprobs(prompt) for prompt in prompts_P]
+    sample_futures_P = [
+        sampling_client.sample(
+            prompt=prompt,
+            num_samples=arm.group_size,
+            sampling_params=types.SamplingParams(
+                max_tokens=arm.max_tokens,
+                temperature=arm.temperature,
+                stop=stop,
+                seed=sampling_seed(arm.seed, step, p),
+            ),
+        )
+        for p, prompt in enumerate(prompts_P)
+    ]
+    heldout_futures_P = []
+    if heldout is not None:
+        for p in range(min(len(prompts_P), heldout.num_prompts - len({r["prompt_id"] for r in heldout.rows}))):
+            heldout_futures_P.append(
+                (
+                    problems_P[p],
+                    sampling_client.sample(
+                        prompt=prompts_P[p],
+                        num_samples=heldout.num_samples,
+                        sampling_params=types.SamplingParams(
+                            max_tokens=arm.max_tokens,
+                            temperature=arm.temperature,
+                            stop=stop,
+                            seed=sampling_seed(arm.seed + 1_000_003, step, p),
+                        ),
+                    ),
+                )
+            )
+
+    # Grade.
+    rewards_B: list[float] = []
+    group_ids_B: list[int] = []
+    tokens_B_T: list[list[int]] = []
+    logprobs_B_T: list[list[float]] = []
+    rows: dict[str, list] = {c: [] for c in ROLLOUT_COLUMNS}
+    for p, (problem, prompt, prompt_lp_future, sample_future) in enumerate(
+        zip(problems_P, prompts_P, prompt_logprob_futures_P, sample_futures_P)
+    ):
+        mean_lp = prompt_mean_logprob(prompt_lp_future.result())
+        for g, sequence in enumerate(sample_future.result().sequences):
+            reward = float(env.reward(renderer, problem, list(sequence.tokens)))
+            rewards_B.append(reward)
+            group_ids_B.append(p)
+            tokens_B_T.append(list(sequence.tokens))
+            logprobs_B_T.append(list(sequence.logprobs or []))
+            rows["step"].append(step)
+            rows["arm"].append(arm.name)
+            rows["seed"].append(arm.seed)
+            rows["prompt_id"].append(problem.id)
+            rows["group_id"].append(p)
+            rows["sample_idx"].append(g)
+            rows["prompt_num_tokens"].append(prompt.length)
+            rows["prompt_mean_logprob"].append(mean_lp)
+            rows["reward"].append(reward)
+            rows["num_tokens"].append(len(sequence.tokens))
+            rows["stop_reason"].append(str(sequence.stop_reason))
+            rows["response"].append(_decode(renderer, sequence.tokens))
+    t_sampled = time.time()
+
+    # Advantages: the only part that differs between arms.
+    features_B_F = prompt_features(
+        np.asarray(rows["prompt_num_tokens"], dtype=np.float64),
+        np.asarray(rows["prompt_mean_logprob"], dtype=np.float64),
+        **({"names": tuple(arm.kernel["features"])} if arm.kernel and arm.kernel.get("features") else {}),
+    )
+    advantages = advantages_for_step(
+        arm.advantage,
+        rewards_B=np.asarray(rewards_B, dtype=np.float64),
+        group_ids_B=np.asarray(group_ids_B),
+        features_B_F=features_B_F,
+        window_state=window,
+        kernel=arm.kernel,
+    )
+    rows["baseline"] = [float(b) for b in advantages.baseline]
+    rows["advantage"] = [float(a) for a in advantages.advantage]
+    for column in ("kernel_mass", "effective_neighbors", "fallback"):
+        values = getattr(advantages, column, None)
+        rows[column] = [None] * len(rewards_B) if values is None else [v.item() for v in np.asarray(values)]
+
+    # Datums: rollouts with zero advantage carry no gradient, so they are not sent (as in the
+    # cookbook, which drops constant-reward groups).
+    datums_D = [
+        rollout_datum(prompts_P[group_ids_B[b]], tokens_B_T[b], logprobs_B_T[b], advantages.advantage[b])
+        for b in range(len(rewards_B))
+        if advantages.advantage[b] != 0.0 and len(tokens_B_T[b]) > 0
+    ]
+    loss = 0.0
+    if datums_D:
+        fwd_bwd_future = training_client.forward_backward(datums_D, loss_fn="importance_sampling")
+        optim_future = training_client.optim_step(
+            types.AdamParams(learning_rate=arm.lr, beta1=arm.beta1, beta2=arm.beta2, eps=arm.eps)
+        )
+        fwd_bwd = fwd_bwd_future.result()
+        optim_future.result()
+        loss = float(fwd_bwd.metrics.get("loss:sum", float("nan")))
+    t_trained = time.time()
+
+    if heldout is not None:
+        for problem, future in heldout_futures_P:
+            for k, sequence in enumerate(future.result().sequences):
+                heldout.rows.append(
+                    {"prompt_id": problem.id, "sample_idx": k, "reward": float(env.reward(renderer, problem, list(sequence.tokens)))}
+                )
+
+    rewards = np.asarray(rewards_B, dtype=np.float64)
+    adv = np.asarray(advantages.advantage, dtype=np.float64)
+    eff = rows["effective_neighbors"]
+    metrics = {
+        "step": step,
+        "arm": arm.name,
+        "seed": arm.seed,
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std()),
+        "advantage_abs_mean": float(np.abs(adv).mean()),
+        "frac_nonzero_advantage": float((np.abs(adv) > 1e-6).mean()),
+        "baseline_mean": float(np.mean(rows["baseline"])),
+        "loss": loss,
+        "num_datums": len(datums_D),
+        "num_tokens": int(sum(len(t) for t in tokens_B_T)),
+        "effective_neighbors_p10": None if eff[0] is None else float(np.percentile(np.asarray(eff, dtype=np.float64), 10)),
+        "sample_seconds": t_sampled - t_start,
+        "train_seconds": t_trained - t_sampled,
+        "step_seconds": time.time() - t_start,
+        "wall_time": time.time(),
+    }
+    if window is not None:
+        window.append(np.asarray(rewards_B, dtype=np.float64), features_B_F)
+    return StepLog(rollouts=rows, metrics=metrics)
+
+
+ROLLOUT_COLUMNS = [
+    "step", "arm", "seed", "prompt_id", "group_id", "sample_idx", "prompt_num_tokens",
+    "prompt_mean_logprob", "reward", "num_tokens", "stop_reason", "baseline", "advantage",
+    "kernel_mass", "effective_neighbors", "fallback", "response",
+]  # fmt: skip
+
+
+def _decode(renderer, tokens_T) -> str:
+    message, _ = renderer.parse_response(list(tokens_T))
+    content = message.get("content", "") if isinstance(message, dict) else ""
+    return content if isinstance(content, str) else str(content)
+
+
+def window_from_logs(rollout_tables: Sequence[pa.Table], arm: ArmConfig) -> KernelWindow | None:
+    """Rebuild the kernel window from earlier steps' logs (for resume); None for non-kernel arms."""
+    window = new_window(arm)
+    if window is None:
+        return None
+    for table in rollout_tables:
+        features = prompt_features(
+            np.asarray(table.column("prompt_num_tokens").to_pylist(), dtype=np.float64),
+            np.asarray(table.column("prompt_mean_logprob").to_pylist(), dtype=np.float64),
+            **({"names": tuple(arm.kernel["features"])} if arm.kernel and arm.kernel.get("features") else {}),
+        )
+        window.append(np.asarray(table.column("reward").to_pylist(), dtype=np.float64), features)
+    return window
+
+
+def new_window(arm: ArmConfig) -> KernelWindow | None:
+    if arm.advantage != "kernel_cross_prompt_baseline":
+        return None
+    return KernelWindow((arm.kernel or {}).get("window", 256))
+
+
+def train_arm(
+    arm: ArmConfig,
+    *,
+    training_client,
+    env: Env,
+    renderer,
+    order: Sequence[Problem],
+    steps: Sequence[int],
+    window: KernelWindow | None,
+    on_step: Callable[[StepLog], None],
+    heldout: HeldoutRequest | None = None,
+) -> None:
+    """Run `steps` of `arm` in order; `on_step` persists each step's log (and checkpoints)."""
+    for step in steps:
+        log = run_step(
+            step, arm, training_client=training_client, env=env, renderer=renderer,
+            order=order, window=window, heldout=heldout,
+        )  # fmt: skip
+        on_step(log)
+
+
+def eval_rows(
+    sampling_client,
+    *,
+    env: Env,
+    renderer,
+    problems: Sequence[Problem],
+    arm_name: str,
+    max_tokens: int,
+    max_in_flight: int = 64,
+) -> list[dict]:
+    """Greedy-decode every eval problem (bounded concurrency) and grade it with the env grader."""
+    from rl.sampling import sample_bounded
+
+    prompts_P = [env.build_prompt(renderer, problem) for problem in problems]
+    responses_P = sample_bounded(
+        sampling_client,
+        prompts_P,
+        1,
+        types.SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=env.stop_sequences(renderer), seed=0),
+        max_in_flight=max_in_flight,
+    )
+    rows = []
+    for problem, response in zip(problems, responses_P):
+        tokens_T = list(response.sequences[0].tokens)
+        correct, extracted = env.grade(renderer, problem, tokens_T)
+        rows.append(
+            {
+                "item_id": problem.id,
+                "arm": arm_name,
+                "correct": bool(correct),
+                "extracted_answer": extracted,
+                "reference": problem.answer,
+                "response": _decode(renderer, tokens_T),
+                "num_tokens": len(tokens_T),
+            }
+        )
+    return rows
+
+
+__all__ = [
+    "ArmConfig", "HeldoutRequest", "StepLog", "ROLLOUT_COLUMNS", "eval_rows", "new_window",
+    "prompt_mean_logprob", "rollout_datum", "run_step", "sampling_seed", "step_problems",
+    "train_arm", "window_from_logs",
+]  # fmt: skip

@@ -1,0 +1,228 @@
+"""Stages that run arms: the pilot, the full training runs, and eval.
+
+Each training arm logs one Parquet file of rollouts and one of metrics per step, checkpoints with
+`save_state` every `checkpoint_every` steps (path and loop state in `checkpoints.parquet`), and
+resumes from its last checkpoint when the stage is run again after a crash.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pyarrow as pa
+from prefect import task
+from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
+from tinker_cookbook import model_info, renderers
+
+from rl.envs import get_env
+from rl.loop import ArmConfig, HeldoutRequest, StepLog, eval_rows, new_window, train_arm, window_from_logs
+from schemas.artifacts import read_artifact, write_artifact
+from schemas.io import write_json_atomic, write_jsonl_atomic
+from tasks.common import service_client, stage_cache
+
+
+def arm_config(arm: dict, **overrides) -> ArmConfig:
+    return ArmConfig(**{**arm, **overrides})
+
+
+def renderer_for(run: dict, tokenizer):
+    name = run["renderer"] or model_info.get_recommended_renderer_name(run["base_model"])
+    return renderers.get_renderer(name, tokenizer)
+
+
+def open_arm(run: dict, arm: ArmConfig, backend: str):
+    """A fresh LoRA training client for `arm` (same base model, rank and seed for every arm)."""
+    service = service_client(backend)
+    kwargs = {"base_model_path": arm.base_model_path} if backend == "local" and arm.base_model_path else {}
+    training_client = service.create_lora_training_client(
+        base_model=arm.base_model, rank=arm.lora_rank, seed=arm.seed, **kwargs
+    )
+    return training_client, renderer_for(run, training_client.get_tokenizer())
+
+
+def _steps_dir(arm_dir: Path) -> Path:
+    return arm_dir / "steps"
+
+
+def write_step_log(arm_dir: Path, log: StepLog) -> None:
+    step = log.metrics["step"]
+    write_artifact("rollouts", log.rollouts, _steps_dir(arm_dir) / f"step-{step:05d}.rollouts.parquet")
+    write_artifact("step_metrics", [log.metrics], _steps_dir(arm_dir) / f"step-{step:05d}.metrics.parquet")
+
+
+def read_step_logs(arm_dir: Path, kind: str, before: int | None = None) -> list[pa.Table]:
+    files = sorted(_steps_dir(arm_dir).glob(f"step-*.{kind}.parquet"))
+    name = "rollouts" if kind == "rollouts" else "step_metrics"
+    tables = []
+    for f in files:
+        step = int(f.name.split(".")[0].split("-")[1])
+        if before is None or step < before:
+            tables.append(read_artifact(name, f))
+    return tables
+
+
+def merge_step_logs(arm_dir: Path) -> tuple[Path, Path]:
+    """Concatenate the per-step logs into `rollouts.parquet` and `step_metrics.parquet`."""
+    rollouts = pa.concat_tables(read_step_logs(arm_dir, "rollouts"))
+    metrics = pa.concat_tables(read_step_logs(arm_dir, "metrics"))
+    return (
+        write_artifact("rollouts", rollouts, arm_dir / "rollouts.parquet"),
+        write_artifact("step_metrics", metrics, arm_dir / "step_metrics.parquet"),
+    )
+
+
+def _progress_reporter(arm: ArmConfig, total: int, first_step: int, label: str):
+    """Per-step callback state: a Prefect progress artifact plus a table of the latest step."""
+    started = time.time()
+    progress_id = create_progress_artifact(
+        progress=100.0 * first_step / max(total, 1),
+        key=f"{label}-{arm.name}".replace("_", "-").lower(),
+        description=f"{label} {arm.name}: step {first_step}/{total}",
+    )
+
+    def report(log: StepLog) -> None:
+        done = log.metrics["step"] + 1
+        elapsed = time.time() - started
+        per_step = elapsed / max(done - first_step, 1)
+        eta = per_step * (total - done)
+        update_progress_artifact(
+            artifact_id=progress_id,
+            progress=100.0 * done / total,
+            description=(
+                f"{label} {arm.name}: step {done}/{total}, reward {log.metrics['reward_mean']:.3f}, "
+                f"elapsed {elapsed:.0f}s, ETA {eta:.0f}s"
+            ),
+        )
+        print(
+            f"[{label} {arm.name}] step {done}/{total} reward={log.metrics['reward_mean']:.3f} "
+            f"|adv|={log.metrics['advantage_abs_mean']:.3f} loss={log.metrics['loss']:.4g} "
+            f"elapsed={elapsed:.0f}s eta={eta:.0f}s",
+            flush=True,
+        )
+
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# Pilot
+
+
+@task(name="pilot rollouts", cache_policy=stage_cache(), persist_result=True)
+def pilot_rollouts(arms: list[dict], pilot: dict, run: dict, run_dir: str, backend: str,
+                   data_dir: str | None, stage: str = "pilot", bandwidth: float | None = None) -> dict:  # fmt: skip
+    """The 2-step treatment pilot (+ held-out samples) and one baseline step, with timings.
+
+    `bandwidth` overrides the treatment kernel's (the pre-registered calibration).
+    """
+    env = get_env(run["env"], data_dir=data_dir)
+    order = env.train_order(seed=0)
+    out = Path(run_dir) / stage
+    timings: dict = {"setup_seconds": {}, "step_seconds": {}}
+    paths: dict = {"dir": str(out)}
+    for arm_dict in arms:
+        arm = arm_config(arm_dict)
+        is_treatment = arm.name == run["treatment"]
+        if is_treatment and bandwidth is not None:
+            arm = arm_config(arm_dict, kernel={**arm.kernel, "bandwidth": bandwidth})
+        if arm.name not in (run["treatment"], run["baseline"]):
+            continue
+        t0 = time.time()
+        training_client, renderer = open_arm(run, arm, backend)
+        timings["setup_seconds"][arm.name] = time.time() - t0
+        arm_dir = out / arm.name
+        n_steps = pilot["steps"] if is_treatment else 1
+        heldout = HeldoutRequest(pilot["heldout_prompts"], pilot["heldout_samples"]) if is_treatment else None
+        step_seconds: list[float] = []
+
+        def on_step(log: StepLog, arm_dir=arm_dir, step_seconds=step_seconds):
+            write_step_log(arm_dir, log)
+            step_seconds.append(log.metrics["step_seconds"])
+
+        train_arm(arm, training_client=training_client, env=env, renderer=renderer, order=order,
+                  steps=range(n_steps), window=new_window(arm), on_step=on_step, heldout=heldout)  # fmt: skip
+        timings["step_seconds"][arm.name] = sum(step_seconds) / len(step_seconds)
+        rollouts_path, _ = merge_step_logs(arm_dir)
+        paths["treatment" if is_treatment else "baseline"] = str(rollouts_path)
+        if is_treatment:
+            paths["heldout"] = str(write_artifact("heldout", heldout.rows, out / "heldout.parquet"))
+            # Eval timing for feasibility: a few greedy test items on the pilot policy.
+            sampler = training_client.save_weights_and_get_sampling_client()
+            problems = env.test_problems()[: pilot.get("eval_timing_items", 16)]
+            t0 = time.time()
+            eval_rows(sampler, env=env, renderer=renderer, problems=problems, arm_name=arm.name, max_tokens=arm.max_tokens)
+            timings["eval_seconds_per_item"] = (time.time() - t0) / len(problems)
+    timings["bandwidth"] = bandwidth
+    paths["timings"] = str(write_json_atomic(out / "timings.json", timings))
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# Full training runs
+
+
+@task(name="trained arm", cache_policy=stage_cache(), persist_result=True)
+def trained_arm(arm_dict: dict, run: dict, run_dir: str, backend: str, data_dir: str | None,
+                checkpoint_every: int = 5) -> dict:  # fmt: skip
+    """Train one arm for the spec's steps; resume from the last checkpoint if there is one."""
+    arm = arm_config(arm_dict)
+    env = get_env(run["env"], data_dir=data_dir)
+    order = env.train_order(seed=0)
+    arm_dir = Path(run_dir) / "train" / arm.name
+    training_client, renderer = open_arm(run, arm, backend)
+
+    checkpoints_path = arm_dir / "checkpoints.parquet"
+    checkpoints = read_artifact("checkpoints", checkpoints_path).to_pylist() if checkpoints_path.exists() else []
+    first_step = 0
+    if checkpoints:
+        last = checkpoints[-1]
+        training_client.load_state_with_optimizer(last["state_path"]).result()
+        first_step = last["next_step"]
+    for f in _steps_dir(arm_dir).glob("step-*.parquet"):  # logs of steps after the checkpoint are stale
+        if int(f.name.split(".")[0].split("-")[1]) >= first_step:
+            f.unlink()
+    window = window_from_logs(read_step_logs(arm_dir, "rollouts", before=first_step), arm)
+    report = _progress_reporter(arm, arm.steps, first_step, "train")
+
+    def on_step(log: StepLog):
+        write_step_log(arm_dir, log)
+        done = log.metrics["step"] + 1
+        if checkpoint_every and (done % checkpoint_every == 0) and done < arm.steps:
+            state_path = training_client.save_state(f"{Path(run_dir).name}-{arm.name}-{done:05d}").result().path
+            checkpoints.append({"next_step": done, "state_path": state_path, "wall_time": time.time()})
+            write_artifact("checkpoints", checkpoints, checkpoints_path)
+        report(log)
+
+    train_arm(arm, training_client=training_client, env=env, renderer=renderer, order=order,
+              steps=range(first_step, arm.steps), window=window, on_step=on_step)  # fmt: skip
+    rollouts_path, metrics_path = merge_step_logs(arm_dir)
+    sampler_path = training_client.save_weights_for_sampler(f"{Path(run_dir).name}-{arm.name}-final").result().path
+    final = {"arm": arm.name, "sampler_path": sampler_path, "rollouts": str(rollouts_path), "metrics": str(metrics_path)}
+    write_json_atomic(arm_dir / "final.json", final)
+    return final
+
+
+# ---------------------------------------------------------------------------------------------
+# Eval
+
+
+@task(name="eval items", cache_policy=stage_cache(), persist_result=True)
+def eval_items(trained: dict, arm_dict: dict, run: dict, n_eval: int, run_dir: str, backend: str,
+               data_dir: str | None) -> dict:  # fmt: skip
+    """Greedy-decode every eval item with the arm's final weights; write eval.jsonl + Parquet."""
+    env = get_env(run["env"], data_dir=data_dir)
+    arm = arm_config(arm_dict)
+    sampler = service_client(backend).create_sampling_client(model_path=trained["sampler_path"])
+    renderer = renderer_for(run, sampler.get_tokenizer())
+    problems = env.test_problems()[:n_eval]
+    rows = eval_rows(sampler, env=env, renderer=renderer, problems=problems, arm_name=arm.name, max_tokens=arm.max_tokens)
+    out = Path(run_dir) / "eval" / arm.name
+    jsonl = write_jsonl_atomic(out / "eval.jsonl", [{"item_id": r["item_id"], "correct": r["correct"]} for r in rows])
+    parquet = write_artifact("eval_items", rows, out / "eval.parquet")
+    accuracy = sum(r["correct"] for r in rows) / len(rows)
+    create_table_artifact(
+        key=f"eval-{arm.name}".replace("_", "-").lower(),
+        table=[{"arm": arm.name, "items": len(rows), "accuracy": round(accuracy, 4)}],
+        description=f"Eval of {arm.name}",
+    )
+    return {"arm": arm.name, "jsonl": str(jsonl), "parquet": str(parquet), "accuracy": accuracy}

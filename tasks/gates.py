@@ -1,0 +1,133 @@
+"""Stages that judge: offline unit checks, the activation gate, feasibility, the decision.
+
+Every gate writes its metrics (Parquet + a table artifact) before it raises `GateFailed`, so the
+values are in plain sight whether the gate passed or not.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from rl.checks import run_offline_checks
+from rl.reference_gs1 import gs1_kernel_reference
+from rl.feasibility import PilotTimings, project_full_run
+from rl.gates import compute_gate_metrics, evaluate_checks
+from rl.stats import paired_decision
+from schemas.artifacts import DECISION, read_artifact, write_artifact
+from schemas.io import write_json_atomic, write_text_atomic
+from tasks.common import GateFailed, stage_cache
+
+
+def _gate_rows(gate: str, results) -> list[dict]:
+    return [
+        {"gate": gate, "metric": r.metric, "value": float(r.value), "op": r.op, "bound": str(r.bound),
+         "passed": bool(r.passed), "observed": str(r.observed)}
+        for r in results
+    ]
+
+
+def record_gate(gate: str, rows: list[dict], out_dir: Path) -> None:
+    """Write the gate report (Parquet + table artifact); raise GateFailed if any check failed."""
+    write_artifact("gate_report", rows, out_dir / "gate_report.parquet")
+    create_table_artifact(
+        key=gate.replace("_", "-").lower(),
+        table=[{**r, "value": round(r["value"], 6), "passed": "PASS" if r["passed"] else "FAIL"} for r in rows],
+        description=f"Gate {gate}: " + ("passed" if all(r["passed"] for r in rows) else "FAILED"),
+    )
+    if not all(r["passed"] for r in rows):
+        raise GateFailed(gate, rows)
+
+
+@task(name="offline unit checks", cache_policy=stage_cache(), persist_result=True)
+def offline_unit_checks(run_dir: str) -> list[dict]:
+    """The spec's offline checks of the estimator (forced (non)activation, fallback, GRPO)."""
+    results = run_offline_checks(reference_fn=gs1_kernel_reference)
+    rows = [
+        {"gate": "offline_unit_checks", "metric": r.name, "value": 1.0 if r.passed else 0.0, "op": "min",
+         "bound": "1", "passed": bool(r.passed)}
+        for r in results
+    ]  # fmt: skip
+    write_json_atomic(Path(run_dir) / "unit_checks" / "details.json", [{"name": r.name, **r.details} for r in results])
+    record_gate("offline_unit_checks", rows, Path(run_dir) / "unit_checks")
+    return rows
+
+
+@task(name="activation gate", cache_policy=stage_cache("treatment_path", "baseline_path", "heldout_path"), persist_result=True)
+def activation_gate(checks: list[dict], treatment_path: str, baseline_path: str, heldout_path: str,
+                    n_pilot_steps: int, out_dir: str) -> dict:  # fmt: skip
+    """Every check of the spec's activation_gate on the pilot's logs."""
+    metrics = compute_gate_metrics(
+        read_artifact("rollouts", treatment_path),
+        read_artifact("rollouts", baseline_path),
+        read_artifact("heldout", heldout_path),
+        n_pilot_steps=n_pilot_steps,
+    )
+    record_gate("activation_gate", _gate_rows("activation_gate", evaluate_checks(checks, metrics)), Path(out_dir))
+    return metrics
+
+
+@task(name="feasibility", cache_policy=stage_cache("timings_path"), persist_result=True)
+def feasibility(timings_path: str, steps: int, n_eval: int, budget: dict, backend: str, out_dir: str,
+                recovery_reserve: float = 0.25) -> dict:  # fmt: skip
+    """Project the full run from the pilot's timings; over budget is a gate failure."""
+    timings = json.loads(Path(timings_path).read_text())
+    measured = PilotTimings(
+        setup_seconds=max(timings["setup_seconds"].values()),
+        step_seconds=timings["step_seconds"],
+        eval_seconds_per_item=timings["eval_seconds_per_item"],
+        gpus=_gpus(backend),
+    )
+    projection = project_full_run(
+        measured, steps=steps, n_eval=n_eval, budget_gpu_hours=budget["gpu_hours"],
+        budget_wall_minutes=budget["max_wall_minutes"], arms_in_parallel=True, recovery_reserve=recovery_reserve,
+    )  # fmt: skip
+    record = {"source": str(timings_path), "measurements": timings, **projection.as_record()}
+    write_json_atomic(Path(out_dir) / "feasibility.json", record)
+    rows = [
+        {"gate": "feasibility", "metric": "projected_wall_minutes", "value": projection.wall_seconds / 60,
+         "op": "max", "bound": str(budget["max_wall_minutes"]), "passed": projection.wall_seconds <= projection.budget_wall_seconds},
+        {"gate": "feasibility", "metric": "projected_gpu_hours", "value": projection.gpu_hours,
+         "op": "max", "bound": str(budget["gpu_hours"]), "passed": projection.gpu_hours <= budget["gpu_hours"]},
+    ]  # fmt: skip
+    record_gate("feasibility", rows, Path(out_dir))
+    return record
+
+
+def _gpus(backend: str) -> int:
+    if backend != "local":
+        return 1  # hosted: count the run as holding one accelerator's worth of time
+    import torch
+
+    return 1 if torch.cuda.is_available() else 0
+
+
+@task(name="paired decision", cache_policy=stage_cache("treatment_eval", "baseline_eval"), persist_result=True)
+def paired_decision_record(treatment_eval: str, baseline_eval: str, decision: dict, names: dict, out_dir: str) -> dict:
+    """Paired Hoeffding (+ McNemar, bootstrap) on the two arms' per-item correctness."""
+    record = paired_decision(
+        treatment_eval, baseline_eval, alpha=decision["alpha"], margin=decision["margin"], bounds=tuple(decision["bounds"])
+    )
+    record = {**record, "criterion": decision["criterion"], "treatment": names["treatment"], "baseline": names["baseline"]}
+    out = Path(out_dir)
+    write_json_atomic(out / "decision.json", record)
+    write_artifact("decision", [{c: record.get(c) for c in DECISION.names}], out / "decision.parquet")
+    markdown = decision_markdown(record)
+    write_text_atomic(out / "decision.md", markdown)
+    create_markdown_artifact(key="decision", markdown=markdown, description=f"Decision: {record['verdict']}")
+    return record
+
+
+def decision_markdown(record: dict) -> str:
+    return (
+        f"# Decision: **{record['verdict']}**\n\n"
+        f"{record['treatment']} minus {record['baseline']}, paired over {record['n']} eval items.\n\n"
+        f"| quantity | value |\n|---|---|\n"
+        f"| mean difference | {record['mean_diff']:+.4f} |\n"
+        f"| Hoeffding lower bound (alpha={record['alpha']}) | {record['lower']:+.4f} |\n"
+        f"| Hoeffding upper bound | {record['upper']:+.4f} |\n"
+        f"| noninferiority margin | {record['margin']:+.4f} |\n"
+    )

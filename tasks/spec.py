@@ -1,0 +1,129 @@
+"""Stage: validate the spec and lay out the run directory.
+
+The stage turns the spec into a *plan*: plain JSON with exactly what each later stage needs.
+Stages take their slice of the plan as input, so changing a gate bound re-keys only the gate.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+
+from schemas.io import write_json_atomic
+from schemas.spec import ExperimentSpec, baseline_arm, load_spec, spec_hash, treatment_arm
+from tasks.common import stage_cache
+
+
+def run_dir_for(spec_path: str | Path, runs_root: str | Path = "runs") -> Path:
+    """`runs/<title-slug>-<spec-hash>/`: one directory per distinct spec."""
+    from schemas.spec import slug
+
+    spec = load_spec(spec_path)
+    return Path(runs_root) / f"{slug(spec.title)}-{spec_hash(spec_path)}"
+
+
+def plan_from_spec(spec: ExperimentSpec) -> dict:
+    """The run plan: every stage's inputs, as plain JSON."""
+    arms = []
+    for arm in spec.arms:
+        kernel = arm.kernel.model_dump() if getattr(arm, "kernel", None) is not None else None
+        if arm.advantage == "kernel_cross_prompt_baseline" and kernel is None:
+            from schemas.spec import KernelConfig
+
+            kernel = KernelConfig().model_dump()
+        arms.append(
+            {
+                "name": arm.name,
+                "advantage": arm.advantage,
+                "group_size": arm.group_size,
+                "groups_per_batch": arm.groups_per_batch,
+                "lr": arm.lr,
+                "seed": arm.seed,
+                "steps": spec.steps,
+                "lora_rank": spec.lora_rank,
+                "base_model": spec.base_model,
+                "base_model_path": spec.base_model_path,
+                "max_tokens": spec.sampling.max_tokens,
+                "temperature": spec.sampling.temperature,
+                "kernel": kernel,
+            }
+        )
+    criterion = spec.decision_rule.criteria[0]
+    return {
+        "title": spec.title,
+        # What every arm-running stage needs, and nothing a gate bound could change.
+        "run": {
+            "env": spec.dataset.name,
+            "renderer": spec.renderer,
+            "base_model": spec.base_model,
+            "treatment": treatment_arm(spec).name,
+            "baseline": baseline_arm(spec).name,
+        },
+        "arms": arms,
+        "pilot": spec.pilot.model_dump(),
+        "checks": [c.model_dump(exclude_none=True) for c in spec.activation_gate.checks],
+        "n_eval": spec.eval.n_examples,
+        "decision": {
+            "alpha": spec.decision_rule.alpha,
+            "margin": criterion.margin,
+            "bounds": list(criterion.bounds),
+            "criterion": criterion.id,
+            "method": spec.decision_rule.method,
+        },
+        "budget": {"gpu_hours": spec.budget.gpu_hours, "max_wall_minutes": spec.budget.max_wall_minutes},
+        "preflight": spec.correctness_preflight.model_dump(),
+    }
+
+
+@task(name="validate spec", cache_policy=stage_cache("spec_path"), persist_result=True)
+def validated_plan(spec_path: str, run_dir: str) -> dict:
+    """Validate the spec (SpecError stops the flow) and write `spec/{spec,plan}.json`."""
+    spec = load_spec(spec_path)
+    plan = plan_from_spec(spec)
+    out = Path(run_dir) / "spec"
+    write_json_atomic(out / "spec.json", json.loads(Path(spec_path).read_text()))
+    write_json_atomic(out / "plan.json", plan)
+    arms = "\n".join(
+        f"| {a['name']} | {a['advantage']} | {a['groups_per_batch']} x {a['group_size']} | {a['lr']:g} |" for a in plan["arms"]
+    )
+    create_markdown_artifact(
+        key="spec",
+        markdown=(
+            f"# {spec.title}\n\nmodel `{spec.base_model}`, {spec.steps} steps, env `{plan['run']['env']}`, "
+            f"{plan['n_eval']} eval items\n\n| arm | advantage | prompts x rollouts | lr |\n|---|---|---|---|\n{arms}\n"
+        ),
+        description="The validated spec",
+    )
+    return plan
+
+
+@task(name="calibrated spec", cache_policy=stage_cache("spec_path"), persist_result=True)
+def calibrated_plan(plan: dict, spec_path: str, bandwidth: float, run_dir: str) -> dict:
+    """Record the revised spec (treatment bandwidth from the calibration) before any full run."""
+    spec_json = json.loads(Path(spec_path).read_text())
+    treatment = plan["run"]["treatment"]
+    for arm in spec_json["arms"]:
+        if arm["name"] == treatment:
+            arm["kernel"] = {**(arm.get("kernel") or {}), "bandwidth": bandwidth}
+    spec_json.setdefault("revisions", []).append(
+        {
+            "reason": "pre-registered calibration: kernel_effective_neighbors_p10 failed on the pilot",
+            "change": {"arm": treatment, "kernel.bandwidth": bandwidth},
+            "chosen_on": "pilot training prompts only",
+        }
+    )
+    out = Path(run_dir) / "calibration"
+    write_json_atomic(out / "revised_spec.json", spec_json)
+    create_markdown_artifact(
+        key="revised-spec",
+        markdown=f"# Revised spec\n\nCalibration chose bandwidth **{bandwidth}** for `{treatment}`.\n\n"
+        f"```json\n{json.dumps(spec_json['revisions'], indent=2)}\n```\n",
+        description="Revised spec from the pre-registered bandwidth calibration",
+    )
+    arms = [
+        {**a, "kernel": {**a["kernel"], "bandwidth": bandwidth}} if a["name"] == treatment else a for a in plan["arms"]
+    ]
+    return {**plan, "arms": arms, "revised_spec": str(out / "revised_spec.json")}
