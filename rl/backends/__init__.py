@@ -1,0 +1,34 @@
+"""One client surface for the RL loop: hosted Tinker or the in-process local engine.
+
+`make_service_client(backend, **kw)` returns an object with the `tinker.ServiceClient` methods
+the loop uses (see docs/contracts.md, "Backend surface"):
+- `"local"`: `rl.backends.local.LocalServiceClient(device=None, dtype=None, cache_dir=None,
+  max_batch_rows=None, batch_window_s=0.0, tokens_per_microbatch=None, use_cuda_graphs=None)`.
+- `"tinker"`: `rl.backends.tinker_backend.make_tinker_service_client(base_url=None,
+  api_key=None, **kw)` (imported lazily, so the local path never needs the hosted pieces).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gs1.errors import UserError
+
+BACKENDS = ("local", "tinker")
+
+
+def make_service_client(backend: str, **kw: Any):
+    if backend == "local":
+        from rl.backends.local import LocalServiceClient
+
+        kw.pop("base_url", None)
+        kw.pop("api_key", None)
+        return LocalServiceClient(**kw)
+    if backend == "tinker":
+        from rl.backends.tinker_backend import make_tinker_service_client
+
+        return make_tinker_service_client(**kw)
+    raise UserError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+
+
+__all__ = ["BACKENDS", "make_service_client"]

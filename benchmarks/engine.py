@@ -1,0 +1,207 @@
+"""Local engine throughput: sampled tokens/s, ms per decode step, trained tokens/s.
+
+    python benchmarks/engine.py --config tiny --batch 8 --new-tokens 64 --prompt-tokens 32
+    python benchmarks/engine.py --config qwen3-0.6b --batch 64 --new-tokens 512 \
+        --prompt-tokens 160 --rank 32 --device cuda
+
+Builds a random-weight model from a config (`tiny`: the test fixture's Qwen3; `qwen3-0.6b`:
+hidden 1024, 28 layers, 16 heads, 8 KV heads, intermediate 3072, vocab 151936), then through
+the public local-backend surface: `--batch` concurrent `sample` requests of one sequence each
+(random prompt tokens, no stop, so every row runs `--new-tokens`), one warm-up round and
+`--repeats` timed rounds; then `forward_backward(importance_sampling)` + `optim_step` over
+`--batch` datums of prompt+new tokens. Prints one table row per measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+QWEN3_06B = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=128, intermediate_size=3072,
+                 vocab_size=151936, max_position_embeddings=40960, tie_word_embeddings=True,
+                 rope_theta=1_000_000.0, rms_norm_eps=1e-6)
+
+
+def build_model(config: str, out: Path, tokenizer_dir: str | None, device: str) -> Path:
+    from fixtures.tiny_model import build_qwen_tokenizer, build_tiny_qwen3
+
+    if config == "tiny":
+        return build_tiny_qwen3(out, seed=0)
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(eos_token_id=151645, pad_token_id=151643, **QWEN3_06B)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(out)
+    del model
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir else build_qwen_tokenizer()
+    tok.save_pretrained(out)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", choices=["tiny", "qwen3-0.6b"], default="tiny")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=512)
+    ap.add_argument("--prompt-tokens", type=int, default=160)
+    ap.add_argument("--rank", type=int, default=32)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument("--tokenizer-dir", default=None, help="a saved Qwen tokenizer to reuse")
+    ap.add_argument("--skip-train", action="store_true")
+    ap.add_argument("--diagnose", action="store_true", help="time graph replay and sampling alone")
+    args = ap.parse_args(argv)
+
+    from tinker import types
+
+    from rl.backends import make_service_client
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    work = Path(tempfile.mkdtemp(prefix="gs1-bench-"))
+    t0 = time.perf_counter()
+    model_dir = build_model(args.config, work / "model", args.tokenizer_dir, device)
+    t_build = time.perf_counter() - t0
+    svc = make_service_client("local", device=device, dtype=args.dtype, cache_dir=work / "cache",
+                              use_cuda_graphs=False if args.no_cuda_graphs else None,
+                              max_batch_rows=max(args.batch, 1))
+    t0 = time.perf_counter()
+    tc = svc.create_lora_training_client(str(model_dir), rank=args.rank, seed=0).result()
+    t_load = time.perf_counter() - t0
+    gen = tc._engine.generator
+    rng = random.Random(0)
+    prompts = [types.ModelInput.from_ints([rng.randrange(1000, 150000) for _ in range(args.prompt_tokens)])
+               for _ in range(args.batch)]
+    sp = types.SamplingParams(max_tokens=args.new_tokens, temperature=1.0, stop=[])
+    sync = (lambda: torch.cuda.synchronize()) if device.startswith("cuda") else (lambda: None)
+
+    def sample_round():
+        sc = tc.save_weights_and_get_sampling_client().result()
+        before = (gen.stats.prefill_s, gen.stats.decode_s, gen.stats.decode_steps, gen.stats.sampled_tokens)
+        t = time.perf_counter()
+        futs = [sc.sample(p, 1, sp) for p in prompts]
+        res = [f.result() for f in futs]
+        sync()
+        wall = time.perf_counter() - t
+        pre = gen.stats.prefill_s - before[0]
+        dec = gen.stats.decode_s - before[1]
+        steps = gen.stats.decode_steps - before[2]
+        toks = gen.stats.sampled_tokens - before[3]
+        return wall, pre, dec, steps, toks, res
+
+    rows = []
+    for r in range(args.repeats + 1):
+        wall, pre, dec, steps, toks, res = sample_round()
+        rows.append(("sample" + (" (warm-up)" if r == 0 else ""), wall, pre, dec, steps, toks))
+    last_res = res
+
+    train_rows = []
+    if not args.skip_train:
+        datums = []
+        for i, (p, r) in enumerate(zip(prompts, last_res)):
+            s = r.sequences[0]
+            ob = p.length - 1
+            datums.append(types.Datum(
+                model_input=p.append(types.EncodedTextChunk(tokens=s.tokens[:-1])),
+                loss_fn_inputs={"target_tokens": [0] * ob + s.tokens,
+                                "logprobs": [0.0] * ob + s.logprobs,
+                                "advantages": [0.0] * ob + [1.0 if i % 2 else -1.0] * len(s.tokens)}))
+        n_tok = sum(d.model_input.length for d in datums)
+        adam = types.AdamParams(learning_rate=1e-5, eps=1e-8)
+        for r in range(args.repeats + 1):
+            t = time.perf_counter()
+            fb = tc.forward_backward(datums, "importance_sampling").result()
+            sync()
+            t_fb = time.perf_counter() - t
+            if r == 0:  # weights still equal the sampler's: sampler vs learner logprobs
+                diffs = torch.cat([(o["logprobs"].to_torch()[p.length - 1:] -
+                                    torch.tensor(res_i.sequences[0].logprobs)).abs()
+                                   for o, p, res_i in zip(fb.loss_fn_outputs, prompts, last_res)])
+                agree = (float(diffs.max()), float(diffs.mean()))
+            tc.optim_step(adam).result()
+            sync()
+            t_all = time.perf_counter() - t
+            train_rows.append(("train" + (" (warm-up)" if r == 0 else ""), t_fb, t_all, n_tok))
+        del fb
+
+    diag = {}
+    if args.diagnose and gen._graphs and device.startswith("cuda"):
+        from rl.backends.local_sampler import sample_step
+
+        dec = next(iter(gen._graphs.values()))
+        dec.set_length(args.prompt_tokens)
+
+        def timed(fn, n=20):
+            fn()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(n):
+                fn()
+            b.record()
+            torch.cuda.synchronize()
+            return a.elapsed_time(b) / n
+
+        diag["graph replay ms"] = timed(dec.step)
+        dec.set_length(args.prompt_tokens)
+        diag["eager step ms"] = timed(dec._step, 5)
+        dec.set_length(args.prompt_tokens)
+        lg = torch.randn(args.batch, tc._engine.model.config.vocab_size, device=device)
+        tt = torch.ones(args.batch, device=device)
+        kk = torch.arange(args.batch, device=device)
+        diag["sample_step ms"] = timed(lambda: sample_step(lg, tt, kk, 0, any_greedy=False))
+        with torch.no_grad():
+            x = torch.randn(args.batch, 16, 1, 128, device=device, dtype=torch.bfloat16)
+            kv = torch.randn(args.batch, 16, dec.max_len, 128, device=device, dtype=torch.bfloat16)
+            m = torch.ones(args.batch, 1, 1, dec.max_len, device=device, dtype=torch.bool)
+            f = torch.nn.functional.scaled_dot_product_attention
+            diag["sdpa masked x28 ms"] = 28 * timed(lambda: f(x, kv, kv, attn_mask=m))
+            diag["sdpa no mask x28 ms"] = 28 * timed(lambda: f(x, kv, kv))
+        dec.set_length(args.prompt_tokens)
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            dec._step()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
+    dtype = str(tc._engine.dtype).replace("torch.", "")
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+    print(f"\nconfig={args.config} device={device} ({name}) dtype={dtype} batch={args.batch} "
+          f"prompt={args.prompt_tokens} new={args.new_tokens} rank={args.rank} "
+          f"cuda_graphs={gen.use_cuda_graphs} build={t_build:.1f}s load={t_load:.1f}s "
+          f"torch={torch.__version__}")
+    if gen.stats.extra:
+        print("notes:", gen.stats.extra)
+    if diag:
+        print("diagnostics:", {k: round(v, 3) for k, v in diag.items()})
+    if train_rows:
+        print(f"sampler vs learner logprobs on the sampled tokens: max |diff| {agree[0]:.2e}, "
+              f"mean {agree[1]:.2e}")
+    print("| phase | wall s | prefill s | decode s | decode steps | ms / decode step | sampled tok/s |")
+    print("|---|---|---|---|---|---|---|")
+    for ph, wall, pre, dec, steps, toks in rows:
+        print(f"| {ph} | {wall:.3f} | {pre:.3f} | {dec:.3f} | {steps} | {1000 * dec / max(steps, 1):.2f} "
+              f"| {toks / wall:.0f} |")
+    if train_rows:
+        print("\n| phase | fwd+bwd s | fwd+bwd+optim s | trained tokens | trained tok/s |")
+        print("|---|---|---|---|---|")
+        for ph, t_fb, t_all, n_tok in train_rows:
+            print(f"| {ph} | {t_fb:.3f} | {t_all:.3f} | {n_tok} | {n_tok / t_all:.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""Futures for the local backend, shaped like tinker's.
+
+Every local call returns a `LocalFuture`: a `tinker` `APIFuture` (so `.result(timeout)`,
+`await fut`, `.result_async()` and `.future()` all work, and `isinstance(f, APIFuture)` holds).
+A future may carry an `on_wait` hook that runs the first time anyone asks for the value: the
+sampler uses it to flush queued requests into one batch only when a caller waits, which keeps
+batch composition (and so every sampled bit) independent of thread timing.
+
+`LocalClientFuture` is a future of a client that can also be used as the client, as tinker's
+`BackcompatSamplingClientFuture` / `BackcompatTrainingClientFuture` are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Generic, TypeVar
+
+from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
+
+T = TypeVar("T")
+
+
+class LocalFuture(AwaitableConcurrentFuture[T], Generic[T]):
+    """A concurrent future with tinker's `APIFuture` surface and an optional wait hook."""
+
+    def __init__(self, future: Future, on_wait: Callable[[], None] | None = None):
+        super().__init__(future)
+        self._on_wait = on_wait
+        self._wait_lock = threading.Lock()
+
+    def _before_wait(self) -> None:
+        if self._on_wait is None or self._future.done():
+            return
+        with self._wait_lock:
+            hook, self._on_wait = self._on_wait, None
+        if hook is not None:
+            hook()
+
+    def result(self, timeout: float | None = None) -> T:
+        self._before_wait()
+        return self._future.result(timeout)
+
+    async def result_async(self, timeout: float | None = None) -> T:
+        if self._on_wait is not None and not self._future.done():
+            # Let every coroutine already scheduled submit its request before the flush, so
+            # `asyncio.gather` over many `await sc.sample(...)` still forms one batch.
+            for _ in range(2):
+                await asyncio.sleep(0)
+            self._before_wait()
+        async with asyncio.timeout(timeout):
+            return await asyncio.wrap_future(self._future)
+
+    def future(self) -> Future:
+        self._before_wait()
+        return self._future
+
+    def done(self) -> bool:
+        return self._future.done()
+
+
+def completed(value: T) -> LocalFuture[T]:
+    f: Future = Future()
+    f.set_result(value)
+    return LocalFuture(f)
+
+
+def failed(exc: BaseException) -> LocalFuture[Any]:
+    f: Future = Future()
+    f.set_exception(exc)
+    return LocalFuture(f)
+
+
+class LocalClientFuture(LocalFuture[T], Generic[T]):
+    """A future of a client; attribute access falls through to the (awaited) client."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.result(), name)
+
+    def __repr__(self) -> str:
+        state = "done" if self._future.done() else "pending"
+        return f"<{type(self).__name__}: {state}>"
+
+
+class SerialWorker:
+    """One thread that runs submitted jobs in submission order (the device's queue)."""
+
+    def __init__(self, name: str):
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+
+    def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> LocalFuture[T]:
+        return LocalFuture(self._pool.submit(fn, *args, **kwargs))
+
+    def submit_raw(self, fn: Callable[..., Any], *args: Any) -> Future:
+        return self._pool.submit(fn, *args)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)

@@ -1,0 +1,715 @@
+"""The `local` backend: tinker's client surface over torch + transformers + peft, in process.
+
+    service = make_service_client("local", device=None, dtype=None, cache_dir=None)
+    tc = service.create_lora_training_client(base_model, rank=32, seed=0).result()
+    sc = tc.save_weights_and_get_sampling_client().result()
+    resp = sc.sample(prompt, num_samples, types.SamplingParams(...)).result()
+
+Every call returns a future (`LocalFuture`: `.result()`, `await`, `.future()`); values in and
+out are real `tinker.types`. Client-creating calls return a `LocalClientFuture`, usable as the
+client too, as tinker 0.38's are.
+
+Execution: each training client owns an *engine* (its model with a peft LoRA adapter, its
+tokenizer, and one worker thread that runs every device job in submission order: forward,
+forward_backward, optim_step, save/load, and sample batches). Sampling clients are snapshots of
+the LoRA weights (copied at save time; the base weights are shared); a sample batch copies its
+snapshot into the adapter, runs, and copies the live weights back, so later optim steps never
+change an existing sampling client.
+
+Batching: `sample` and `compute_logprobs` only queue a request. The queue is flushed into
+batched generation (left-padded rows, one prefill, one decode step per token with a KV cache)
+when a caller first waits on any queued future (`.result()`, `await`, `.future()`), or when
+`max_batch_rows` rows are queued. A loop that submits every request of a step before awaiting
+any (as the cookbook's does) gets one batch per step, and the batch composition depends only on
+the submission order, so seeded runs are bit-identical on CPU. `batch_window_s > 0` also waits
+that long for more requests after a flush is asked for (useful for thread-per-rollout callers,
+at the price of timing-dependent batches).
+
+Numerics: fp32 on CPU, bf16 on CUDA (LoRA weights and AdamW state stay fp32); override with
+`dtype=`. Loss "importance_sampling" is exactly `-sum_t exp(lp_t - sampler_lp_t) * A_t` over
+every position of every datum, no normalisation; "cross_entropy" is `-sum_t w_t * lp_t`.
+Gradients accumulate over forward_backward calls until `optim_step`, which runs
+torch.optim.AdamW with the AdamParams' lr, (beta1, beta2), eps, weight_decay, and clips the
+global grad norm when `grad_clip_norm > 0`.
+
+Paths: `save_state`, `save_weights_for_sampler` write real directories under
+`<cache_dir>/runs/<model_id>/{state,sampler_weights}/<name>/` (a peft adapter directory plus,
+for state, `optimizer.pt`) and return their absolute path; loaders take that path, with or
+without a `local://` prefix. `cache_dir` defaults to `$GS1_LOCAL_CACHE` or a fresh temp dir.
+
+Sampled logprobs are those of the distribution sampled from (temperature-scaled; see
+`local_sampler`); at temperature 1 they equal the learner's logprobs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+import zlib
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from tinker import types
+
+from gs1.errors import UserError
+from rl.backends.futures import LocalClientFuture, LocalFuture, SerialWorker
+from rl.backends.local_sampler import (
+    Generator,
+    Row,
+    install_gqa_decode_attention,
+    row_key,
+    score_tokens,
+    splitmix64,
+)
+from rl.backends.models import ModelSource, load_causal_lm, load_tokenizer, resolve_model
+
+ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+UNEMBED_MODULES = ("lm_head",)
+LORA_ALPHA = 32
+META_FILE = "gs1_local.json"
+DEFAULT_MAX_TOKENS = 1024
+
+
+def _strip_scheme(path: str) -> Path:
+    return Path(path[len("local://") :] if path.startswith("local://") else path)
+
+
+def _pick_device(device) -> torch.device:
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device)
+
+
+def _pick_dtype(dtype, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, str):
+        try:
+            return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                    "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+        except KeyError:
+            raise UserError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16") from None
+    return dtype
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    rank: int = 32
+    train_mlp: bool = True
+    train_attn: bool = True
+    train_unembed: bool = False
+
+    def target_modules(self) -> list[str]:
+        mods: list[str] = []
+        if self.train_attn:
+            mods += ATTN_MODULES
+        if self.train_mlp:
+            mods += MLP_MODULES
+        if self.train_unembed:
+            mods += UNEMBED_MODULES
+        if not mods:
+            raise UserError("LoRA needs at least one of train_mlp, train_attn, train_unembed")
+        return mods
+
+
+@dataclass
+class _Snapshot:
+    id: int
+    tensors: list[torch.Tensor]
+
+
+@dataclass
+class _Request:
+    kind: str  # "sample" | "score"
+    snapshot: _Snapshot
+    prompt: list[int]
+    num_samples: int = 1
+    params: types.SamplingParams | None = None
+    include_prompt_logprobs: bool = False
+    key: int = 0
+    seq_prefix: str = ""
+    future: Future = field(default_factory=Future)
+
+
+class _Engine:
+    """One model + LoRA adapter + tokenizer + the worker thread that owns them."""
+
+    def __init__(self, src: ModelSource, lora: LoraSpec, seed: int | None, device, dtype,
+                 max_batch_rows: int, batch_window_s: float, tokens_per_microbatch: int,
+                 use_cuda_graphs: bool | None):
+        from peft import LoraConfig, get_peft_model
+
+        self.src, self.lora, self.device, self.dtype = src, lora, device, dtype
+        self.tokenizer = load_tokenizer(src)
+        base = load_causal_lm(src, dtype, device)
+        install_gqa_decode_attention(base)
+        # The same seed gives the same adapter init, whatever ran before in the process.
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
+            cfg = LoraConfig(r=lora.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
+                             target_modules=lora.target_modules(), bias="none")
+            self.model = get_peft_model(base, cfg)
+        self.model.eval()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.pad_id = self._pad_id()
+        self.eos_ids = self._eos_ids()
+        self.generator = Generator(self.model, self.pad_id, self.tokenizer, use_cuda_graphs)
+        self.worker = SerialWorker("gs1-local")
+        self.max_batch_rows = max_batch_rows
+        self.batch_window_s = batch_window_s
+        self.tokens_per_microbatch = tokens_per_microbatch
+        self._pending: list[_Request] = []
+        self._lock = threading.Lock()
+        self._snap_ids = itertools.count()
+        self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 1 << 16))
+
+    # --- helpers ---------------------------------------------------------------------------
+    def _pad_id(self) -> int:
+        tok = self.tokenizer
+        for cand in (tok.pad_token_id, tok.eos_token_id, getattr(self.model.config, "pad_token_id", None)):
+            if isinstance(cand, int):
+                return cand
+        return 0
+
+    def _eos_ids(self) -> tuple[int, ...]:
+        ids: list[int] = []
+        gen_cfg = getattr(self.model, "generation_config", None)
+        for src in (getattr(gen_cfg, "eos_token_id", None), self.tokenizer.eos_token_id):
+            if isinstance(src, int):
+                ids.append(src)
+            elif isinstance(src, (list, tuple)):
+                ids += [int(x) for x in src]
+        return tuple(dict.fromkeys(ids))
+
+    def snapshot_live(self) -> _Snapshot:
+        return _Snapshot(next(self._snap_ids), [p.detach().clone() for p in self.params])
+
+    def zero_snapshot(self) -> _Snapshot:
+        """The base model: every LoRA B matrix zero."""
+        from peft.tuners.lora import LoraLayer  # noqa: F401
+
+        names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        t = [torch.zeros_like(p) if "lora_B" in n else p.detach().clone()
+             for n, p in zip(names, self.params)]
+        return _Snapshot(next(self._snap_ids), t)
+
+    def run_with(self, snap: _Snapshot, fn):
+        live = [p.detach().clone() for p in self.params]
+        with torch.no_grad():
+            for p, s in zip(self.params, snap.tensors):
+                p.copy_(s)
+        try:
+            return fn()
+        finally:
+            with torch.no_grad():
+                for p, s in zip(self.params, live):
+                    p.copy_(s)
+
+    def load_adapter_into_live(self, path: Path) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        f = path / "adapter_model.safetensors"
+        if not f.is_file():
+            raise UserError(f"no LoRA weights at {path} (expected adapter_model.safetensors)")
+        sd = load_file(str(f), device=str(self.device))
+        res = set_peft_model_state_dict(self.model, sd)
+        missing = [k for k in getattr(res, "missing_keys", []) if "lora_" in k]
+        if missing:
+            raise UserError(f"LoRA weights at {path} do not match this model ({missing[0]} missing)")
+
+    def snapshot_from_path(self, path: Path) -> _Snapshot:
+        live = [p.detach().clone() for p in self.params]
+        try:
+            self.load_adapter_into_live(path)
+            return self.snapshot_live()
+        finally:
+            with torch.no_grad():
+                for p, s in zip(self.params, live):
+                    p.copy_(s)
+
+    # --- the sample queue -------------------------------------------------------------------
+    def enqueue(self, req: _Request) -> LocalFuture:
+        with self._lock:
+            self._pending.append(req)
+            rows = sum(r.num_samples for r in self._pending)
+        if rows >= self.max_batch_rows:
+            self.flush()
+        return LocalFuture(req.future, on_wait=self.flush)
+
+    def flush(self) -> None:
+        if self.batch_window_s > 0:
+            time.sleep(self.batch_window_s)
+        with self._lock:
+            jobs, self._pending = self._pending, []
+        if jobs:
+            self.worker.submit_raw(self._run_requests, jobs)
+
+    def _run_requests(self, jobs: list[_Request]) -> None:
+        try:
+            by_snap: dict[int, list[_Request]] = {}
+            snaps: dict[int, _Snapshot] = {}
+            for j in jobs:
+                by_snap.setdefault(j.snapshot.id, []).append(j)
+                snaps[j.snapshot.id] = j.snapshot
+            for sid, group in by_snap.items():
+                self.run_with(snaps[sid], lambda g=group: self._run_group(g))
+        except BaseException as e:  # never leave a caller waiting
+            for j in jobs:
+                if not j.future.done():
+                    j.future.set_exception(e)
+
+    def _run_group(self, group: list[_Request]) -> None:
+        # Prompt scoring: one padded forward per chunk of requests.
+        scored = [j for j in group if j.kind == "score" or j.include_prompt_logprobs]
+        prompt_lps: dict[int, list[float | None]] = {}
+        if scored:
+            lps = score_tokens(self.model, [j.prompt for j in scored], self.pad_id)
+            prompt_lps = {id(j): lp for j, lp in zip(scored, lps)}
+        for j in group:
+            if j.kind == "score":
+                j.future.set_result(prompt_lps[id(j)])
+        # Generation: consecutive requests packed into batches of at most max_batch_rows rows.
+        samples = [j for j in group if j.kind == "sample"]
+        batch: list[_Request] = []
+        for j in samples:
+            if batch and sum(b.num_samples for b in batch) + j.num_samples > self.max_batch_rows:
+                self._generate(batch, prompt_lps)
+                batch = []
+            batch.append(j)
+        if batch:
+            self._generate(batch, prompt_lps)
+
+    def _rows(self, j: _Request) -> list[Row]:
+        p = j.params
+        assert p is not None
+        stop_ids: tuple[int, ...] = ()
+        stop_strs: tuple[str, ...] = ()
+        if p.stop is None:
+            stop_ids = self.eos_ids
+        elif isinstance(p.stop, str):
+            stop_strs = (p.stop,)
+        else:
+            stop = list(p.stop)
+            stop_ids = tuple(int(s) for s in stop if isinstance(s, int))
+            stop_strs = tuple(s for s in stop if isinstance(s, str))
+        room = self.max_positions - len(j.prompt)
+        max_tokens = min(p.max_tokens if p.max_tokens is not None else DEFAULT_MAX_TOKENS, room)
+        return [
+            Row(prompt=j.prompt, max_tokens=max_tokens, temperature=float(p.temperature),
+                top_k=int(p.top_k), top_p=float(p.top_p), stop_ids=stop_ids,
+                stop_strs=stop_strs, key=row_key(j.key, s))
+            for s in range(j.num_samples)
+        ]
+
+    def _generate(self, batch: list[_Request], prompt_lps) -> None:
+        rows = [r for j in batch for r in self._rows(j)]
+        results = self.generator.generate(rows)
+        k = 0
+        for j in batch:
+            seqs = []
+            for s in range(j.num_samples):
+                res = results[k]
+                k += 1
+                seqs.append(types.SampledSequence(
+                    stop_reason=res.stop_reason, sequence_id=f"{j.seq_prefix}:{s}",
+                    _tokens_list=res.tokens, _logprobs_list=res.logprobs))
+            j.future.set_result(types.SampleResponse(
+                sequences=seqs, _prompt_logprobs_list=prompt_lps.get(id(j))))
+
+    # --- learner ----------------------------------------------------------------------------
+    def forward_backward(self, data: Sequence[types.Datum], loss_fn: str, forward_only: bool
+                         ) -> types.ForwardBackwardOutput:
+        if loss_fn not in ("importance_sampling", "cross_entropy"):
+            raise ValueError(f"local backend: unsupported loss_fn {loss_fn!r} "
+                             "(importance_sampling, cross_entropy)")
+        outputs: list[dict[str, types.TensorData]] = [{} for _ in data]
+        total = 0.0
+        n_tokens = 0
+        order = list(range(len(data)))
+        budget = self.tokens_per_microbatch
+        mb: list[int] = []
+        mbs: list[list[int]] = []
+        for i in order:
+            L = data[i].model_input.length
+            if mb and (len(mb) + 1) * max(L, max(data[k].model_input.length for k in mb)) > budget:
+                mbs.append(mb)
+                mb = []
+            mb.append(i)
+        if mb:
+            mbs.append(mb)
+        ctx = torch.no_grad() if forward_only else torch.enable_grad()
+        with ctx:
+            for mb in mbs:
+                total += self._microbatch(data, mb, loss_fn, forward_only, outputs)
+                n_tokens += sum(data[i].model_input.length for i in mb)
+        return types.ForwardBackwardOutput(
+            loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs,
+            metrics={"loss:sum": float(total), "num_tokens:sum": float(n_tokens)})
+
+    def _microbatch(self, data, mb, loss_fn, forward_only, outputs) -> float:
+        dev = self.device
+        L = max(data[i].model_input.length for i in mb)
+        ids = torch.full((len(mb), L), self.pad_id, dtype=torch.long)
+        mask = torch.zeros(len(mb), L, dtype=torch.long)
+        tgt = torch.zeros(len(mb), L, dtype=torch.long)
+        coef_a = torch.zeros(len(mb), L, dtype=torch.float64)  # advantages or weights
+        old_lp = torch.zeros(len(mb), L, dtype=torch.float64)
+        for b, i in enumerate(mb):
+            d = data[i]
+            toks = d.model_input.to_ints()
+            n = len(toks)
+            ids[b, :n] = torch.tensor(toks, dtype=torch.long)
+            mask[b, :n] = 1
+            inp = d.loss_fn_inputs
+            t = inp["target_tokens"].to_torch().long().reshape(-1)
+            if t.numel() != n:
+                raise ValueError(f"datum {i}: target_tokens has {t.numel()} entries, "
+                                 f"model_input has {n} tokens")
+            tgt[b, :n] = t
+            if loss_fn == "importance_sampling":
+                coef_a[b, :n] = inp["advantages"].to_torch().double().reshape(-1)
+                old_lp[b, :n] = inp["logprobs"].to_torch().double().reshape(-1)
+            else:
+                w = inp.get("weights")
+                coef_a[b, :n] = w.to_torch().double().reshape(-1) if w is not None else 1.0
+        ids, mask, tgt = ids.to(dev), mask.to(dev), tgt.to(dev)
+        # loss math in float32, or float64 when the model is float64
+        acc = torch.float64 if self.dtype == torch.float64 else torch.float32
+        coef_a, old_lp = coef_a.to(dev, acc), old_lp.to(dev, acc)
+        logits = self.model(input_ids=ids, attention_mask=mask).logits.to(acc)
+        lp = torch.log_softmax(logits, dim=-1).gather(2, tgt[:, :, None]).squeeze(2)
+        valid = mask.bool()
+        if loss_fn == "importance_sampling":
+            per_tok = -torch.exp(lp - old_lp) * coef_a
+        else:
+            per_tok = -lp * coef_a
+        loss = torch.where(valid, per_tok, torch.zeros_like(per_tok)).sum()
+        if not forward_only:
+            loss.backward()
+        lp_cpu = lp.detach().float().cpu()  # tinker's TensorData is float32
+        for b, i in enumerate(mb):
+            n = data[i].model_input.length
+            outputs[i] = {"logprobs": types.TensorData.from_torch(lp_cpu[b, :n].clone())}
+        return float(loss.detach())
+
+
+class LocalSamplingClient:
+    """A snapshot of LoRA weights on an engine; `sample` / `compute_logprobs` queue requests."""
+
+    def __init__(self, engine: _Engine, snapshot: _Snapshot, base_model: str, base_key: int,
+                 model_path: str | None = None):
+        self._engine = engine
+        self._snapshot = snapshot
+        self._base_model = base_model
+        self._base_key = base_key
+        self._counter = itertools.count()
+        self._lock = threading.Lock()
+        self.model_path = model_path
+
+    def _next_key(self) -> tuple[int, int]:
+        with self._lock:
+            n = next(self._counter)
+        return n, splitmix64(self._base_key ^ splitmix64(n))
+
+    def sample(self, prompt: types.ModelInput, num_samples: int,
+               sampling_params: types.SamplingParams, include_prompt_logprobs: bool = False,
+               topk_prompt_logprobs: int = 0) -> LocalFuture[types.SampleResponse]:
+        if topk_prompt_logprobs:
+            raise NotImplementedError("local backend: topk_prompt_logprobs is not supported")
+        if num_samples < 1:
+            raise ValueError("num_samples must be >= 1")
+        n, key = self._next_key()
+        if sampling_params.seed is not None:
+            key = splitmix64(int(sampling_params.seed) & ((1 << 64) - 1))
+        req = _Request("sample", self._snapshot, prompt.to_ints(), num_samples, sampling_params,
+                       include_prompt_logprobs, key, f"{self._snapshot.id}:{n}")
+        return self._engine.enqueue(req)
+
+    def compute_logprobs(self, prompt: types.ModelInput) -> LocalFuture[list[float | None]]:
+        n, key = self._next_key()
+        return self._engine.enqueue(_Request("score", self._snapshot, prompt.to_ints(), key=key))
+
+    def get_tokenizer(self):
+        return self._engine.tokenizer
+
+    def get_base_model(self) -> str:
+        return self._base_model
+
+
+class LocalTrainingClient:
+    """tinker's TrainingClient surface for one LoRA model on the local engine."""
+
+    def __init__(self, service: "LocalServiceClient", engine: _Engine, base_model: str,
+                 seed: int | None, model_id: str, run_dir: Path,
+                 base_model_path: str | None = None):
+        self._service = service
+        self._base_model_path = base_model_path
+        self._engine = engine
+        self._base_model = base_model
+        self._seed = seed
+        self.model_id = model_id
+        self._run_dir = run_dir
+        self._opt = self._new_optimizer()
+        self._optim_steps = 0
+        self._samplers = itertools.count()
+        self._key_root = splitmix64(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self._engine.params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12,
+                                 weight_decay=0.0, foreach=False)
+
+    def _submit(self, fn, *args) -> LocalFuture:
+        return self._engine.worker.submit(fn, *args)
+
+    # --- learner ------------------------------------------------------------------------
+    def lora_gradient(self):
+        """The LoRA gradient accumulated since the last optim_step, flat, float64 (numpy).
+
+        Local engine only -- not part of tinker's surface. The correctness preflight compares
+        our loop's gradient with the stock cookbook path's through it.
+        """
+        def collect():
+            return torch.cat([
+                (p.grad if p.grad is not None else torch.zeros_like(p)).detach().to(torch.float64).flatten().cpu()
+                for p in self._engine.params
+            ]).numpy()
+
+        return self._submit(collect).result()
+
+    def forward_backward(self, data: list[types.Datum], loss_fn: types.LossFnType = "cross_entropy",
+                         loss_fn_config: dict | None = None) -> LocalFuture[types.ForwardBackwardOutput]:
+        data = list(data)
+        return self._submit(self._engine.forward_backward, data, loss_fn, False)
+
+    def forward(self, data: list[types.Datum], loss_fn: types.LossFnType = "cross_entropy",
+                loss_fn_config: dict | None = None) -> LocalFuture[types.ForwardBackwardOutput]:
+        data = list(data)
+        return self._submit(self._engine.forward_backward, data, loss_fn, True)
+
+    def optim_step(self, optim_params: types.AdamParams | None = None, *,
+                   adam_params: types.AdamParams | None = None) -> LocalFuture[types.OptimStepResponse]:
+        params = optim_params if optim_params is not None else adam_params
+        if not isinstance(params, types.AdamParams):
+            raise TypeError("local backend: optim_step takes types.AdamParams")
+        return self._submit(self._optim_step, params)
+
+    def _optim_step(self, p: types.AdamParams) -> types.OptimStepResponse:
+        for g in self._opt.param_groups:
+            g["lr"] = p.learning_rate
+            g["betas"] = (p.beta1, p.beta2)
+            g["eps"] = p.eps
+            g["weight_decay"] = p.weight_decay
+        params = [q for q in self._engine.params if q.grad is not None]
+        grad_norm = 0.0
+        if params:
+            if p.grad_clip_norm > 0:
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, p.grad_clip_norm))
+            else:
+                grad_norm = float(torch.linalg.vector_norm(
+                    torch.stack([torch.linalg.vector_norm(q.grad.float()) for q in params])))
+        self._opt.step()
+        self._opt.zero_grad(set_to_none=True)
+        self._optim_steps += 1
+        return types.OptimStepResponse(metrics={"optim/grad_norm": grad_norm,
+                                                "optim/step": float(self._optim_steps)})
+
+    # --- checkpoints --------------------------------------------------------------------
+    def _meta(self) -> dict:
+        lora = self._engine.lora
+        return {"base_model": self._base_model, "base_model_path": self._base_model_path,
+                "rank": lora.rank, "train_mlp": lora.train_mlp,
+                "train_attn": lora.train_attn, "train_unembed": lora.train_unembed,
+                "seed": self._seed, "optim_steps": self._optim_steps, "model_id": self.model_id}
+
+    def _write_dir(self, kind: str, name: str, with_optimizer: bool) -> Path:
+        if not name or "/" in name or name.startswith("."):
+            raise UserError(f"checkpoint name {name!r} must be a plain file name")
+        final = self._run_dir / kind / name
+        tmp = self._run_dir / kind / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir(parents=True)
+        self._engine.model.save_pretrained(str(tmp))
+        if with_optimizer:
+            torch.save(self._opt.state_dict(), tmp / "optimizer.pt")
+        (tmp / META_FILE).write_text(json.dumps(self._meta(), indent=1))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        return final
+
+    def save_state(self, name: str, ttl_seconds: int | None = None, **_: Any
+                   ) -> LocalFuture[types.SaveWeightsResponse]:
+        return self._submit(lambda: types.SaveWeightsResponse(
+            path=str(self._write_dir("state", name, True))))
+
+    def save_weights_for_sampler(self, name: str, ttl_seconds: int | None = None, **_: Any
+                                 ) -> LocalFuture[types.SaveWeightsForSamplerResponse]:
+        return self._submit(lambda: types.SaveWeightsForSamplerResponse(
+            path=str(self._write_dir("sampler_weights", name, False))))
+
+    def _load(self, path: str, optimizer: bool) -> types.LoadWeightsResponse:
+        d = _strip_scheme(path)
+        if not d.is_dir():
+            raise UserError(f"no saved state at {path}")
+        self._engine.load_adapter_into_live(d)
+        for q in self._engine.params:
+            q.grad = None
+        self._opt = self._new_optimizer()
+        if optimizer:
+            f = d / "optimizer.pt"
+            if not f.is_file():
+                raise UserError(f"{path} holds no optimizer state (saved with save_weights_for_sampler?)")
+            self._opt.load_state_dict(torch.load(f, map_location=self._engine.device, weights_only=True))
+        meta_f = d / META_FILE
+        if meta_f.is_file():
+            self._optim_steps = int(json.loads(meta_f.read_text()).get("optim_steps", 0))
+        return types.LoadWeightsResponse(path=path, model_id=self.model_id)
+
+    def load_state(self, path: str, weights_access_token: str | None = None
+                   ) -> LocalFuture[types.LoadWeightsResponse]:
+        """Weights only; the optimizer starts fresh (tinker's semantics)."""
+        return self._submit(self._load, path, False)
+
+    def load_state_with_optimizer(self, path: str, weights_access_token: str | None = None
+                                  ) -> LocalFuture[types.LoadWeightsResponse]:
+        return self._submit(self._load, path, True)
+
+    # --- sampling clients ---------------------------------------------------------------
+    def _sampler_key(self) -> int:
+        return splitmix64(self._key_root ^ splitmix64(next(self._samplers) + 1))
+
+    def save_weights_and_get_sampling_client(self, name: str | None = None, **_: Any
+                                             ) -> LocalClientFuture[LocalSamplingClient]:
+        key = self._sampler_key()
+        fut = self._engine.worker.submit_raw(
+            lambda: LocalSamplingClient(self._engine, self._engine.snapshot_live(),
+                                        self._base_model, key))
+        return LocalClientFuture(fut)
+
+    def create_sampling_client(self, model_path: str, **_: Any) -> LocalClientFuture[LocalSamplingClient]:
+        key = splitmix64(zlib.crc32(model_path.encode()))
+        fut = self._engine.worker.submit_raw(
+            lambda: LocalSamplingClient(
+                self._engine, self._engine.snapshot_from_path(_strip_scheme(model_path)),
+                self._base_model, key, model_path))
+        return LocalClientFuture(fut)
+
+    # --- info ---------------------------------------------------------------------------
+    def get_tokenizer(self):
+        return self._engine.tokenizer
+
+    def get_info(self) -> types.GetInfoResponse:
+        arch = getattr(self._engine.model.config, "model_type", None)
+        return types.GetInfoResponse(
+            model_data=types.ModelData(arch=arch, model_name=self._base_model,
+                                       tokenizer_id=self._base_model),
+            model_id=self.model_id, is_lora=True, lora_rank=self._engine.lora.rank,
+            model_name=self._base_model)
+
+    def get_base_model(self) -> str:
+        return self._base_model
+
+
+class LocalServiceClient:
+    """tinker's ServiceClient surface for the in-process engine."""
+
+    def __init__(self, device=None, dtype=None, cache_dir=None, *, max_batch_rows: int | None = None,
+                 batch_window_s: float = 0.0, tokens_per_microbatch: int | None = None,
+                 use_cuda_graphs: bool | None = None):
+        self.device = _pick_device(device)
+        self.dtype = _pick_dtype(dtype, self.device)
+        cache = cache_dir or os.environ.get("GS1_LOCAL_CACHE")
+        self.cache_dir = Path(cache) if cache else Path(tempfile.mkdtemp(prefix="gs1-local-"))
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        cuda = self.device.type == "cuda"
+        self.max_batch_rows = max_batch_rows or (512 if cuda else 64)
+        self.batch_window_s = batch_window_s
+        self.tokens_per_microbatch = tokens_per_microbatch or (16384 if cuda else 4096)
+        self.use_cuda_graphs = use_cuda_graphs
+        self._ids = itertools.count()
+        self._samplers: dict[tuple, _Engine] = {}
+        self._lock = threading.Lock()
+
+    def _engine(self, base_model: str, lora: LoraSpec, seed: int | None) -> _Engine:
+        return _Engine(resolve_model(base_model), lora, seed, self.device, self.dtype,
+                       self.max_batch_rows, self.batch_window_s, self.tokens_per_microbatch,
+                       self.use_cuda_graphs)
+
+    def create_lora_training_client(self, base_model: str, rank: int = 32, seed: int | None = None,
+                                    train_mlp: bool = True, train_attn: bool = True,
+                                    train_unembed: bool = False, *,
+                                    base_model_path: str | None = None, **_: Any
+                                    ) -> LocalClientFuture[LocalTrainingClient]:
+        """`base_model` names the model; weights load from `base_model_path` when given."""
+        lora = LoraSpec(int(rank), train_mlp, train_attn, train_unembed)
+        engine = self._engine(base_model_path or base_model, lora, seed)
+        model_id = f"local-{next(self._ids):04d}-{uuid.uuid4().hex[:8]}"
+        run_dir = self.cache_dir / "runs" / model_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tc = LocalTrainingClient(self, engine, base_model, seed, model_id, run_dir,
+                                 base_model_path)
+        f: Future = Future()
+        f.set_result(tc)
+        return LocalClientFuture(f)
+
+    def _client_from_state(self, path: str, optimizer: bool) -> LocalClientFuture[LocalTrainingClient]:
+        d = _strip_scheme(path)
+        meta_f = d / META_FILE
+        if not meta_f.is_file():
+            raise UserError(f"no local training state at {path}")
+        meta = json.loads(meta_f.read_text())
+        tc = self.create_lora_training_client(
+            meta["base_model"], meta["rank"], meta.get("seed"), meta["train_mlp"],
+            meta["train_attn"], meta["train_unembed"],
+            base_model_path=meta.get("base_model_path")).result()
+        (tc.load_state_with_optimizer if optimizer else tc.load_state)(path).result()
+        f: Future = Future()
+        f.set_result(tc)
+        return LocalClientFuture(f)
+
+    def create_training_client_from_state(self, path: str, **_: Any):
+        return self._client_from_state(path, optimizer=False)
+
+    def create_training_client_from_state_with_optimizer(self, path: str, **_: Any):
+        return self._client_from_state(path, optimizer=True)
+
+    def create_sampling_client(self, model_path: str | None = None, base_model: str | None = None,
+                               **_: Any) -> LocalClientFuture[LocalSamplingClient]:
+        if model_path is None and base_model is None:
+            raise ValueError("Either model_path or base_model must be provided")
+        lora = LoraSpec()
+        if model_path is not None:
+            meta_f = _strip_scheme(model_path) / META_FILE
+            if not meta_f.is_file():
+                raise UserError(f"no local sampler weights at {model_path}")
+            meta = json.loads(meta_f.read_text())
+            base_model = meta.get("base_model_path") or meta["base_model"]
+            lora = LoraSpec(meta["rank"], meta["train_mlp"], meta["train_attn"], meta["train_unembed"])
+        assert base_model is not None
+        with self._lock:
+            key = (base_model, lora)
+            engine = self._samplers.get(key)
+            if engine is None:
+                engine = self._samplers[key] = self._engine(base_model, lora, 0)
+        base_key = splitmix64(zlib.crc32((model_path or base_model).encode()))
+        if model_path is not None:
+            fut = engine.worker.submit_raw(lambda: LocalSamplingClient(
+                engine, engine.snapshot_from_path(_strip_scheme(model_path)), base_model,
+                base_key, model_path))
+        else:
+            fut = engine.worker.submit_raw(lambda: LocalSamplingClient(
+                engine, engine.zero_snapshot(), base_model, base_key))
+        return LocalClientFuture(fut)
+
+    def get_server_capabilities(self):
+        return None

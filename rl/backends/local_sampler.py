@@ -1,0 +1,478 @@
+"""Batched generation with a KV cache, counter-based sampling, and token scoring.
+
+`generate(model, rows, ...)` runs one left-padded batch: a prefill of all prompts, then one
+decode step per new token over the whole batch with the KV cache (`DynamicCache` on CPU; on
+CUDA a preallocated static KV cache whose decode step is captured once as a CUDA graph and
+replayed for every later token and batch of the same shape).
+
+Randomness is counter-based: row r draws its step-t uniform from splitmix64(key_r, t), so a
+row's tokens depend only on its own key and logits, never on which other requests shared its
+batch or on a global RNG. Sampling is inverse-CDF over softmax(logits / T) in float64.
+
+Logprobs returned for sampled tokens are those of the distribution the token was drawn from:
+log_softmax(logits / T) (after top-k / top-p truncation, when asked). At T = 1 that is exactly
+the learner's log-probability. At T = 0 (greedy) they are the untempered log_softmax(logits).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _signed(x: int) -> int:
+    x &= _MASK64
+    return x - (1 << 64) if x >= (1 << 63) else x
+
+
+def splitmix64(x: int) -> int:
+    """The splitmix64 finaliser on Python ints (uint64 semantics)."""
+    z = (x + _GOLDEN) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _srl(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 tensors (torch's >> is arithmetic)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def splitmix64_t(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64 on int64 tensors (two's-complement wraparound == uint64 arithmetic)."""
+    z = x + _signed(_GOLDEN)
+    z = (z ^ _srl(z, 30)) * _signed(0xBF58476D1CE4E5B9)
+    z = (z ^ _srl(z, 27)) * _signed(0x94D049BB133111EB)
+    return z ^ _srl(z, 31)
+
+
+def row_key(request_key: int, sample_idx: int) -> int:
+    return _signed(splitmix64(splitmix64(request_key & _MASK64) ^ sample_idx))
+
+
+def uniforms(keys_B: torch.Tensor, step: int) -> torch.Tensor:
+    """One U[0,1) float64 per row for decode step `step`."""
+    h = splitmix64_t(keys_B + _signed(step * _GOLDEN))
+    return _srl(h, 11).to(torch.float64) * (2.0**-53)
+
+
+@dataclass
+class Row:
+    prompt: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    stop_ids: tuple[int, ...] = ()
+    stop_strs: tuple[str, ...] = ()
+    key: int = 0
+
+
+@dataclass
+class RowResult:
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: str  # "stop" | "length"
+
+
+@dataclass
+class GenStats:
+    batches: int = 0
+    rows: int = 0
+    decode_steps: int = 0
+    sampled_tokens: int = 0
+    graphed_batches: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+def _truncate(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask logits outside each row's top-k / nucleus (top_k <= 0 and top_p >= 1 keep all)."""
+    V = scaled.shape[-1]
+    sorted_l, idx = scaled.sort(dim=-1, descending=True)
+    rank = torch.arange(V, device=scaled.device)[None, :]
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, V))
+    drop = rank >= k[:, None]
+    probs = sorted_l.softmax(-1)
+    before = probs.cumsum(-1) - probs  # mass strictly above this token
+    drop |= before >= top_p[:, None]
+    drop[:, 0] = False
+    sorted_l = sorted_l.masked_fill(drop, float("-inf"))
+    return torch.empty_like(scaled).scatter_(-1, idx, sorted_l)
+
+
+def sample_step(
+    logits: torch.Tensor,  # [B, V] float32
+    temps: torch.Tensor,  # [B] float32, 0 = greedy
+    keys: torch.Tensor,  # [B] int64
+    step: int,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    any_greedy: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`any_greedy` (known on the host) saves a device sync per step."""
+    greedy = temps <= 0
+    scaled = logits / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
+    if top_k is not None:
+        scaled = _truncate(scaled, top_k, top_p)
+    lp_all = torch.log_softmax(scaled, dim=-1)
+    cdf = lp_all.exp().to(torch.float64).cumsum(-1)
+    u = uniforms(keys, step) * cdf[:, -1]
+    tok = torch.searchsorted(cdf, u[:, None], right=True).squeeze(1).clamp_max(logits.shape[-1] - 1)
+    tok = torch.where(greedy, logits.argmax(-1), tok)
+    lp = lp_all.gather(1, tok[:, None]).squeeze(1)
+    if any_greedy if any_greedy is not None else bool(greedy.any()):
+        lp_raw = torch.log_softmax(logits, dim=-1).gather(1, tok[:, None]).squeeze(1)
+        lp = torch.where(greedy, lp_raw, lp)
+    return tok, lp
+
+
+def _prefill_mask(prompt_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """[B,1,Lp,kv_len] bool: causal, real keys only; pad queries see themselves (no NaN)."""
+    B, Lp = prompt_mask.shape
+    dev = prompt_mask.device
+    causal = torch.ones(Lp, Lp, dtype=torch.bool, device=dev).tril()
+    m = causal[None] & prompt_mask[:, None, :].bool()
+    m |= torch.eye(Lp, dtype=torch.bool, device=dev)[None]
+    full = torch.zeros(B, 1, Lp, kv_len, dtype=torch.bool, device=dev)
+    full[:, 0, :, :Lp] = m
+    return full
+
+
+GQA_DECODE_ATTN = "gs1_gqa_sdpa"
+
+
+def _gqa_decode_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                     is_causal=None, **kwargs):
+    """transformers' sdpa attention, except one-token decode steps with grouped KV heads:
+    with a mask, the stock path copies K and V out to every query head (`repeat_kv`: two
+    full-cache copies per layer per step, measured at over half of an H200 decode step).
+    Instead the query heads of each KV group are laid along the query axis, so SDPA reads
+    the cache as it is. Same math, per query row."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    if query.shape[2] != 1 or groups == 1 or (attention_mask is not None and attention_mask.dim() != 4):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    B, H, _, D = query.shape
+    kvh = key.shape[1]
+    q = query.reshape(B, kvh, groups, D)
+    mask = attention_mask
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(q.dtype)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, key, value, attn_mask=mask, dropout_p=0.0, scale=scaling)
+    return out.reshape(B, H, 1, D).transpose(1, 2).contiguous(), None
+
+
+def install_gqa_decode_attention(model) -> bool:
+    """Switch `model` to `_gqa_decode_sdpa` when it uses sdpa; returns whether it did."""
+    try:
+        from transformers import AttentionInterface, AttentionMaskInterface
+        from transformers.masking_utils import sdpa_mask
+    except ImportError:  # pragma: no cover - older transformers
+        return False
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return False
+    AttentionInterface.register(GQA_DECODE_ATTN, _gqa_decode_sdpa)
+    AttentionMaskInterface.register(GQA_DECODE_ATTN, sdpa_mask)
+    try:
+        model.set_attn_implementation(GQA_DECODE_ATTN)
+    except Exception:
+        for m in model.modules():
+            cfg = getattr(m, "config", None)
+            if cfg is not None and hasattr(cfg, "_attn_implementation"):
+                cfg._attn_implementation = GQA_DECODE_ATTN
+    return True
+
+
+class _StaticKV:
+    """A preallocated KV cache with the one method the attention layers call, `update`.
+
+    transformers' own StaticCache (5.17) clones the whole cache on every update, which costs
+    more than the rest of a decode step at 64 x 768 slots; this one returns views. The write
+    position lives on the device and advances inside the (captured) step, after the last layer.
+    """
+
+    def __init__(self, n_layers: int, B: int, kv_heads: int, max_len: int, head_dim: int, dtype, device):
+        self.k = [torch.zeros(B, kv_heads, max_len, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros_like(t) for t in self.k]
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)
+        self.n_layers = n_layers
+
+    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
+        q = key_states.shape[-2]
+        idx = self.pos + torch.arange(q, device=self.pos.device)
+        self.k[layer_idx].index_copy_(2, idx, key_states.to(self.k[layer_idx].dtype))
+        self.v[layer_idx].index_copy_(2, idx, value_states.to(self.v[layer_idx].dtype))
+        if layer_idx == self.n_layers - 1:
+            self.pos.add_(q)
+        return self.k[layer_idx], self.v[layer_idx]
+
+    def get_seq_length(self, layer_idx: int = 0):
+        return self.pos
+
+    def reset(self) -> None:
+        self.pos.zero_()
+
+    def set_length(self, n: int) -> None:
+        self.pos.fill_(n)
+
+
+class _GraphedDecoder:
+    """A static-KV decode step for one (batch, max_len), captured once as a CUDA graph."""
+
+    def __init__(self, model, B: int, max_len: int):
+        self.model, self.B, self.max_len = model, B, max_len
+        p = next(model.parameters())
+        dev = p.device
+        cfg = model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        dtype = model.get_input_embeddings().weight.dtype
+        self.cache = _StaticKV(cfg.num_hidden_layers, B, kv_heads, max_len, head_dim, dtype, dev)
+        self.ids = torch.zeros(B, 1, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(B, 1, dtype=torch.long, device=dev)
+        self.mask = torch.zeros(B, 1, 1, max_len, dtype=torch.bool, device=dev)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+
+    def reset(self) -> None:
+        self.cache.reset()
+
+    def set_length(self, n: int) -> None:
+        self.cache.set_length(n)
+
+    def prefill(self, ids, pos, mask4d):
+        out = self.model(
+            input_ids=ids, position_ids=pos, attention_mask=mask4d,
+            past_key_values=self.cache, use_cache=True, logits_to_keep=1,
+        )
+        return out.logits[:, -1].float()
+
+    def _step(self):
+        out = self.model(
+            input_ids=self.ids, position_ids=self.pos, attention_mask=self.mask,
+            past_key_values=self.cache, use_cache=True,
+        )
+        return out.logits[:, -1].float()
+
+    def capture(self, cur_len: int) -> None:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                self._step()
+                self.set_length(cur_len)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            self.logits = self._step()
+        self.set_length(cur_len)
+        self.graph = g
+
+    def step(self) -> torch.Tensor:
+        assert self.graph is not None and self.logits is not None
+        self.graph.replay()
+        return self.logits
+
+
+def _bucket(n: int, q: int) -> int:
+    return ((n + q - 1) // q) * q
+
+
+class Generator:
+    """Runs batches of rows on one model; keeps captured CUDA graphs between batches."""
+
+    def __init__(self, model, pad_id: int, tokenizer=None, use_cuda_graphs: bool | None = None,
+                 static_cache: bool | None = None):
+        self.model = model
+        self.pad_id = pad_id
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        cuda = self.device.type == "cuda"
+        self.use_cuda_graphs = cuda if use_cuda_graphs is None else (use_cuda_graphs and cuda)
+        self.static_cache = (self.use_cuda_graphs or cuda) if static_cache is None else static_cache
+        self._graphs: dict[tuple[int, int], _GraphedDecoder] = {}
+        self.stats = GenStats()
+
+    @torch.no_grad()
+    def generate(self, rows: list[Row]) -> list[RowResult]:
+        t_start = time.perf_counter()
+        B = len(rows)
+        dev = self.device
+        Lp = max(len(r.prompt) for r in rows)
+        max_new = max(r.max_tokens for r in rows)
+        ids = torch.full((B, Lp), self.pad_id, dtype=torch.long)
+        pmask = torch.zeros(B, Lp, dtype=torch.bool)
+        for i, r in enumerate(rows):
+            ids[i, Lp - len(r.prompt) :] = torch.tensor(r.prompt, dtype=torch.long)
+            pmask[i, Lp - len(r.prompt) :] = True
+        ids, pmask = ids.to(dev), pmask.to(dev)
+        pos = (pmask.long().cumsum(1) - 1).clamp_min(0)
+        next_pos = pos[:, -1:] + 1
+
+        temps = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=dev)
+        any_greedy = any(r.temperature <= 0 for r in rows)
+        keys = torch.tensor([r.key for r in rows], dtype=torch.long, device=dev)
+        top_k = top_p = None
+        if any(r.top_k > 0 or r.top_p < 1.0 for r in rows):
+            top_k = torch.tensor([r.top_k for r in rows], dtype=torch.long, device=dev)
+            top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=dev)
+        S = max(1, max(len(r.stop_ids) for r in rows))
+        stop_tab = torch.full((B, S), -1, dtype=torch.long)
+        for i, r in enumerate(rows):
+            if r.stop_ids:
+                stop_tab[i, : len(r.stop_ids)] = torch.tensor(r.stop_ids, dtype=torch.long)
+        stop_tab = stop_tab.to(dev)
+        max_tok = torch.tensor([r.max_tokens for r in rows], dtype=torch.long, device=dev)
+        str_rows = [i for i, r in enumerate(rows) if r.stop_strs]
+
+        tokens = torch.zeros(B, max(max_new, 1), dtype=torch.long, device=dev)
+        lps = torch.zeros(B, max(max_new, 1), dtype=torch.float32, device=dev)
+        n_out = torch.zeros(B, dtype=torch.long, device=dev)  # tokens kept per row
+        done = max_tok <= 0
+        by_stop = torch.zeros(B, dtype=torch.bool, device=dev)
+
+        graphed = self.static_cache
+        if graphed:
+            total = _bucket(Lp + max_new, 128)
+            dec = self._graphs.get((B, total))
+            if dec is None:
+                self._graphs.clear()  # one live static cache at a time bounds memory
+                dec = self._graphs[(B, total)] = _GraphedDecoder(self.model, B, total)
+            else:
+                dec.reset()
+            kv_len = total
+            logits = dec.prefill(ids, pos, _prefill_mask(pmask, kv_len))
+            dec.mask.zero_()
+            dec.mask[:, 0, 0, :Lp] = pmask
+        else:
+            from transformers import DynamicCache
+
+            cache = DynamicCache(config=self.model.config)
+            kv_len = Lp + max_new
+            full_mask = torch.zeros(B, 1, 1, kv_len, dtype=torch.bool, device=dev)
+            full_mask[:, 0, 0, :Lp] = pmask
+            out = self.model(
+                input_ids=ids, position_ids=pos, attention_mask=_prefill_mask(pmask, Lp),
+                past_key_values=cache, use_cache=True, logits_to_keep=1,
+            )
+            logits = out.logits[:, -1].float()
+
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t_decode = time.perf_counter()
+        self.stats.prefill_s += t_decode - t_start
+        sync_every = 1 if (dev.type != "cuda" or str_rows) else 16
+        step = 0
+        for step in range(max_new):
+            tok, lp = sample_step(logits, temps, keys, step, top_k, top_p, any_greedy)
+            active = ~done
+            tokens[:, step] = tok
+            lps[:, step] = lp
+            n_out += active.long()
+            hit = (tok[:, None] == stop_tab).any(1) & active
+            if str_rows:
+                hit_cpu = hit.cpu()
+                n_cpu = n_out.cpu()
+                for i in str_rows:
+                    if not active[i]:
+                        continue
+                    r = rows[i]
+                    n = int(n_cpu[i])
+                    tail_n = max(len(s) for s in r.stop_strs) + 4
+                    tail = self.tokenizer.decode(tokens[i, max(0, n - tail_n) : n].tolist())
+                    if any(s in tail for s in r.stop_strs):
+                        hit_cpu[i] = True
+                hit = hit_cpu.to(dev)
+            by_stop |= hit
+            done = done | hit | (n_out >= max_tok)
+            if step + 1 == max_new:
+                break
+            if (step + 1) % sync_every == 0 and bool(done.all()):
+                break
+            cur = Lp + step  # cache slot of the token just sampled
+            if graphed:
+                dec.ids.copy_(tok[:, None])
+                dec.pos.copy_(next_pos)
+                dec.mask[:, 0, 0, cur] = True
+                if dec.graph is None and self.use_cuda_graphs:
+                    try:
+                        dec.capture(cur)
+                    except Exception as e:  # capture unsupported here: stay eager
+                        import traceback
+
+                        self.stats.extra["graph_error"] = traceback.format_exc()[-1500:]
+                        self.use_cuda_graphs = False
+                        dec.graph = None
+                        dec.set_length(cur)
+                if dec.graph is not None:
+                    logits = dec.step()
+                else:
+                    logits = dec._step()
+            else:
+                full_mask[:, 0, 0, cur] = True
+                out = self.model(
+                    input_ids=tok[:, None], position_ids=next_pos,
+                    attention_mask=full_mask[:, :, :, : cur + 1],
+                    past_key_values=cache, use_cache=True,
+                )
+                logits = out.logits[:, -1].float()
+            next_pos = next_pos + 1
+
+        n_list = n_out.tolist()  # syncs the device
+        self.stats.decode_s += time.perf_counter() - t_decode
+        self.stats.batches += 1
+        self.stats.graphed_batches += int(graphed and dec.graph is not None)
+        self.stats.rows += B
+        self.stats.decode_steps += step + 1
+        stop_list = by_stop.tolist()
+        tok_list = tokens.tolist()
+        lp_list = lps.tolist()
+        results = []
+        for i in range(B):
+            n = n_list[i]
+            self.stats.sampled_tokens += n
+            results.append(
+                RowResult(tok_list[i][:n], lp_list[i][:n], "stop" if stop_list[i] else "length")
+            )
+        return results
+
+
+@torch.no_grad()
+def score_tokens(model, seqs: list[list[int]], pad_id: int, max_elems: int = 1 << 27) -> list[list[float | None]]:
+    """Per-position logprobs of each sequence's own tokens (first entry None)."""
+    dev = next(model.parameters()).device
+    V = model.config.vocab_size
+    out: list[list[float | None]] = [[] for _ in seqs]
+    order = list(range(len(seqs)))
+    i = 0
+    while i < len(order):
+        L = len(seqs[order[i]])
+        j = i + 1
+        while j < len(order) and (j - i + 1) * max(L, len(seqs[order[j]])) * V <= max_elems:
+            L = max(L, len(seqs[order[j]]))
+            j += 1
+        chunk = order[i:j]
+        L = max(len(seqs[k]) for k in chunk)
+        ids = torch.full((len(chunk), L), pad_id, dtype=torch.long)
+        mask = torch.zeros(len(chunk), L, dtype=torch.long)
+        for b, k in enumerate(chunk):
+            ids[b, : len(seqs[k])] = torch.tensor(seqs[k])
+            mask[b, : len(seqs[k])] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        logits = model(input_ids=ids, attention_mask=mask).logits.float()
+        lp = torch.log_softmax(logits[:, :-1], -1).gather(2, ids[:, 1:, None]).squeeze(2)
+        lp_list = lp.tolist()
+        for b, k in enumerate(chunk):
+            out[k] = [None] + lp_list[b][: len(seqs[k]) - 1]
+        i = j
+    return out

