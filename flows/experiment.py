@@ -21,7 +21,7 @@ CALIBRATION_BANDWIDTHS = (0.5, 1.0)
 CALIBRATED_METRIC = "kernel_effective_neighbors_p10"
 
 
-@flow(name="gs1-experiment", log_prints=True)
+@flow(name="gs1-experiment")
 def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: str | None = None) -> dict:
     """Run a pre-registered GS1-vs-baseline experiment end to end; returns the decision record."""
     plan = validated_plan(spec_path, run_dir)

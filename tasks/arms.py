@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 from tinker_cookbook import model_info, renderers
 
@@ -47,7 +47,8 @@ def _steps_dir(arm_dir: Path) -> Path:
 
 def write_step_log(arm_dir: Path, log: StepLog) -> None:
     step = log.metrics["step"]
-    write_artifact("rollouts", log.rollouts, _steps_dir(arm_dir) / f"step-{step:05d}.rollouts.parquet")
+    rows = [dict(zip(log.rollouts, values)) for values in zip(*log.rollouts.values())]
+    write_artifact("rollouts", rows, _steps_dir(arm_dir) / f"step-{step:05d}.rollouts.parquet")
     write_artifact("step_metrics", [log.metrics], _steps_dir(arm_dir) / f"step-{step:05d}.metrics.parquet")
 
 
@@ -94,11 +95,10 @@ def _progress_reporter(arm: ArmConfig, total: int, first_step: int, label: str):
                 f"elapsed {elapsed:.0f}s, ETA {eta:.0f}s"
             ),
         )
-        print(
-            f"[{label} {arm.name}] step {done}/{total} reward={log.metrics['reward_mean']:.3f} "
+        get_run_logger().info(
+            f"{label} {arm.name}: step {done}/{total} reward={log.metrics['reward_mean']:.3f} "
             f"|adv|={log.metrics['advantage_abs_mean']:.3f} loss={log.metrics['loss']:.4g} "
-            f"elapsed={elapsed:.0f}s eta={eta:.0f}s",
-            flush=True,
+            f"elapsed={elapsed:.0f}s eta={eta:.0f}s"
         )
 
     return report

@@ -122,7 +122,7 @@ class LibrarySource(CachePolicy):
 
 def stage_cache(*files_read: str) -> CachePolicy:
     """INPUTS + TASK_SOURCE + library source + the files the stage reads."""
-    return INPUTS + TASK_SOURCE + LibrarySource() + FilesRead(tuple(files_read))
+    return INPUTS + TASK_SOURCE + LibrarySource() + FilesRead(params=tuple(files_read))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ def _gate_rows(gate: str, results) -> list[dict]:
 
 def record_gate(gate: str, rows: list[dict], out_dir: Path) -> None:
     """Write the gate report (Parquet + table artifact); raise GateFailed if any check failed."""
+    rows = [{"observed": None, **r} for r in rows]
     write_artifact("gate_report", rows, out_dir / "gate_report.parquet")
     create_table_artifact(
         key=gate.replace("_", "-").lower(),

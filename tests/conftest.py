@@ -34,3 +34,12 @@ def gsm8k_dir() -> Path:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One temporary Prefect backend for the whole session (starting one costs 15-30 s)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield

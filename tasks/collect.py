@@ -1,0 +1,28 @@
+"""Stage: collect a rollout log (N prompts x K samples, every candidate kernel feature) to Parquet."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+
+from rl.collect import CollectSettings, run_collection
+from schemas.io import write_parquet_atomic
+from tasks.common import service_client, stage_cache
+
+
+@task(name="rollout-log", cache_policy=stage_cache(), persist_result=True)
+def rollout_log(settings: dict, out_path: str, data_dir: str | None = None, embed: bool = True) -> str:
+    """Sample `settings` (CollectSettings fields) through the process's backend; returns the log path."""
+    cfg = CollectSettings(**settings)
+    table = run_collection(cfg, service=service_client(cfg.backend), data_dir=data_dir, embed=embed)
+    path = write_parquet_atomic(table, Path(out_path))
+    rewards = table.column("reward").to_pylist()
+    create_markdown_artifact(
+        key=f"rollout-log-{cfg.env.replace('_', '-')}",
+        markdown=f"Rollout log `{path}`: {table.num_rows} rollouts ({cfg.n_prompts} prompts x {cfg.k}), "
+        f"mean reward {sum(rewards) / len(rewards):.3f}; settings `{asdict(cfg)}`",
+    )
+    return str(path)

@@ -1,0 +1,107 @@
+"""The experiment flow end to end on a tiny model: gates stop it, a clean run reaches a decision."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fixtures.flow_env  # noqa: F401  (registers the token_threshold env)
+from fixtures.tiny_model import tiny_model_dir  # noqa: F401
+from schemas.artifacts import read_rows
+
+
+def flow_spec(repo_root: Path, model_dir: Path, **changes) -> dict:
+    spec = json.loads((repo_root / "specs" / "demo_local.json").read_text())
+    spec.update(
+        title="flow test", base_model=str(model_dir), base_model_path=None, renderer="qwen3_instruct",
+        batch_size=16, steps=3, lora_rank=4, max_seq_len=64, sampling={"max_tokens": 2, "temperature": 1.0},
+        pilot={"steps": 2, "heldout_prompts": 16, "heldout_samples": 8},
+        budget={"gpu_hours": 1.0, "max_wall_minutes": 60},
+    )  # fmt: skip
+    spec["dataset"] = {**spec["dataset"], "name": "token_threshold", "n_examples": 48}
+    spec["eval"] = {**spec["eval"], "n_examples": 48}
+    spec["feasibility"] = {**spec["feasibility"], "effective_config": None}
+    spec["arms"] = [
+        {"name": "grpo_gs8", "advantage": "group_mean", "group_size": 8, "groups_per_batch": 2, "lr": 1e-3, "seed": 0},
+        {"name": "gs1_kernel", "advantage": "kernel_cross_prompt_baseline", "group_size": 1, "groups_per_batch": 16,
+         "lr": 1e-3, "seed": 0, "kernel": {"bandwidth": 1.0, "window": 32}},
+    ]  # fmt: skip
+    bounds = {"kernel_effective_neighbors_p10": {"min": 2.0}, **changes.pop("bounds", {})}
+    for check in spec["activation_gate"]["checks"]:
+        check.update(bounds.get(check["metric"], {}))
+    spec.update(changes)
+    return spec
+
+
+def run_flow(tmp_path: Path, spec: dict):
+    from flows.experiment import experiment
+
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    run_dir = tmp_path / "run"
+    state = experiment(spec_path=str(spec_path), run_dir=str(run_dir), backend="local", return_state=True)
+    return state, run_dir
+
+
+def test_clean_run_reaches_a_paired_decision(prefect_harness, tmp_path, repo_root, tiny_model_dir):
+    state, run_dir = run_flow(tmp_path, flow_spec(repo_root, tiny_model_dir))
+    assert state.is_completed(), state.message
+    decision = json.loads((run_dir / "decision" / "decision.json").read_text())
+    assert decision["verdict"] in {"noninferior", "inferior", "inconclusive"}
+    assert decision["n"] == 48
+    # The decision is recomputable from the per-item eval files the flow wrote.
+    t = {r["item_id"]: r["correct"] for r in map(json.loads, (run_dir / "eval/gs1_kernel/eval.jsonl").open())}
+    b = {r["item_id"]: r["correct"] for r in map(json.loads, (run_dir / "eval/grpo_gs8/eval.jsonl").open())}
+    assert set(t) == set(b) and len(t) == 48
+    assert decision["mean_diff"] == pytest.approx(np.mean([float(t[i]) - float(b[i]) for i in t]), abs=1e-12)
+    # Both arms trained every step with the executed group sizes of the spec, from the same prompt order.
+    for arm, group in (("gs1_kernel", 1), ("grpo_gs8", 8)):
+        rows = read_rows("rollouts", run_dir / "train" / arm / "rollouts.parquet")
+        assert sorted({r["step"] for r in rows}) == [0, 1, 2]
+        counts = {}
+        for r in rows:
+            counts[(r["step"], r["prompt_id"])] = counts.get((r["step"], r["prompt_id"]), 0) + 1
+        assert set(counts.values()) == {group}
+    gs1_first = [r["prompt_id"] for r in read_rows("rollouts", run_dir / "train/gs1_kernel/rollouts.parquet")][:2]
+    grpo_first = [r["prompt_id"] for r in read_rows("rollouts", run_dir / "train/grpo_gs8/rollouts.parquet")][::8][:2]
+    assert gs1_first == grpo_first  # the shared seed-0 order
+    gate = read_rows("gate_report", run_dir / "gate" / "gate_report.parquet")
+    assert gate and all(r["passed"] for r in gate)
+    assert (run_dir / "preflight" / "record.json").is_file()
+    feasibility = json.loads((run_dir / "feasibility" / "feasibility.json").read_text())
+    assert feasibility["status"] == "feasible" and feasibility["wall_seconds"] > 0
+
+
+def test_failing_gate_stops_the_flow_with_the_metric_in_the_state(prefect_harness, tmp_path, repo_root, tiny_model_dir):
+    spec = flow_spec(repo_root, tiny_model_dir, bounds={"pilot_mean_reward": {"min": 0.95, "max": 1.0}})
+    state, run_dir = run_flow(tmp_path, spec)
+    assert state.is_failed()
+    assert "pilot_mean_reward" in state.message and "needs min 0.95" in state.message
+    gate = [r for r in read_rows("gate_report", run_dir / "gate" / "gate_report.parquet") if r["metric"] == "pilot_mean_reward"]
+    failed = [r for r in gate if not r["passed"]]
+    assert len(failed) == 1 and failed[0]["op"] == "min" and failed[0]["value"] < 0.95
+    # Nothing after the gate ran.
+    assert not (run_dir / "feasibility").exists()
+    assert not (run_dir / "train").exists()
+    assert not (run_dir / "decision").exists()
+
+
+def test_preflight_catches_a_broken_estimator(prefect_harness, tmp_path, repo_root, tiny_model_dir, monkeypatch):
+    import tasks.preflight
+    from rl.estimators import KernelAdvantages, gs1_kernel_step
+
+    def broken_gs1_kernel_step(rewards_B, features_B_F, *args, **kw):
+        # A classic bug: the baseline keeps rollout i's own reward in its mean.
+        good = gs1_kernel_step(rewards_B, features_B_F, *args, **kw)
+        n = len(rewards_B)
+        baseline = (good.baseline * (n - 1) + np.asarray(rewards_B)) / n
+        return KernelAdvantages(baseline, np.asarray(rewards_B) - baseline, good.kernel_mass, good.effective_neighbors, good.fallback)
+
+    monkeypatch.setattr(tasks.preflight, "gs1_kernel_step", broken_gs1_kernel_step)
+    state, run_dir = run_flow(tmp_path, flow_spec(repo_root, tiny_model_dir))
+    assert state.is_failed()
+    assert "correctness_preflight" in state.message and "reference_advantage" in state.message
+    assert not (run_dir / "pilot").exists()
