@@ -121,10 +121,12 @@ def compare_arrays(name: str, ours, reference, *, atol: float, rtol: float, min_
     details["max_excess_over_tolerance"] = float(np.max(excess)) if a.size else 0.0
     passed = finite and bool(np.all(excess <= 0))
     if min_cosine is not None:
+        # A zero gradient on either side makes the comparison vacuous: that fails, it never passes.
         na, nb = np.linalg.norm(a), np.linalg.norm(b)
-        cosine = float(a @ b / (na * nb)) if na > 0 and nb > 0 else (1.0 if na == nb == 0 else 0.0)
+        cosine = float(a @ b / (na * nb)) if na > 0 and nb > 0 else float("nan")
         details["cosine"] = cosine
         details["min_cosine"] = min_cosine
+        details["norm"] = float(nb)
         passed = passed and cosine >= min_cosine
     return Comparison(name, passed, details)
 
@@ -186,3 +188,23 @@ def fixed_batch(sampling_client, *, env, renderer, problems, num_samples: int, m
             rollouts.append(Rollout(prompt, tokens, list(sequence.logprobs or []), float(env.reward(renderer, problem, tokens)), p))
             mean_logprobs.append(mean_lp)
     return rollouts, mean_logprobs
+
+
+def with_varied_rewards(rollouts: Sequence[Rollout], seed: int = 0) -> tuple[list[Rollout], str]:
+    """The batch itself when its rewards vary within some group; else seeded 0/1 rewards.
+
+    The preflight compares code paths, not the policy: a batch whose every group has one reward
+    gives zero advantages, a zero loss and a zero gradient everywhere, and would compare nothing.
+    """
+    by_group: dict[int, set] = {}
+    for r in rollouts:
+        by_group.setdefault(r.group_id, set()).add(r.reward)
+    if any(len(v) > 1 for v in by_group.values()):
+        return list(rollouts), "env"
+    rng = np.random.default_rng(seed)
+    rewards = rng.integers(0, 2, size=len(rollouts)).astype(float)
+    for gid in by_group:  # make every group hold both rewards
+        idx = [i for i, r in enumerate(rollouts) if r.group_id == gid]
+        if len(idx) > 1:
+            rewards[idx[0]], rewards[idx[1]] = 0.0, 1.0
+    return [Rollout(r.prompt, r.tokens, r.logprobs, float(x), r.group_id) for r, x in zip(rollouts, rewards)], "seeded (env rewards had no variation)"

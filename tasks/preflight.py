@@ -19,7 +19,7 @@ from rl.estimators import gs1_kernel_step, kernel_params
 from rl.kernels import prompt_features
 from rl.preflight import (
     Comparison, compare_arrays, compare_loss_and_gradient, cookbook_grpo_datums, cookbook_revision, fixed_batch,
-    loop_datums, loop_grpo_advantages, module_revision, probe,
+    loop_datums, loop_grpo_advantages, module_revision, probe, with_varied_rewards,
 )  # fmt: skip
 from schemas.io import write_json_atomic
 from tasks.arms import arm_config, open_arm
@@ -47,6 +47,7 @@ def correctness_preflight(arms: list[dict], run: dict, preflight: dict, run_dir:
         client.save_weights_and_get_sampling_client(), env=env, renderer=renderer, problems=problems,
         num_samples=FIXED_SAMPLES, max_tokens=baseline.max_tokens, temperature=baseline.temperature,
     )  # fmt: skip
+    rollouts, rewards_source = with_varied_rewards(rollouts)
     results: list[Comparison] = []
 
     # (a) production gs1_kernel vs the independent reference, on this batch as one step.
@@ -90,7 +91,8 @@ def correctness_preflight(arms: list[dict], run: dict, preflight: dict, run_dir:
     record = {
         "revisions": {"baseline_revision": cookbook_revision(), "reference_revision": module_revision(reference_gs1)},
         "backend": backend,
-        "fixed_batch": {"prompts": [p.id for p in problems], "samples_per_prompt": FIXED_SAMPLES},
+        "fixed_batch": {"prompts": [p.id for p in problems], "samples_per_prompt": FIXED_SAMPLES,
+                        "rewards": [r.reward for r in rollouts], "rewards_source": rewards_source},
         "checks": [{"name": r.name, "passed": r.passed, **r.details} for r in results],
     }
     write_json_atomic(out / "record.json", json.loads(json.dumps(record, default=float)))

@@ -1,7 +1,7 @@
 """reasoning-gym generators as envs: offline, deterministic, verifiable benchmarks for transfer.
 
 Each env wraps one `reasoning_gym` procedural generator. Train problems are the generator's first
-`n_train` items at `seed`; test problems are items at a different seed (`seed + 1_000_003`) whose
+`n_train` items at `seed` (default 2048; countdown 512, its generator is slow); test problems are items at a different seed (`seed + 1_000_003`) whose
 question does not occur in train, the first `n_test` of them. Both are fixed by the seed.
 
 Prompt: reasoning-gym's own "default" system prompt (think step by step, final answer inside
@@ -30,6 +30,8 @@ REASONING_GYM_ENVS: dict[str, tuple[str, dict]] = {
     "rg_lcm": ("lcm", {}),
 }
 TEST_SEED_OFFSET = 1_000_003
+# countdown's generator searches for a solvable target (~25 ms an item): a smaller default train set
+DEFAULT_N_TRAIN = {"countdown": 512}
 
 
 def _system_prompt() -> str:
@@ -72,7 +74,14 @@ class ReasoningGymEnv(CookbookProblemEnv):
     """One reasoning-gym generator behind the project's Env interface (module docstring)."""
 
     def __init__(
-        self, name: str, data_dir=None, *, seed: int = 0, n_train: int = 2048, n_test: int = 256, config: dict | None = None
+        self,
+        name: str,
+        data_dir=None,
+        *,
+        seed: int = 0,
+        n_train: int | None = None,
+        n_test: int = 256,
+        config: dict | None = None,
     ):
         super().__init__()  # data_dir: accepted for a uniform get_env signature; nothing to read
         if name not in REASONING_GYM_ENVS:
@@ -80,9 +89,11 @@ class ReasoningGymEnv(CookbookProblemEnv):
         self.name = name
         self.generator, default_config = REASONING_GYM_ENVS[name]
         self.config = {**default_config, **(config or {})}
+        n_train = DEFAULT_N_TRAIN.get(self.generator, 2048) if n_train is None else n_train
         self.seed, self.n_train, self.n_test = int(seed), int(n_train), int(n_test)
         self._entries: dict[str, dict] = {}
         self._datasets: dict[str, object] = {}
+        self._generated_items: dict[str, list[dict]] = {}
 
     def _dataset(self, split: str):
         import reasoning_gym
@@ -98,11 +109,17 @@ class ReasoningGymEnv(CookbookProblemEnv):
                 raise UserError(f"{self.name}: bad generator config ({e})") from None
         return self._datasets[split]
 
+    def _generated(self, split: str) -> list[dict]:
+        if split not in self._generated_items:
+            ds = self._dataset(split)
+            self._generated_items[split] = [ds[i] for i in range(len(ds))]
+        return self._generated_items[split]
+
     def _load_split(self, split: str) -> list[Problem]:
-        ds = self._dataset(split)
-        entries = [ds[i] for i in range(len(ds))]
+        # (never self._split(...) here: the base class holds its lock while loading a split)
+        entries = self._generated(split)
         if split == "test":
-            train_questions = {p.question for p in self._split("train")}
+            train_questions = {e["question"] for e in self._generated("train")}
             entries = [e for e in entries if e["question"] not in train_questions][: self.n_test]
         problems = []
         for i, entry in enumerate(entries):

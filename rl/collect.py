@@ -1,0 +1,211 @@
+"""Rollout logs for the kernel hill-climb: N prompts x K samples, every candidate feature per rollout.
+
+Pure collection over the backend surface (docs/contracts.md): a sampling client's `sample` and
+`compute_logprobs`, futures everywhere. Per chunk of prompts, every request (K samples, the prompt
+logprobs, the value-signal logprobs) is submitted before any is awaited, so the local engine runs
+each chunk as one batch and a hosted service sees them all in flight.
+
+Per rollout (one Parquet row, `rollout_log_table`):
+- `prompt_id`, `sample_idx`, `reward` (the env's training reward), `stop_reason`, `response`
+- `prompt_num_tokens`; `prompt_mean_logprob`: mean sampler logprob over prompt tokens 2..n
+- `response_num_tokens` (action-dependent: logged, never a kernel feature)
+- `value_easy_logprob`: the policy's cheap value signal, the mean logprob of the fixed assistant
+  continuation VALUE_CONTINUATION right after the prompt ("is this easy?" as the model sees it)
+- `emb_0..emb_{d-1}`: the prompt embedding, the mean over prompt tokens of the model's last hidden
+  state. Only the local backend exposes hidden states: the embedding is computed from the local
+  engine's own torch model (base weights, on its worker thread) and the Parquet metadata says so;
+  with other backends the columns are absent.
+Metadata (`gs1.*` keys): env, model, backend, renderer, sampling settings, value continuation,
+embedding source.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pyarrow as pa
+from tinker import types
+
+VALUE_CONTINUATION = "This is easy."
+MIN_K = 8
+
+
+@dataclass(frozen=True)
+class CollectSettings:
+    env: str
+    n_prompts: int
+    k: int
+    base_model: str
+    backend: str = "local"
+    base_model_path: str | None = None
+    renderer: str = ""
+    split: str = "train"
+    seed: int = 0
+    max_tokens: int = 256
+    temperature: float = 1.0
+    chunk_prompts: int = 32  # prompts whose requests are in flight together
+
+
+def mean_prompt_logprob(logprobs: Sequence[float | None]) -> float:
+    """Mean over prompt tokens 2..n (the first entry has no logprob and is None)."""
+    vals = [float(x) for x in logprobs[1:] if x is not None]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def continuation_logprob(logprobs: Sequence[float | None], n_continuation: int) -> float:
+    """Mean logprob of the last `n_continuation` tokens of a scored sequence."""
+    tail = [float(x) for x in logprobs[-n_continuation:] if x is not None]
+    return float(np.mean(tail)) if tail else float("nan")
+
+
+def local_prompt_embedder(sampling_client) -> Callable[[list[list[int]]], np.ndarray] | None:
+    """Mean-pooled last hidden state from the local engine's own model, or None off the local backend.
+
+    Runs on the engine's worker thread (which owns the model) with the sampling client's weights
+    swapped in, one prompt at a time so padding never enters the mean.
+    """
+    engine = getattr(sampling_client, "_engine", None)
+    snapshot = getattr(sampling_client, "_snapshot", None)
+    if engine is None or snapshot is None or not hasattr(engine, "run_with"):
+        return None
+    import torch
+
+    def embed_all(prompts_P: list[list[int]]) -> np.ndarray:
+        def run():
+            out = []
+            with torch.no_grad():
+                for ids in prompts_P:
+                    x = torch.tensor([ids], device=engine.device)
+                    h = engine.model(input_ids=x, output_hidden_states=True).hidden_states[-1][0]
+                    out.append(h.float().mean(dim=0).cpu().numpy().astype(np.float64))
+            return np.stack(out)
+
+        return engine.worker.submit_raw(lambda: engine.run_with(snapshot, run)).result()
+
+    return embed_all
+
+
+def collect_rollouts(
+    sampling_client,
+    env,
+    renderer,
+    problems: Sequence,
+    k: int,
+    sampling_params: types.SamplingParams,
+    tokenizer,
+    embedder: Callable[[list[list[int]]], np.ndarray] | None = None,
+    chunk_prompts: int = 32,
+) -> list[dict]:
+    """One dict per rollout (module docstring), prompts in the given order, K samples each."""
+    cont_tokens = tokenizer.encode(VALUE_CONTINUATION, add_special_tokens=False)
+    rows: list[dict] = []
+    for lo in range(0, len(problems), chunk_prompts):
+        chunk = list(problems[lo : lo + chunk_prompts])
+        prompts_P = [env.build_prompt(renderer, p) for p in chunk]
+        # every request of the chunk in flight before any is awaited
+        sample_futures_P = [sampling_client.sample(m, k, sampling_params) for m in prompts_P]
+        prompt_lp_futures_P = [sampling_client.compute_logprobs(m) for m in prompts_P]
+        value_lp_futures_P = [
+            sampling_client.compute_logprobs(types.ModelInput.from_ints(m.to_ints() + list(cont_tokens)))
+            for m in prompts_P
+        ]
+        tokens_P = [m.to_ints() for m in prompts_P]
+        emb_P_d = embedder(tokens_P) if embedder is not None else None
+        for i, (problem, prompt) in enumerate(zip(chunk, prompts_P)):
+            response = sample_futures_P[i].result()
+            prompt_lp = mean_prompt_logprob(prompt_lp_futures_P[i].result())
+            value_lp = continuation_logprob(value_lp_futures_P[i].result(), len(cont_tokens))
+            for s, seq in enumerate(response.sequences):
+                tokens = list(seq.tokens)
+                row = {
+                    "prompt_id": problem.id,
+                    "sample_idx": s,
+                    "reward": float(env.reward(renderer, problem, tokens)),
+                    "prompt_num_tokens": prompt.length,
+                    "prompt_mean_logprob": prompt_lp,
+                    "response_num_tokens": len(tokens),
+                    "stop_reason": str(seq.stop_reason),
+                    "value_easy_logprob": value_lp,
+                    "response": tokenizer.decode(tokens),
+                }
+                if emb_P_d is not None:
+                    row.update({f"emb_{c}": float(v) for c, v in enumerate(emb_P_d[i])})
+                rows.append(row)
+    return rows
+
+
+def rollout_log_table(rows: list[dict], settings: CollectSettings, embedding_source: str) -> pa.Table:
+    """The rows as a Parquet-ready table with the settings in its schema metadata."""
+    table = pa.Table.from_pylist(rows)
+    types_ = {"sample_idx": pa.int32(), "prompt_num_tokens": pa.int32(), "response_num_tokens": pa.int32()}
+    for name, t in types_.items():
+        table = table.set_column(table.column_names.index(name), name, table.column(name).cast(t))
+    meta = {
+        "gs1.env": settings.env,
+        "gs1.base_model": settings.base_model,
+        "gs1.base_model_path": settings.base_model_path or "",
+        "gs1.backend": settings.backend,
+        "gs1.renderer": settings.renderer,
+        "gs1.sampling": json.dumps(
+            {"temperature": settings.temperature, "max_tokens": settings.max_tokens, "k": settings.k, "seed": settings.seed}
+        ),
+        "gs1.settings": json.dumps(asdict(settings), sort_keys=True),
+        "gs1.value_continuation": VALUE_CONTINUATION,
+        "gs1.embedding": embedding_source,
+    }
+    return table.replace_schema_metadata(meta)
+
+
+def pick_problems(env, split: str, n_prompts: int, seed: int) -> list:
+    """The first `n_prompts` of the seed-shuffled train order (or of the test split in file order)."""
+    problems = env.train_order(seed) if split == "train" else env.test_problems()
+    return problems[:n_prompts]
+
+
+def make_env(name: str, data_dir=None):
+    """`rl.envs.get_env`, plus the reasoning-gym envs until they are registered there."""
+    from rl.envs.reasoning_gym_env import REASONING_GYM_ENVS, make_reasoning_gym_env
+
+    if name in REASONING_GYM_ENVS:
+        return make_reasoning_gym_env(name, data_dir)
+    from rl.envs import get_env
+
+    return get_env(name, data_dir)
+
+
+def run_collection(settings: CollectSettings, service=None, data_dir=None, embed: bool = True) -> pa.Table:
+    """Build the env, renderer and sampling client for `settings`, collect, and return the table.
+
+    `service`: a backend service client (`rl.backends.make_service_client`); built from
+    `settings.backend` when None.
+    """
+    from tinker_cookbook import renderers
+
+    from gs1.errors import UserError
+
+    if settings.k < MIN_K:
+        raise UserError(f"--k must be at least {MIN_K} (got {settings.k})")
+    if settings.n_prompts < 1:
+        raise UserError("--n-prompts must be at least 1")
+    env = make_env(settings.env, data_dir)
+    problems = pick_problems(env, settings.split, settings.n_prompts, settings.seed)
+    if len(problems) < settings.n_prompts:
+        raise UserError(f"{settings.env}/{settings.split} has only {len(problems)} problems")
+    if service is None:
+        from rl.backends import make_service_client
+
+        service = make_service_client(settings.backend)
+    sampler = service.create_sampling_client(base_model=settings.base_model_path or settings.base_model).result()
+    tokenizer = sampler.get_tokenizer()
+    renderer = renderers.get_renderer(settings.renderer, tokenizer)
+    embedder = local_prompt_embedder(sampler) if embed else None
+    params = types.SamplingParams(
+        max_tokens=settings.max_tokens, temperature=settings.temperature, stop=env.stop_sequences(renderer)
+    )
+    rows = collect_rollouts(sampler, env, renderer, problems, settings.k, params, tokenizer, embedder,
+                            settings.chunk_prompts)
+    source = "mean-pooled last hidden state of the local engine's model (sampler weights)" if embedder else "none"
+    return rollout_log_table(rows, settings, source)

@@ -1,0 +1,249 @@
+"""Artifacts of the hill-climb and the transfer matrix: Parquet tables, markdown, PNG plots, JSON.
+
+Every file is written atomically (temp file + rename) through schemas.io or `_atomic_png`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from rl.hillclimb import HillclimbReport, KernelRecipe, TransferReport
+from schemas.io import write_json_atomic, write_parquet_atomic, write_text_atomic
+
+CANDIDATES_SCHEMA = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("family", pa.string()),
+        ("features", pa.list_(pa.string())),
+        ("scales", pa.list_(pa.float64())),
+        ("bandwidth", pa.float64()),
+        ("window", pa.int32()),
+        ("min_mass", pa.float64()),
+        ("label", pa.string()),
+        ("g_eff", pa.float64()),
+        ("mse", pa.float64()),
+        ("bias", pa.float64()),
+        ("corr", pa.float64()),
+        ("kish_p10", pa.float64()),
+    ]
+)
+
+
+def candidates_table(report: HillclimbReport) -> pa.Table:
+    """Every scored candidate in search order, with its search-split metrics."""
+    rows = []
+    for i, c in enumerate(report.search.candidates):
+        r: KernelRecipe = c["recipe"]
+        rows.append(
+            {
+                "rank": i,
+                "family": r.family,
+                "features": list(r.features),
+                "scales": None if r.scales is None else list(r.scales),
+                "bandwidth": r.bandwidth,
+                "window": r.window,
+                "min_mass": r.min_mass,
+                "label": r.label(),
+                **{k: c[k] for k in ("g_eff", "mse", "bias", "corr", "kish_p10")},
+            }
+        )
+    return pa.Table.from_pylist(rows, schema=CANDIDATES_SCHEMA)
+
+
+def _fmt(x) -> str:
+    if isinstance(x, str):
+        return x
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    return f"{x:.3f}" if abs(x) < 100 else f"{x:.1f}"
+
+
+def _md_table(header: list[str], rows: list[list]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def summary_markdown(report: HillclimbReport) -> str:
+    cols = ["method", "recipe", "G_eff (eval)", "G_eff (search)", "Kish p10", "bias", "corr(b, p)", "n"]
+    rows = [
+        [r["method"], r["recipe"] or "-", r["eval_g_eff"], r["search_g_eff"], r["eval_kish_p10"], r["eval_bias"],
+         r["eval_corr"], r["eval_n"]]
+        for r in report.summary_rows
+    ]
+    s = report.search
+    return "\n".join(
+        [
+            f"# Kernel hill-climb: {report.log_name}",
+            "",
+            f"Seed {report.seed}; batch {report.batch_size}, spec window {report.window}; prompts "
+            f"{report.n_prompts['search']} search / {report.n_prompts['eval']} eval (split by a seeded hash of the "
+            f"prompt id; the search never scores the eval half). {len(s.candidates)} candidates in "
+            f"{s.seconds:.1f} s ({60 * len(s.candidates) / max(s.seconds, 1e-9):.0f}/min).",
+            "",
+            "G_eff = mean per-prompt reward variance / noise-corrected mean (b - p)^2, with p from the prompt's "
+            "samples other than the drawn one (rl/geff.py). GRPO rows: the mean of G samples of the prompt, "
+            "judged against its remaining samples. Bias = mean(b - p); corr = Pearson(b, p).",
+            "",
+            _md_table(cols, rows),
+            "",
+            "Winning kernel (spec fragment for the gs1_kernel arm, `kernel.json`):",
+            "",
+            "```json",
+            json.dumps(report.winner.to_fragment(), indent=2),
+            "```",
+            "",
+        ]
+    )
+
+
+def _atomic_png(fig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def plot_sweep(report: HillclimbReport, path: Path) -> None:
+    """G_eff against bandwidth (k for knn, lambda for ridge) per family, with reference lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = list(dict.fromkeys(r["family"] for r in report.sweep_rows))
+    fig, axes = plt.subplots(1, max(len(families), 1), figsize=(4.2 * max(len(families), 1), 3.6), squeeze=False)
+    refs = {r["method"]: r["eval_g_eff"] for r in report.summary_rows}
+    for ax, fam in zip(axes[0], families):
+        pts = [r for r in report.sweep_rows if r["family"] == fam]
+        x = [r["bandwidth"] for r in pts]
+        ax.plot(x, [r["eval_g_eff"] for r in pts], "o-", label="eval")
+        ax.plot(x, [r["search_g_eff"] for r in pts], "s--", alpha=0.6, label="search")
+        for name, style in (("grpo_8", ":"), ("grpo_4", ":"), ("spec_kernel", "-."), ("batch_mean", "--")):
+            v = refs.get(name)
+            if v is not None and np.isfinite(v):
+                ax.axhline(v, ls=style, color="gray", lw=0.8)
+                ax.annotate(name, (x[0], v), fontsize=7, color="gray", va="bottom")
+        ax.set_xscale("log")
+        ax.set_xlabel({"knn": "k", "ridge": "lambda"}.get(fam, "bandwidth h"))
+        ax.set_ylabel("G_eff")
+        ax.set_title(f"{fam}: {pts[0]['recipe'].split(']')[0]}]" if pts else fam, fontsize=8)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"G_eff vs bandwidth: {report.log_name}", fontsize=10)
+    _atomic_png(fig, path)
+    plt.close(fig)
+
+
+def write_hillclimb(report: HillclimbReport, out_dir: str | Path) -> dict[str, Path]:
+    out = Path(out_dir)
+    paths = {
+        "candidates": out / "candidates.parquet",
+        "summary": out / "summary.parquet",
+        "sweep": out / "sweep.parquet",
+        "markdown": out / "summary.md",
+        "plot": out / "geff_vs_bandwidth.png",
+        "kernel": out / "kernel.json",
+    }
+    write_parquet_atomic(candidates_table(report), paths["candidates"])
+    write_parquet_atomic(pa.Table.from_pylist(report.summary_rows), paths["summary"])
+    write_parquet_atomic(pa.Table.from_pylist(report.sweep_rows) if report.sweep_rows else pa.table({}), paths["sweep"])
+    write_text_atomic(paths["markdown"], summary_markdown(report))
+    plot_sweep(report, paths["plot"])
+    write_json_atomic(paths["kernel"], report.winner.to_fragment())
+    return paths
+
+
+def transfer_rows(tr: TransferReport) -> list[dict]:
+    rows = []
+    for i, row in enumerate(tr.names):
+        for j, col in enumerate(tr.names):
+            rows.append(
+                {
+                    "tuned_on": row,
+                    "applied_to": col,
+                    "recipe": tr.winners[i].label(),
+                    "g_eff": float(tr.g_eff[i, j]),
+                    "column_own_best": float(tr.own_best[j]),
+                    "column_spec_kernel": float(tr.spec_kernel[j]),
+                    "column_batch_mean": float(tr.batch_mean[j]),
+                }
+            )
+    return rows
+
+
+def transfer_markdown(tr: TransferReport) -> str:
+    header = ["tuned on \\ applied to"] + tr.names
+    rows = [[tr.names[i]] + [float(v) for v in tr.g_eff[i]] for i in range(len(tr.names))]
+    rows.append(["(column's own best)"] + [float(v) for v in tr.own_best])
+    rows.append(["(spec kernel)"] + [float(v) for v in tr.spec_kernel])
+    rows.append(["(batch mean)"] + [float(v) for v in tr.batch_mean])
+    winners = "\n".join(f"- {n}: `{w.label()}`" for n, w in zip(tr.names, tr.winners))
+    return "\n".join(
+        [
+            "# Kernel transfer matrix (G_eff on each column's eval split)",
+            "",
+            "Each row's winning recipe (found on the row's search split) applied to each column's eval split; "
+            "the recipe transfers, not fitted numbers (z-scores are per window; ridge refits on earlier "
+            "windows). n/a: the column lacks a feature the recipe uses.",
+            "",
+            _md_table(header, rows),
+            "",
+            "Winners:",
+            "",
+            winners,
+            "",
+        ]
+    )
+
+
+def plot_transfer(tr: TransferReport, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(tr.names)
+    mat = np.vstack([tr.g_eff, tr.own_best[None, :]])
+    fig, ax = plt.subplots(figsize=(1.4 * n + 2.5, 1.1 * (n + 1) + 1.2))
+    im = ax.imshow(np.where(np.isfinite(mat), mat, np.nan), cmap="viridis")
+    ax.set_xticks(range(n), tr.names, rotation=30, ha="right")
+    ax.set_yticks(range(n + 1), [*tr.names, "own best"])
+    ax.set_xlabel("applied to (eval split)")
+    ax.set_ylabel("tuned on")
+    for i in range(n + 1):
+        for j in range(n):
+            ax.text(j, i, _fmt(float(mat[i, j])), ha="center", va="center", color="w", fontsize=8)
+    fig.colorbar(im, ax=ax, label="G_eff")
+    ax.set_title("Kernel transfer: G_eff")
+    _atomic_png(fig, path)
+    plt.close(fig)
+
+
+def write_transfer(tr: TransferReport, out_dir: str | Path) -> dict[str, Path]:
+    out = Path(out_dir)
+    paths = {
+        "transfer": out / "transfer.parquet",
+        "markdown": out / "transfer.md",
+        "plot": out / "transfer.png",
+    }
+    for name, rep in zip(tr.names, tr.reports):
+        write_hillclimb(rep, out / name)
+    write_parquet_atomic(pa.Table.from_pylist(transfer_rows(tr)), paths["transfer"])
+    write_text_atomic(paths["markdown"], transfer_markdown(tr))
+    plot_transfer(tr, paths["plot"])
+    return paths

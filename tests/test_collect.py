@@ -1,0 +1,161 @@
+"""Rollout-log collection (rl/collect.py) over a Fake sampling client, and the reasoning-gym envs."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from tinker import types
+
+from gs1.errors import UserError
+from rl import collect
+from rl.envs.reasoning_gym_env import REASONING_GYM_ENVS, make_reasoning_gym_env
+from rl.hillclimb_data import load_log
+from schemas.io import write_parquet_atomic
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from fixtures.qwen_tokenizer import build_qwen_tokenizer
+
+    return build_qwen_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def renderer(tokenizer):
+    from tinker_cookbook import renderers
+
+    return renderers.get_renderer("qwen3_instruct", tokenizer)
+
+
+class _Done:
+    def __init__(self, value):
+        self._f = Future()
+        self._f.set_result(value)
+
+    def result(self):
+        return self._f.result()
+
+
+class FakeSamplingClient:
+    """Answers with the right answer for even sample indices, a wrong one for odd; records order."""
+
+    def __init__(self, tokenizer, env):
+        self.tok, self.env = tokenizer, env
+        self.calls: list[str] = []
+        self.answers: dict[tuple, str] = {}
+        self.awaited_before_all_submitted = False
+
+    def sample(self, prompt, num_samples, sampling_params, include_prompt_logprobs=False):
+        self.calls.append("sample")
+        text = self.tok.decode(prompt.to_ints())
+        problem = next(p for p in self._problems if p.question in text)
+        seqs = []
+        for s in range(num_samples):
+            ans = problem.answer if s % 2 == 0 else "wrong"
+            toks = self.tok.encode(f"<answer>{ans}</answer><|im_end|>", add_special_tokens=False)
+            seqs.append(
+                types.SampledSequence(
+                    stop_reason="stop", sequence_id=f"fake-{s}", tokens_np=np.array(toks), logprobs_np=np.full(len(toks), -0.5)
+                )
+            )
+        return _Done(types.SampleResponse(sequences=seqs))
+
+    def compute_logprobs(self, prompt):
+        self.calls.append("logprobs")
+        n = prompt.length
+        return _Done([None] + [-(i % 3) - 0.25 for i in range(1, n)])
+
+
+def test_collect_rows_features_and_metadata(tokenizer, renderer, tmp_path):
+    env = make_reasoning_gym_env("rg_chain_sum", n_train=40, n_test=8)
+    problems = collect.pick_problems(env, "train", 10, seed=0)
+    fake = FakeSamplingClient(tokenizer, env)
+    fake._problems = problems
+    emb_calls = []
+
+    def FakeEmbedder(prompts):
+        emb_calls.append(len(prompts))
+        return np.array([[len(p), 1.0, -float(len(p))] for p in prompts])
+
+    rows = collect.collect_rollouts(
+        fake, env, renderer, problems, 8, types.SamplingParams(max_tokens=16), tokenizer, FakeEmbedder, chunk_prompts=4
+    )
+    assert len(rows) == 80
+    # per chunk: all sample and logprob requests are submitted before results are read
+    assert fake.calls[:12] == ["sample"] * 4 + ["logprobs"] * 8
+    assert emb_calls == [4, 4, 2]
+    r = np.array([row["reward"] for row in rows])
+    np.testing.assert_array_equal(r, np.tile([1.0, 0.0], 40))
+    first = rows[0]
+    n = first["prompt_num_tokens"]
+    assert n == env.build_prompt(renderer, problems[0]).length
+    expected = np.mean([-(i % 3) - 0.25 for i in range(1, n)])
+    assert first["prompt_mean_logprob"] == pytest.approx(expected, rel=1e-12)
+    cont = tokenizer.encode(collect.VALUE_CONTINUATION, add_special_tokens=False)
+    m = n + len(cont)
+    assert first["value_easy_logprob"] == pytest.approx(np.mean([-(i % 3) - 0.25 for i in range(m - len(cont), m)]))
+    assert first["emb_0"] == n and first["emb_2"] == -n
+    assert {row["sample_idx"] for row in rows} == set(range(8))
+
+    settings = collect.CollectSettings(env="rg_chain_sum", n_prompts=10, k=8, base_model="fake", renderer="qwen3_instruct")
+    table = collect.rollout_log_table(rows, settings, "FakeEmbedder")
+    path = write_parquet_atomic(table, tmp_path / "log.parquet")
+    meta = pq.read_table(path).schema.metadata
+    assert meta[b"gs1.env"] == b"rg_chain_sum" and meta[b"gs1.embedding"] == b"FakeEmbedder"
+    assert b'"k": 8' in meta[b"gs1.sampling"]
+    # the log is what the hill-climb reads
+    log = load_log(path)
+    assert set(log.features) == {"log_prompt_num_tokens", "prompt_mean_logprob", "value_easy_logprob", "embedding"}
+    assert log.rewards_P_K.shape == (10, 8)
+
+
+def test_logprob_helpers():
+    assert collect.mean_prompt_logprob([None, -1.0, -3.0]) == -2.0
+    assert collect.continuation_logprob([None, -9.0, -1.0, -2.0], 2) == -1.5
+
+
+def test_run_collection_rejects_small_k():
+    s = collect.CollectSettings(env="rg_chain_sum", n_prompts=4, k=4, base_model="x")
+    with pytest.raises(UserError, match="at least 8"):
+        collect.run_collection(s, service=object())
+
+
+@pytest.mark.parametrize("name", [n for n in REASONING_GYM_ENVS if n != "rg_countdown"])
+def test_reasoning_gym_env(name, tokenizer, renderer):
+    env = make_reasoning_gym_env(name, n_train=60, n_test=20)
+    again = make_reasoning_gym_env(name, n_train=60, n_test=20)
+    train, test = env.train_problems(), env.test_problems()
+    assert len(train) == 60 and len(test) == 20
+    assert train == again.train_problems() and test == again.test_problems()  # deterministic
+    assert not {p.question for p in train} & {p.question for p in test}
+    assert [p.id for p in env.train_order(0)] == [p.id for p in again.train_order(0)]
+    p = train[5]
+    assert p.id == f"{name}/train/5"
+    text = tokenizer.decode(env.build_prompt(renderer, p).to_ints())
+    assert p.question in text and "<answer>" in text
+    good = tokenizer.encode(f"thinking... <answer>{p.answer}</answer><|im_end|>", add_special_tokens=False)
+    bad = tokenizer.encode("<answer>not it</answer><|im_end|>", add_special_tokens=False)
+    none = tokenizer.encode(f"{p.answer}<|im_end|>", add_special_tokens=False)
+    assert env.reward(renderer, p, good) == 1.0
+    assert env.reward(renderer, p, bad) == 0.0
+    assert env.reward(renderer, p, none) == 0.0
+    assert env.grade(renderer, p, good) == (True, p.answer)
+    assert env.grade(renderer, p, bad)[0] is False
+
+
+def test_countdown_partial_credit_is_the_generators_score(tokenizer, renderer):
+    env = make_reasoning_gym_env("rg_countdown", n_train=6, n_test=2)
+    p = env.train_problems()[0]
+    good = tokenizer.encode(f"<answer>{p.answer}</answer><|im_end|>", add_special_tokens=False)
+    bad = tokenizer.encode("<answer>1 + 1</answer><|im_end|>", add_special_tokens=False)
+    assert env.reward(renderer, p, good) == 1.0
+    ds_score = env.dataset_for(p).score_answer("1 + 1", env.entry(p))
+    assert env.reward(renderer, p, bad) == pytest.approx(ds_score)
+
+
+def test_unknown_reasoning_gym_env():
+    with pytest.raises(UserError):
+        make_reasoning_gym_env("rg_nope")
