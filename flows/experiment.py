@@ -1,7 +1,7 @@
 """The experiment flow: only wiring. Stages and what they write are in `tasks/`.
 
 validate spec -> correctness preflight -> offline unit checks -> pilot -> activation gate
--> [bandwidth calibration] -> feasibility -> full runs (arms in parallel) -> eval -> decision
+-> [bandwidth calibration] -> feasibility -> full runs (arms in parallel) -> eval -> decision -> report
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from tasks.arms import eval_items, pilot_rollouts, trained_arm
 from tasks.common import GateFailed
 from tasks.gates import activation_gate, feasibility, offline_unit_checks, paired_decision_record
 from tasks.preflight import correctness_preflight
+from tasks.report import run_report
 from tasks.spec import calibrated_plan, validated_plan
 
 # The spec's single pre-registered calibration: the other bandwidth of {0.5, 1.0}.
@@ -24,39 +25,43 @@ CALIBRATED_METRIC = "kernel_effective_neighbors_p10"
 @flow(name="gs1-experiment")
 def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: str | None = None) -> dict:
     """Run a pre-registered GS1-vs-baseline experiment end to end; returns the decision record."""
-    plan = validated_plan(spec_path, run_dir)
-    run = plan["run"]
-    correctness_preflight(plan["arms"], run, plan["preflight"], run_dir, backend, data_dir)
-    offline_unit_checks(run_dir)
-
-    pilot = pilot_rollouts(plan["arms"], plan["pilot"], run, run_dir, backend, data_dir)
     try:
-        activation_gate(plan["checks"], pilot["treatment"], pilot["baseline"], pilot["heldout"],
-                        plan["pilot"]["steps"], str(Path(run_dir) / "gate"))  # fmt: skip
-    except GateFailed as failed:
-        if CALIBRATED_METRIC not in {r["metric"] for r in failed.failing}:
-            raise
-        # Calibration: re-pilot with the other pre-registered bandwidth (the failed pilot's logs
-        # stay in pilot/), gate it, and record the revised spec before anything else runs.
-        treatment = next(a for a in plan["arms"] if a["name"] == run["treatment"])
-        bandwidth = next(h for h in CALIBRATION_BANDWIDTHS if h != treatment["kernel"]["bandwidth"])
-        pilot = pilot_rollouts(plan["arms"], plan["pilot"], run, run_dir, backend, data_dir,
-                               stage="calibration", bandwidth=bandwidth)  # fmt: skip
-        activation_gate(plan["checks"], pilot["treatment"], pilot["baseline"], pilot["heldout"],
-                        plan["pilot"]["steps"], str(Path(run_dir) / "calibration" / "gate"))  # fmt: skip
-        plan = calibrated_plan(plan, spec_path, bandwidth, run_dir)
+        plan = validated_plan(spec_path, run_dir)
+        run = plan["run"]
+        correctness_preflight(plan["arms"], run, plan["preflight"], run_dir, backend, data_dir)
+        offline_unit_checks(run_dir)
 
-    feasibility(pilot["timings"], plan["arms"][0]["steps"], plan["n_eval"], plan["budget"], backend,
-                str(Path(run_dir) / "feasibility"))  # fmt: skip
+        pilot = pilot_rollouts(plan["arms"], plan["pilot"], run, run_dir, backend, data_dir)
+        try:
+            activation_gate(plan["checks"], pilot["treatment"], pilot["baseline"], pilot["heldout"],
+                            plan["pilot"]["steps"], str(Path(run_dir) / "gate"))  # fmt: skip
+        except GateFailed as failed:
+            if CALIBRATED_METRIC not in {r["metric"] for r in failed.failing}:
+                raise
+            # Calibration: re-pilot with the other pre-registered bandwidth (the failed pilot's logs
+            # stay in pilot/), gate it, and record the revised spec before anything else runs.
+            treatment = next(a for a in plan["arms"] if a["name"] == run["treatment"])
+            bandwidth = next(h for h in CALIBRATION_BANDWIDTHS if h != treatment["kernel"]["bandwidth"])
+            pilot = pilot_rollouts(plan["arms"], plan["pilot"], run, run_dir, backend, data_dir,
+                                   stage="calibration", bandwidth=bandwidth)  # fmt: skip
+            activation_gate(plan["checks"], pilot["treatment"], pilot["baseline"], pilot["heldout"],
+                            plan["pilot"]["steps"], str(Path(run_dir) / "calibration" / "gate"))  # fmt: skip
+            plan = calibrated_plan(plan, spec_path, bandwidth, run_dir)
 
-    trained = {arm["name"]: trained_arm.submit(arm, run, run_dir, backend, data_dir) for arm in plan["arms"]}
-    evals = {
-        arm["name"]: eval_items.submit(trained[arm["name"]], arm, run, plan["n_eval"], run_dir, backend, data_dir)
-        for arm in plan["arms"]
-    }
-    evals = {name: future.result() for name, future in evals.items()}
-    decision = paired_decision_record(
-        evals[run["treatment"]]["jsonl"], evals[run["baseline"]]["jsonl"], plan["decision"],
-        {"treatment": run["treatment"], "baseline": run["baseline"]}, str(Path(run_dir) / "decision"),
-    )  # fmt: skip
+        feasibility(pilot["timings"], plan["arms"][0]["steps"], plan["n_eval"], plan["budget"], backend,
+                    str(Path(run_dir) / "feasibility"))  # fmt: skip
+
+        trained = {arm["name"]: trained_arm.submit(arm, run, run_dir, backend, data_dir) for arm in plan["arms"]}
+        evals = {
+            arm["name"]: eval_items.submit(trained[arm["name"]], arm, run, plan["n_eval"], run_dir, backend, data_dir)
+            for arm in plan["arms"]
+        }
+        evals = {name: future.result() for name, future in evals.items()}
+        decision = paired_decision_record(
+            evals[run["treatment"]]["jsonl"], evals[run["baseline"]]["jsonl"], plan["decision"],
+            {"treatment": run["treatment"], "baseline": run["baseline"]}, str(Path(run_dir) / "decision"),
+        )  # fmt: skip
+    finally:
+        # The report renders whatever ran, so a run stopped at a gate still gets its page.
+        run_report(run_dir, return_state=True)  # never masks the exception that ended the run
     return decision

@@ -132,9 +132,8 @@ def run_step(
     prompts_P = [env.build_prompt(renderer, problem) for problem in problems_P]
     stop = env.stop_sequences(renderer)
 
-    # Submit every request of the step before awaiting any: prompt logprobs (the kernel's
-    # feature, measured under the sampling policy before the rollout) and the rollouts.
-    prompt_logprob_futures_P = [sampling_client.compute_logprobs(prompt) for prompt in prompts_P]
+    # Submit every request of the step before awaiting any. Each request also returns its
+    # prompt's logprobs under the sampling policy: the kernel's feature, measured before the rollout.
     sample_futures_P = [
         sampling_client.sample(
             prompt=prompt,
@@ -145,6 +144,7 @@ def run_step(
                 stop=stop,
                 seed=sampling_seed(arm.seed, step, p),
             ),
+            include_prompt_logprobs=True,
         )
         for p, prompt in enumerate(prompts_P)
     ]
@@ -173,11 +173,10 @@ def run_step(
     tokens_B_T: list[list[int]] = []
     logprobs_B_T: list[list[float]] = []
     rows: dict[str, list] = {c: [] for c in ROLLOUT_COLUMNS}
-    for p, (problem, prompt, prompt_lp_future, sample_future) in enumerate(
-        zip(problems_P, prompts_P, prompt_logprob_futures_P, sample_futures_P)
-    ):
-        mean_lp = prompt_mean_logprob(prompt_lp_future.result())
-        for g, sequence in enumerate(sample_future.result().sequences):
+    for p, (problem, prompt, sample_future) in enumerate(zip(problems_P, prompts_P, sample_futures_P)):
+        response = sample_future.result()
+        mean_lp = prompt_mean_logprob(response.prompt_logprobs)
+        for g, sequence in enumerate(response.sequences):
             reward = float(env.reward(renderer, problem, list(sequence.tokens)))
             rewards_B.append(reward)
             group_ids_B.append(p)

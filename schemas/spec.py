@@ -369,6 +369,7 @@ class Dataset(Record):
     hf_path: str | None = None
     split: str | None = None
     n_examples: int | None = None  # training prompts drawn, in the seed-0 order
+    options: dict[str, Any] = Field(default_factory=dict)  # keyword options of the env (see rl/envs)
 
     @field_validator("name")
     @classmethod
@@ -376,6 +377,15 @@ class Dataset(Record):
         if v not in _env_names():
             raise ValueError(f"no env for dataset {v!r} (known: {', '.join(_env_names())})")
         return v
+
+    @model_validator(mode="after")
+    def _options(self):
+        from rl.envs import unknown_env_options
+
+        unknown = unknown_env_options(self.name, self.options) if self.name in _env_names() else []
+        if unknown:
+            raise ValueError(f"options {', '.join(unknown)} are not options of env {self.name!r}")
+        return self
 
     @field_validator("n_examples")
     @classmethod
@@ -888,3 +898,51 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
     return parse_spec(data, str(path))
+
+
+class SpecOverrides(BaseModel):
+    """Changes a run started from the UI may make to a spec file; each one changes the spec's hash.
+
+    Overriding is a revision of the pre-registered spec, not a hidden knob: the revised spec is
+    written in full (with an `overrides` record) and the run directory is named by its hash.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    title: str | None = Field(None, description="A new title (the run directory is named by it)")
+    steps: int | None = Field(None, gt=0, description="Training steps per arm")
+    n_eval: int | None = Field(None, gt=0, description="Eval items (the first n of the test split)")
+    lr: float | None = Field(None, gt=0, description="Learning rate of every arm")
+    bandwidth: float | None = Field(None, gt=0, description="Kernel bandwidth of the kernel arms")
+    base_model: str | None = Field(None, description="Model id (hub id or local directory)")
+    base_model_path: str | None = Field(None, description="Where the local engine loads weights from")
+
+    def is_empty(self) -> bool:
+        return not self.model_dump(exclude_none=True)
+
+
+def apply_overrides(spec_json: dict, overrides: SpecOverrides) -> dict:
+    """The spec JSON with `overrides` applied and recorded; validated like any spec."""
+    changes = overrides.model_dump(exclude_none=True)
+    out = json.loads(json.dumps(spec_json))
+    for key in ("title", "steps", "base_model", "base_model_path"):
+        if key in changes:
+            out[key] = changes[key]
+    if "n_eval" in changes:
+        out.setdefault("eval", {})["n_examples"] = changes["n_eval"]
+    for arm in out.get("arms", []):
+        if "lr" in changes:
+            arm["lr"] = changes["lr"]
+        if "bandwidth" in changes and arm.get("advantage") == "kernel_cross_prompt_baseline":
+            arm["kernel"] = {**(arm.get("kernel") or {}), "bandwidth": changes["bandwidth"]}
+    if "lr" in changes and isinstance(out.get("optimizer"), dict):
+        out["optimizer"]["lr"] = changes["lr"]
+    effective = (out.get("feasibility") or {}).get("effective_config")
+    if isinstance(effective, dict):  # keep the feasibility record consistent with the revision
+        for key, value in (("steps", changes.get("steps")), ("n_eval", changes.get("n_eval")), ("base_model", changes.get("base_model"))):
+            if value is not None and key in effective:
+                effective[key] = value
+    if changes:
+        out.setdefault("overrides", []).append(changes)
+    parse_spec(out, source="spec with overrides")
+    return out

@@ -7,6 +7,7 @@ resumes from its last checkpoint when the stage is run again after a crash.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -20,6 +21,10 @@ from rl.loop import ArmConfig, HeldoutRequest, StepLog, eval_rows, new_window, t
 from schemas.artifacts import read_artifact, write_artifact
 from schemas.io import write_json_atomic, write_jsonl_atomic
 from tasks.common import service_client, stage_cache
+
+
+def env_for(run: dict, data_dir: str | None):
+    return get_env(run["env"], data_dir=data_dir, **run.get("env_options", {}))
 
 
 def arm_config(arm: dict, **overrides) -> ArmConfig:
@@ -74,28 +79,36 @@ def merge_step_logs(arm_dir: Path) -> tuple[Path, Path]:
 
 
 def _progress_reporter(arm: ArmConfig, total: int, first_step: int, label: str):
-    """Per-step callback state: a Prefect progress artifact plus a table of the latest step."""
+    """Per-step callback: a Prefect progress artifact (step / total, reward, elapsed, ETA) and a
+    log line. Outside a Prefect run (a plain call) only the log line."""
+    from prefect.context import TaskRunContext
+
     started = time.time()
-    progress_id = create_progress_artifact(
-        progress=100.0 * first_step / max(total, 1),
-        key=f"{label}-{arm.name}".replace("_", "-").lower(),
-        description=f"{label} {arm.name}: step {first_step}/{total}",
-    )
+    in_prefect = TaskRunContext.get() is not None
+    logger = get_run_logger() if in_prefect else logging.getLogger("gs1.train")
+    progress_id = None
+    if in_prefect:
+        progress_id = create_progress_artifact(
+            progress=100.0 * first_step / max(total, 1),
+            key=f"{label}-{arm.name}".replace("_", "-").lower(),
+            description=f"{label} {arm.name}: step {first_step}/{total}",
+        )
 
     def report(log: StepLog) -> None:
         done = log.metrics["step"] + 1
         elapsed = time.time() - started
         per_step = elapsed / max(done - first_step, 1)
         eta = per_step * (total - done)
-        update_progress_artifact(
-            artifact_id=progress_id,
-            progress=100.0 * done / total,
-            description=(
-                f"{label} {arm.name}: step {done}/{total}, reward {log.metrics['reward_mean']:.3f}, "
-                f"elapsed {elapsed:.0f}s, ETA {eta:.0f}s"
-            ),
-        )
-        get_run_logger().info(
+        if progress_id is not None:
+            update_progress_artifact(
+                artifact_id=progress_id,
+                progress=100.0 * done / total,
+                description=(
+                    f"{label} {arm.name}: step {done}/{total}, reward {log.metrics['reward_mean']:.3f}, "
+                    f"elapsed {elapsed:.0f}s, ETA {eta:.0f}s"
+                ),
+            )
+        logger.info(
             f"{label} {arm.name}: step {done}/{total} reward={log.metrics['reward_mean']:.3f} "
             f"|adv|={log.metrics['advantage_abs_mean']:.3f} loss={log.metrics['loss']:.4g} "
             f"elapsed={elapsed:.0f}s eta={eta:.0f}s"
@@ -115,7 +128,7 @@ def pilot_rollouts(arms: list[dict], pilot: dict, run: dict, run_dir: str, backe
 
     `bandwidth` overrides the treatment kernel's (the pre-registered calibration).
     """
-    env = get_env(run["env"], data_dir=data_dir)
+    env = env_for(run, data_dir)
     order = env.train_order(seed=0)
     out = Path(run_dir) / stage
     timings: dict = {"setup_seconds": {}, "step_seconds": {}}
@@ -165,8 +178,15 @@ def pilot_rollouts(arms: list[dict], pilot: dict, run: dict, run_dir: str, backe
 def trained_arm(arm_dict: dict, run: dict, run_dir: str, backend: str, data_dir: str | None,
                 checkpoint_every: int = 5) -> dict:  # fmt: skip
     """Train one arm for the spec's steps; resume from the last checkpoint if there is one."""
+    return train_with_checkpoints(arm_dict, run, run_dir, backend, data_dir, checkpoint_every)
+
+
+def train_with_checkpoints(arm_dict: dict, run: dict, run_dir: str, backend: str, data_dir: str | None,
+                           checkpoint_every: int = 5) -> dict:  # fmt: skip
+    """The training stage's body (callable without Prefect): per-step logs, a `save_state`
+    checkpoint every `checkpoint_every` steps, and resume from the last one after a crash."""
     arm = arm_config(arm_dict)
-    env = get_env(run["env"], data_dir=data_dir)
+    env = env_for(run, data_dir)
     order = env.train_order(seed=0)
     arm_dir = Path(run_dir) / "train" / arm.name
     training_client, renderer = open_arm(run, arm, backend)
@@ -210,7 +230,7 @@ def trained_arm(arm_dict: dict, run: dict, run_dir: str, backend: str, data_dir:
 def eval_items(trained: dict, arm_dict: dict, run: dict, n_eval: int, run_dir: str, backend: str,
                data_dir: str | None) -> dict:  # fmt: skip
     """Greedy-decode every eval item with the arm's final weights; write eval.jsonl + Parquet."""
-    env = get_env(run["env"], data_dir=data_dir)
+    env = env_for(run, data_dir)
     arm = arm_config(arm_dict)
     sampler = service_client(backend).create_sampling_client(model_path=trained["sampler_path"])
     renderer = renderer_for(run, sampler.get_tokenizer())

@@ -8,6 +8,7 @@ same spec, or a Retry from the UI, is served from cache up to the first stage wh
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,5 +139,8 @@ def service_client(backend: str):
 
     with _SERVICES_LOCK:
         if backend not in _SERVICES:
-            _SERVICES[backend] = make_service_client(backend)
+            # The local engine keeps checkpoints and sampler weights on disk; a fixed home lets a
+            # run resumed in a new process (after a crash) find the states its Parquet names.
+            kw = {"cache_dir": os.environ.get("GS1_LOCAL_CACHE") or str(Path.home() / ".cache" / "gs1" / "local")}
+            _SERVICES[backend] = make_service_client(backend, **(kw if backend == "local" else {}))
         return _SERVICES[backend]

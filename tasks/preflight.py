@@ -14,7 +14,6 @@ import numpy as np
 from prefect import task
 
 from rl import reference_gs1
-from rl.envs import get_env
 from rl.estimators import gs1_kernel_step, kernel_params
 from rl.kernels import prompt_features
 from rl.preflight import (
@@ -22,7 +21,7 @@ from rl.preflight import (
     loop_datums, loop_grpo_advantages, module_revision, probe, with_varied_rewards,
 )  # fmt: skip
 from schemas.io import write_json_atomic
-from tasks.arms import arm_config, open_arm
+from tasks.arms import arm_config, env_for, open_arm
 from tasks.common import stage_cache
 from tasks.gates import record_gate
 
@@ -33,7 +32,7 @@ FIXED_SAMPLES = 4
 @task(name="correctness preflight", cache_policy=stage_cache(), persist_result=True)
 def correctness_preflight(arms: list[dict], run: dict, preflight: dict, run_dir: str, backend: str,
                           data_dir: str | None) -> dict:  # fmt: skip
-    env = get_env(run["env"], data_dir=data_dir)
+    env = env_for(run, data_dir)
     problems = env.train_order(seed=0)[:FIXED_PROMPTS]
     tolerances = preflight["paths"][0]["tolerances"]
     baseline = arm_config(next(a for a in arms if a["name"] == run["baseline"]))

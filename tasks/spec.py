@@ -57,6 +57,7 @@ def plan_from_spec(spec: ExperimentSpec) -> dict:
         # What every arm-running stage needs, and nothing a gate bound could change.
         "run": {
             "env": spec.dataset.name,
+            "env_options": dict(spec.dataset.options),
             "renderer": spec.renderer,
             "base_model": spec.base_model,
             "treatment": treatment_arm(spec).name,
@@ -127,3 +128,19 @@ def calibrated_plan(plan: dict, spec_path: str, bandwidth: float, run_dir: str) 
         {**a, "kernel": {**a["kernel"], "bandwidth": bandwidth}} if a["name"] == treatment else a for a in plan["arms"]
     ]
     return {**plan, "arms": arms, "revised_spec": str(out / "revised_spec.json")}
+
+
+@task(name="spec with overrides", cache_policy=stage_cache("spec_path"), persist_result=True)
+def spec_with_overrides(spec_path: str, overrides: dict, runs_root: str = "runs") -> dict:
+    """The spec to run: the file itself, or its revision with `overrides` written in full to
+    `runs/specs/<slug>-<hash>.json` (a revision is recorded, never applied silently)."""
+    from schemas.spec import SpecOverrides, apply_overrides, parse_spec, slug
+
+    path = Path(spec_path).resolve()
+    load_spec(path)  # a bad spec stops here with its problems listed
+    if not overrides:
+        return {"spec_path": str(path), "run_dir": str(run_dir_for(path, runs_root).resolve())}
+    revised = apply_overrides(json.loads(path.read_text()), SpecOverrides(**overrides))
+    name = f"{slug(revised['title'])}-{spec_hash(parse_spec(revised))}"
+    out = write_json_atomic(Path(runs_root) / "specs" / f"{name}.json", revised)
+    return {"spec_path": str(out.resolve()), "run_dir": str((Path(runs_root) / name).resolve())}

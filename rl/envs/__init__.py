@@ -31,15 +31,30 @@ def env_names() -> tuple[str, ...]:
     return tuple(_ENVS)
 
 
-def get_env(name: str, data_dir: str | Path | None = None, **kw) -> Env:
-    """The env called `name`; `data_dir` is a local copy of its data (GSM8K), kw go to the env."""
-    if name not in _ENVS:
-        raise UserError(f"unknown dataset {name!r} (known: {', '.join(_ENVS)})")
+def _target(name: str) -> Callable[..., Env]:
     target = _ENVS[name]
     if isinstance(target, str):
         module, attr = target.split(":")
         target = getattr(importlib.import_module(module), attr)
-    return target(data_dir, **kw)
+    return target
+
+
+def unknown_env_options(name: str, options: dict) -> list[str]:
+    """The keys of `options` that env `name` does not take as keyword arguments."""
+    import inspect
+
+    params = inspect.signature(_target(name)).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return []
+    accepted = {n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)} - {"data_dir"}
+    return sorted(k for k in options if k not in accepted)
+
+
+def get_env(name: str, data_dir: str | Path | None = None, **kw) -> Env:
+    """The env called `name`; `data_dir` is a local copy of its data (GSM8K), kw go to the env."""
+    if name not in _ENVS:
+        raise UserError(f"unknown dataset {name!r} (known: {', '.join(_ENVS)})")
+    return _target(name)(data_dir, **kw)
 
 
 __all__ = ["ENV_NAMES", "Env", "Problem", "env_names", "get_env", "make_prompt_id", "parse_prompt_id", "register_env"]

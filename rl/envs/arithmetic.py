@@ -42,10 +42,14 @@ class InstructedArithmeticEnv(CookbookArithmeticEnv):
         return _first_line_int(sample_str) == self.x + self.y
 
 
-def generate_pairs(seed: int, n_train: int, n_test: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+ALL_CLASSES = tuple((da, db) for da in DIGIT_RANGES for db in DIGIT_RANGES)
+
+
+def generate_pairs(seed: int, n_train: int, n_test: int,
+                   classes: tuple[tuple[int, int], ...] = ALL_CLASSES) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:  # fmt: skip
     """Deterministic, disjoint (train, test) operand pairs; see the module docstring."""
     rng = np.random.default_rng(seed)
-    classes = [(da, db) for da in DIGIT_RANGES for db in DIGIT_RANGES]
+    classes = [tuple(c) for c in classes]
     train_pool: list[tuple[int, int]] = []
     test_pool: list[tuple[int, int]] = []
     train_w: list[float] = []
@@ -72,13 +76,23 @@ def generate_pairs(seed: int, n_train: int, n_test: int) -> tuple[list[tuple[int
 class ArithmeticEnv(CookbookProblemEnv):
     name = "arithmetic"
 
-    def __init__(self, data_dir=None, *, seed: int = 0, n_train: int = 4096, n_test: int = 500):
+    def __init__(self, data_dir=None, *, seed: int = 0, n_train: int = 4096, n_test: int = 500,
+                 operand_digits: list[list[int]] | None = None, system_prompt: str | None = None,
+                 fewshot: bool = True):  # fmt: skip
+        """`operand_digits` restricts the digit classes (e.g. [[1, 1], [1, 2]]); `system_prompt`
+        opens the conversation (a small model may need its own); `fewshot` keeps the cookbook's
+        one-shot example."""
         super().__init__()  # data_dir is accepted for a uniform get_env signature; nothing to read
         self.seed, self.n_train, self.n_test = seed, n_train, n_test
+        self.classes = tuple(tuple(c) for c in operand_digits) if operand_digits else ALL_CLASSES
+        bad = [c for c in self.classes if len(c) != 2 or any(d not in DIGIT_RANGES for d in c)]
+        if bad:
+            raise ValueError(f"operand_digits: each class is [digits_a, digits_b] with digits in 1..2, got {bad}")
+        self.system_prompt, self.fewshot = system_prompt, fewshot
         self._operands: dict[str, tuple[int, int]] = {}
 
     def _load_split(self, split: str) -> list[Problem]:
-        train, test = generate_pairs(self.seed, self.n_train, self.n_test)
+        train, test = generate_pairs(self.seed, self.n_train, self.n_test, self.classes)
         problems = []
         for i, (a, b) in enumerate(train if split == "train" else test):
             problem = Problem(make_prompt_id(self.name, split, i), f"What is {a} + {b}?", str(a + b))
@@ -97,9 +111,13 @@ class ArithmeticEnv(CookbookProblemEnv):
             a,
             b,
             renderer,
-            convo_prefix=CookbookArithmeticEnv.standard_fewshot_prefix(),
+            convo_prefix=self.convo_prefix(),
             format_coef=0.0,  # reward is exactly 1.0 (correct) or 0.0
         )
+
+    def convo_prefix(self) -> list:
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return system + (CookbookArithmeticEnv.standard_fewshot_prefix() if self.fewshot else [])
 
     def extract_answer(self, text: str) -> str | None:
         value = _first_line_int(text)

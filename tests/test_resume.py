@@ -1,0 +1,132 @@
+"""Resume: stages served from cache on a re-run, and a killed training arm resumed from its checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from fixtures.tiny_model import tiny_model_dir  # noqa: F401
+from test_flow import flow_spec, run_flow
+
+TESTS = Path(__file__).resolve().parent
+
+TRAIN_SCRIPT = """
+import json, sys
+import fixtures.flow_env  # registers the test env
+from tasks.arms import train_with_checkpoints
+arm, run, run_dir = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+train_with_checkpoints(arm, run, run_dir, "local", None, checkpoint_every=1)
+"""
+
+TIMING_COLUMNS = {"sample_seconds", "train_seconds", "step_seconds", "wall_time"}
+
+
+def _arm_and_run(model_dir: Path, steps: int) -> tuple[dict, dict]:
+    arm = {
+        "name": "gs1_kernel", "advantage": "kernel_cross_prompt_baseline", "group_size": 1, "groups_per_batch": 16,
+        "lr": 1e-2, "seed": 0, "steps": steps, "lora_rank": 4, "base_model": str(model_dir), "base_model_path": None,
+        "max_tokens": 3, "temperature": 1.0,
+        "kernel": {"family": "gaussian", "features": ["log_prompt_num_tokens", "prompt_mean_logprob"], "scales": None,
+                   "bandwidth": 1.0, "window": 32, "min_mass": 1e-3},
+    }  # fmt: skip
+    run = {"env": "token_threshold", "env_options": {}, "renderer": "qwen3_instruct", "base_model": str(model_dir),
+           "treatment": "gs1_kernel", "baseline": "grpo_gs8"}  # fmt: skip
+    return arm, run
+
+
+def _start(arm: dict, run: dict, run_dir: Path, cache: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "GS1_LOCAL_CACHE": str(cache)}
+    return subprocess.Popen(
+        [sys.executable, "-c", TRAIN_SCRIPT, json.dumps(arm), json.dumps(run), str(run_dir)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def _step_logs(run_dir: Path, kind: str) -> list[dict]:
+    rows = []
+    for f in sorted((run_dir / "train" / "gs1_kernel" / "steps").glob(f"step-*.{kind}.parquet")):
+        rows += [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in pq.read_table(f).to_pylist()]
+    return rows
+
+
+def test_killed_arm_resumes_from_its_checkpoint_with_identical_logs(tmp_path, tiny_model_dir):
+    arm, run = _arm_and_run(tiny_model_dir, steps=6)
+    straight = _start(arm, run, tmp_path / "straight", tmp_path / "cache-a")
+    assert straight.wait(timeout=600) == 0, straight.stderr.read().decode()[-2000:]
+
+    killed_dir = tmp_path / "killed"
+    proc = _start(arm, run, killed_dir, tmp_path / "cache-b")
+    checkpoints = killed_dir / "train" / "gs1_kernel" / "checkpoints.parquet"
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        if checkpoints.exists() and pq.read_table(checkpoints).num_rows >= 2:
+            break
+        assert proc.poll() is None, "the arm finished before it could be killed"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    resumed_from = pq.read_table(checkpoints).to_pylist()[-1]["next_step"]
+    assert 2 <= resumed_from < 6
+    assert not (killed_dir / "train" / "gs1_kernel" / "final.json").exists()
+
+    again = _start(arm, run, killed_dir, tmp_path / "cache-b")
+    assert again.wait(timeout=600) == 0, again.stderr.read().decode()[-2000:]
+    assert json.loads((killed_dir / "train/gs1_kernel/final.json").read_text())["arm"] == "gs1_kernel"
+    rollouts = _step_logs(killed_dir, "rollouts")
+    assert sorted({r["step"] for r in rollouts}) == list(range(6))
+    assert rollouts == _step_logs(tmp_path / "straight", "rollouts")
+    assert _step_logs(killed_dir, "metrics") == _step_logs(tmp_path / "straight", "metrics")
+
+
+def _task_states(flow_state) -> dict[str, list[str]]:
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def read():
+        async with get_client() as client:
+            runs = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_state.state_details.flow_run_id]))
+            )
+        return runs
+
+    import asyncio
+
+    states: dict[str, list[str]] = {}
+    for task_run in asyncio.run(read()):
+        states.setdefault(task_run.name.rsplit("-", 1)[0], []).append(task_run.state.name)
+    return states
+
+
+def test_rerun_is_served_from_cache_and_a_changed_gate_bound_reruns_only_the_gate(
+    prefect_harness, tmp_path, repo_root, tiny_model_dir
+):
+    spec = flow_spec(repo_root, tiny_model_dir)
+    first, run_dir = run_flow(tmp_path, spec)
+    assert first.is_completed(), first.message
+    decision = (run_dir / "decision" / "decision.json").read_text()
+
+    second, _ = run_flow(tmp_path, spec)
+    assert second.is_completed()
+    states = _task_states(second)
+    for stage in ("validate spec", "correctness preflight", "offline unit checks", "pilot rollouts", "activation gate",
+                  "feasibility", "trained arm", "eval items", "paired decision"):  # fmt: skip
+        assert set(states[stage]) == {"Cached"}, (stage, states[stage])
+    assert states["report"] == ["Completed"]  # the report always re-renders
+    assert (run_dir / "decision" / "decision.json").read_text() == decision
+
+    # Change only a gate bound: the gate re-evaluates on the cached pilot; training is untouched.
+    changed = flow_spec(repo_root, tiny_model_dir, bounds={"frac_nonzero_advantage_treatment": {"min": 0.4}})
+    third, _ = run_flow(tmp_path, changed)
+    assert third.is_completed()
+    states = _task_states(third)
+    assert states["validate spec"] == ["Completed"]
+    assert states["activation gate"] == ["Completed"]
+    for stage in ("correctness preflight", "pilot rollouts", "trained arm", "eval items"):
+        assert set(states[stage]) == {"Cached"}, (stage, states[stage])
