@@ -27,6 +27,7 @@ from tasks.gates import record_gate
 
 FIXED_PROMPTS = 4
 FIXED_SAMPLES = 4
+FIXED_MAX_TOKENS = 32  # the preflight checks code paths, not answers: short rollouts suffice
 
 
 @task(name="correctness preflight", cache_policy=stage_cache(), persist_result=True)
@@ -44,7 +45,7 @@ def correctness_preflight(arms: list[dict], run: dict, preflight: dict, run_dir:
     client, renderer = open_arm(run, baseline, backend)
     rollouts, mean_logprobs = fixed_batch(
         client.save_weights_and_get_sampling_client(), env=env, renderer=renderer, problems=problems,
-        num_samples=FIXED_SAMPLES, max_tokens=baseline.max_tokens, temperature=baseline.temperature,
+        num_samples=FIXED_SAMPLES, max_tokens=min(baseline.max_tokens, FIXED_MAX_TOKENS), temperature=baseline.temperature,
     )  # fmt: skip
     rollouts, rewards_source = with_varied_rewards(rollouts)
     results: list[Comparison] = []
@@ -80,7 +81,7 @@ def correctness_preflight(arms: list[dict], run: dict, preflight: dict, run_dir:
     # (d) restoration: both arms start from the same base LoRA init within the seed.
     datums = loop_datums(rollouts, loop_grpo_advantages(rollouts))
     losses = [
-        fresh_client(arm).forward_backward(datums, loss_fn="importance_sampling").result().metrics["loss:sum"]
+        fresh_client(arm).forward(datums, loss_fn="importance_sampling").result().metrics["loss:sum"]
         for arm in (baseline, treatment)
     ]
     lt = tolerances["baseline_loss"]
