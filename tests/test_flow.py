@@ -21,7 +21,7 @@ def flow_spec(repo_root: Path, model_dir: Path, **changes) -> dict:
         pilot={"steps": 2, "heldout_prompts": 16, "heldout_samples": 8},
         budget={"gpu_hours": 1.0, "max_wall_minutes": 60},
     )  # fmt: skip
-    spec["dataset"] = {**spec["dataset"], "name": "token_threshold", "n_examples": 48}
+    spec["dataset"] = {"name": "token_threshold", "n_examples": 48}
     spec["eval"] = {**spec["eval"], "n_examples": 48}
     spec["feasibility"] = {**spec["feasibility"], "effective_config": None}
     spec["arms"] = [
