@@ -20,6 +20,7 @@ from tasks.spec import calibrated_plan, validated_plan
 # The spec's single pre-registered calibration: the other bandwidth of {0.5, 1.0}.
 CALIBRATION_BANDWIDTHS = (0.5, 1.0)
 CALIBRATED_METRIC = "kernel_effective_neighbors_p10"
+CALIBRATION_WALL_LIMIT_S = 600  # the spec's cap: at most 2 pilot steps and 10 wall minutes
 
 
 @flow(name="gs1-experiment")
@@ -43,7 +44,7 @@ def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: s
             treatment = next(a for a in plan["arms"] if a["name"] == run["treatment"])
             bandwidth = next(h for h in CALIBRATION_BANDWIDTHS if h != treatment["kernel"]["bandwidth"])
             pilot = pilot_rollouts(plan["arms"], plan["pilot"], run, run_dir, backend, data_dir,
-                                   stage="calibration", bandwidth=bandwidth)  # fmt: skip
+                                   stage="calibration", bandwidth=bandwidth, wall_limit_s=CALIBRATION_WALL_LIMIT_S)  # fmt: skip
             activation_gate(plan["checks"], pilot["treatment"], pilot["baseline"], pilot["heldout"],
                             plan["pilot"]["steps"], str(Path(run_dir) / "calibration" / "gate"))  # fmt: skip
             plan = calibrated_plan(plan, spec_path, bandwidth, run_dir)

@@ -123,11 +123,14 @@ def _progress_reporter(arm: ArmConfig, total: int, first_step: int, label: str):
 
 @task(name="pilot rollouts", cache_policy=stage_cache(), persist_result=True)
 def pilot_rollouts(arms: list[dict], pilot: dict, run: dict, run_dir: str, backend: str,
-                   data_dir: str | None, stage: str = "pilot", bandwidth: float | None = None) -> dict:  # fmt: skip
+                   data_dir: str | None, stage: str = "pilot", bandwidth: float | None = None,
+                   wall_limit_s: float | None = None) -> dict:  # fmt: skip
     """The 2-step treatment pilot (+ held-out samples) and one baseline step, with timings.
 
-    `bandwidth` overrides the treatment kernel's (the pre-registered calibration).
+    `bandwidth` overrides the treatment kernel's (the pre-registered calibration), whose cap of
+    `wall_limit_s` seconds is a gate: a calibration pilot that takes longer fails.
     """
+    started = time.time()
     env = env_for(run, data_dir)
     order = env.train_order(seed=0)
     out = Path(run_dir) / stage
@@ -166,7 +169,13 @@ def pilot_rollouts(arms: list[dict], pilot: dict, run: dict, run_dir: str, backe
             eval_rows(sampler, env=env, renderer=renderer, problems=problems, arm_name=arm.name, max_tokens=arm.max_tokens)
             timings["eval_seconds_per_item"] = (time.time() - t0) / len(problems)
     timings["bandwidth"] = bandwidth
+    timings["wall_seconds"] = time.time() - started
     paths["timings"] = str(write_json_atomic(out / "timings.json", timings))
+    if wall_limit_s is not None and timings["wall_seconds"] > wall_limit_s:
+        from tasks.common import GateFailed
+
+        raise GateFailed(f"{stage}_wall_time", [{"gate": stage, "metric": f"{stage}_wall_minutes",
+                         "value": timings["wall_seconds"] / 60, "op": "max", "bound": str(wall_limit_s / 60), "passed": False}])  # fmt: skip
     return paths
 
 

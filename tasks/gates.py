@@ -88,6 +88,7 @@ def feasibility(timings_path: str, steps: int, n_eval: int, budget: dict, backen
     )  # fmt: skip
     record = {"source": str(timings_path), "measurements": timings, **projection.as_record()}
     write_json_atomic(Path(out_dir) / "feasibility.json", record)
+    write_json_atomic(Path(out_dir) / "spec_with_feasibility.json", spec_with_feasibility(Path(out_dir).parent, record))
     rows = [
         {"gate": "feasibility", "metric": "projected_wall_minutes", "value": projection.wall_seconds / 60,
          "op": "max", "bound": str(budget["max_wall_minutes"]), "passed": projection.wall_seconds <= projection.budget_wall_seconds},
@@ -96,6 +97,26 @@ def feasibility(timings_path: str, steps: int, n_eval: int, budget: dict, backen
     ]  # fmt: skip
     record_gate("feasibility", rows, Path(out_dir))
     return record
+
+
+def spec_with_feasibility(run_dir: Path, record: dict) -> dict:
+    """The run's spec with its `feasibility` and `feasibility_check` records filled from the pilot."""
+    spec = json.loads((run_dir / "spec" / "spec.json").read_text())
+    spec["feasibility"] = {
+        **(spec.get("feasibility") or {}),
+        "source": record["source"],
+        "measurements": record["measurements"],
+        "recovery": {"reserve_fraction": record["recovery_reserve"], "reserve_seconds": record["phases"]["reserve"]},
+    }
+    spec["feasibility_check"] = {
+        **(spec.get("feasibility_check") or {}),
+        "gpu_hours": record["gpu_hours"],
+        "wall_seconds": record["wall_seconds"],
+        "phases": record["phases"],
+        "problems": record["problems"],
+        "status": record["status"],
+    }
+    return spec
 
 
 def _gpus(backend: str) -> int:
