@@ -166,11 +166,7 @@ def pick_problems(env, split: str, n_prompts: int, seed: int) -> list:
 
 
 def make_env(name: str, data_dir=None):
-    """`rl.envs.get_env`, plus the reasoning-gym envs until they are registered there."""
-    from rl.envs.reasoning_gym_env import REASONING_GYM_ENVS, make_reasoning_gym_env
-
-    if name in REASONING_GYM_ENVS:
-        return make_reasoning_gym_env(name, data_dir)
+    """`rl.envs.get_env` (the reasoning-gym envs are registered there)."""
     from rl.envs import get_env
 
     return get_env(name, data_dir)

@@ -19,7 +19,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rl.kernels import effective_neighbors, kernel_weights, squared_distances, standardize
+from rl.kernels import (
+    KERNEL_FAMILIES,
+    effective_neighbors,
+    kernel_weights,
+    knn_k,
+    scaled_sq_distances,
+    squared_distances,
+    standardize,
+)
 
 # Spec `advantage` name -> estimator id.
 ADVANTAGE_ESTIMATORS = {
@@ -117,9 +125,13 @@ def _features(features_R_F, n: int, name: str) -> np.ndarray:
     return features_R_F
 
 
-def _check_kernel_params(bandwidth: float, window: int, min_mass: float) -> None:
+def _check_kernel_params(bandwidth: float, window: int, min_mass: float, family: str = "gaussian") -> None:
+    if family not in KERNEL_FAMILIES:
+        raise ValueError(f"unknown kernel family {family!r}; known: {', '.join(KERNEL_FAMILIES)}")
     if not bandwidth > 0:
         raise ValueError(f"bandwidth must be > 0, got {bandwidth}")
+    if family == "knn":
+        knn_k(bandwidth)
     if int(window) != window or window < 1:
         raise ValueError(f"window must be an integer >= 1, got {window}")
     if not min_mass >= 0:
@@ -145,7 +157,9 @@ def gs1_kernel_step(
     current batch alone: every rollout of the step is always in it. For rollout i of the batch:
 
         z = standardize(window features) * scales       (mean, population std over the window)
-        w_ij = exp(-||z_i - z_j||^2 / (2 h^2))           for j in the window, j != i
+        w_ij = exp(-||z_i - z_j||^2 / (2 h^2))           gaussian, for j in the window, j != i
+             = exp(-||z_i - z_j|| / h)                   laplace
+             = 1 for the round(h) nearest j, else 0      knn (ties: older rollout first)
         mass_i = sum_j w_ij
         b_i = sum_j w_ij r_j / mass_i                    if mass_i >= min_mass
             = mean of r_j over the window without i      otherwise (fallback)
@@ -154,7 +168,7 @@ def gs1_kernel_step(
     Returns per-rollout baseline, advantage r - b, kernel mass, effective neighbours
     (sum w)^2 / sum w^2 and the fallback flag (mass < min_mass).
     """
-    _check_kernel_params(bandwidth, window, min_mass)
+    _check_kernel_params(bandwidth, window, min_mass, family)
     rewards_B = _rewards(rewards_B)
     B = rewards_B.shape[0]
     features_B_F = _features(features_B_F, B, "features_B_F")
@@ -176,10 +190,16 @@ def gs1_kernel_step(
     features_W_F = np.concatenate([history_features_H_F[H - n_history :], features_B_F], axis=0)
     W = rewards_W.shape[0]
 
-    z_W_F = standardize(features_W_F, scales)
-    z_B_F = z_W_F[n_history:]
-    w_B_W = kernel_weights(squared_distances(z_B_F, z_W_F), bandwidth, family)
-    w_B_W[np.arange(B), n_history + np.arange(B)] = 0.0  # leave self out
+    self_B = (np.arange(B), n_history + np.arange(B))
+    if family == "gaussian":  # the pinned kernel's original arithmetic, unchanged
+        z_W_F = standardize(features_W_F, scales)
+        z_B_F = z_W_F[n_history:]
+        w_B_W = kernel_weights(squared_distances(z_B_F, z_W_F), bandwidth, family)
+        w_B_W[self_B] = 0.0  # leave self out
+    else:  # laplace, knn: distances built as rl/hillclimb.py builds them; self is no neighbour
+        sq_dist_B_W = scaled_sq_distances(features_W_F, n_history + np.arange(B), scales)
+        sq_dist_B_W[self_B] = np.inf
+        w_B_W = kernel_weights(sq_dist_B_W, bandwidth, family)
 
     mass_B = w_B_W.sum(axis=1)
     fallback_B = mass_B < min_mass
@@ -312,7 +332,7 @@ def kernel_params(kernel: dict | None = None) -> dict:
     if unknown:
         raise ValueError(f"unknown kernel config key(s): {', '.join(sorted(unknown))}")
     params = {k: config[k] for k in ("bandwidth", "window", "min_mass", "family", "scales")}
-    _check_kernel_params(params["bandwidth"], params["window"], params["min_mass"])
+    _check_kernel_params(params["bandwidth"], params["window"], params["min_mass"], params["family"])
     if params["scales"] is not None and len(params["scales"]) != len(config["features"]):
         raise ValueError("kernel scales need one entry per feature")
     return params

@@ -16,12 +16,18 @@ Kernel families over a squared distance D2 = sum_f s_f^2 d_f, with d_f the squar
 feature f's window z-scores (a multi-column feature such as the embedding uses the mean over its
 columns, so every feature enters on the same scale):
 - gaussian: w = exp(-D2 / (2 h^2));  laplace: w = exp(-sqrt(D2) / h)
-- knn: equal weight on the k = bandwidth nearest others (ties: earlier rollout first)
+- knn: equal weight on the k = round(bandwidth) nearest others (ties: earlier rollout first)
 - constant: equal weight on every other window rollout (the leave-one-out window mean; with
   window = batch size this is the batch-mean baseline)
 - ridge: a ridge regression of reward on the z-scored features, refit each step on the `window`
   most recent rollouts of earlier steps only (no lookahead); penalty lambda * n = bandwidth * n;
   predictions clipped to the training rewards' range; step 0 uses the batch mean without i.
+
+What the gs1_kernel arm runs (rl.estimators.gs1_kernel_step): gaussian, laplace and knn over the
+features the training loop logs (log_prompt_num_tokens, prompt_mean_logprob), with scales.
+`KernelRecipe.arm_accepts()` says whether a recipe is one of those (constant is, as an equivalent
+gaussian); the report names the best such recipe `arm_winner` and writes it as `kernel.json`,
+and reports the unrestricted winner beside it with what keeps the arm from running it.
 
 Speed: squared feature differences are precomputed once per (stream, window) for every feature;
 a candidate's D2 is then a weighted sum of those arrays, and every bandwidth of every family is
@@ -38,7 +44,7 @@ import numpy as np
 
 from rl import geff
 from rl.hillclimb_data import EMBEDDING, RolloutLog, Stream, make_streams
-from rl.kernels import standardize
+from rl.kernels import FEATURE_NAMES, KERNEL_FAMILIES, knn_k, standardize
 
 FAMILIES = ("gaussian", "laplace", "knn", "constant", "ridge")
 BANDWIDTHS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -46,7 +52,7 @@ KNN_KS = (1, 2, 4, 8, 16, 32, 64, 128)
 RIDGE_LAMBDAS = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
 WINDOWS = (64, 128, 256, 512)
 RIDGE_HISTORIES = (256, 1024)
-SPEC_FEATURES = ("log_prompt_num_tokens", "prompt_mean_logprob")
+SPEC_FEATURES = FEATURE_NAMES  # the features the training loop logs, hence all the arm can use
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,23 @@ class KernelRecipe:
         if name not in self.features:
             return 0.0
         return 1.0 if self.scales is None else float(self.scales[self.features.index(name)])
+
+    def arm_blockers(self) -> list[str]:
+        """Why the gs1_kernel arm cannot run this recipe as is; [] when it can."""
+        if self.family == "constant":
+            return []  # runs as an equivalent gaussian (to_fragment)
+        out = []
+        if self.family not in KERNEL_FAMILIES:
+            out.append(f"family {self.family!r} is not one the arm runs ({', '.join(KERNEL_FAMILIES)})")
+        missing = [f for f in self.features if f not in SPEC_FEATURES]
+        if missing:
+            out.append(f"feature(s) {', '.join(missing)} not logged by the training loop")
+        if self.family == "knn" and self.bandwidth is not None and round(self.bandwidth) < 1:
+            out.append("knn k < 1")
+        return out
+
+    def arm_accepts(self) -> bool:
+        return not self.arm_blockers()
 
     def to_fragment(self) -> dict:
         if self.family == "constant":
@@ -113,7 +136,10 @@ class WindowedStream:
         self.N, self.B, self.W, self.T = N, B, W, T
         ends_T = np.minimum((np.arange(T) + 1) * B, N)
         win_T_W = ends_T[:, None] - W + np.arange(W)[None, :]
-        valid_T_W = win_T_W >= 0
+        # a step's window is its batch plus the most recent max(0, window - batch rows) earlier
+        # rollouts, as in the estimator (a short last batch may then see fewer than W slots)
+        W_T = np.maximum(int(window), ends_T - np.arange(T) * B)
+        valid_T_W = (win_T_W >= 0) & (np.arange(W)[None, :] >= (W - W_T)[:, None])
         rows_T_B = np.arange(T)[:, None] * B + np.arange(B)[None, :]
         self.row_valid_T_B = rows_T_B < ends_T[:, None]
         pos_T_B = rows_T_B - (ends_T[:, None] - W)  # slot of the row within its window
@@ -182,8 +208,12 @@ class WindowedStream:
         kish = np.where(sq > 0, mass * mass / np.where(sq > 0, sq, 1.0), 0.0)
         return self._finish(b, kish)
 
-    def knn(self, D2: np.ndarray, ks) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(b_N, kish_N) for each k: the mean reward of the k nearest others (all, if fewer)."""
+    def knn(self, D2: np.ndarray, ks, min_mass: float = 0.0) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(b_N, kish_N) for each k: the mean reward of the k nearest others (all, if fewer).
+
+        Mass = the number of neighbours used; below min_mass (never, for min_mass <= 1) the window
+        mean without i, as in the estimator.
+        """
         order = np.argsort(D2, axis=2, kind="stable")
         r_sorted = np.take_along_axis(np.broadcast_to(self.r_T_W[:, None, :], D2.shape), order, axis=2)
         csum = np.cumsum(r_sorted, axis=2)
@@ -191,11 +221,8 @@ class WindowedStream:
         out = []
         for k in ks:
             kk = np.minimum(int(k), n_nb)
-            b = np.where(
-                kk > 0,
-                np.take_along_axis(csum, np.maximum(kk - 1, 0)[:, :, None], axis=2)[:, :, 0] / np.maximum(kk, 1),
-                self.r_self_T_B,
-            )
+            knn_mean = np.take_along_axis(csum, np.maximum(kk - 1, 0)[:, :, None], axis=2)[:, :, 0] / np.maximum(kk, 1)
+            b = np.where(kk > 0, np.where(kk >= min_mass, knn_mean, self.loo_T_B), self.r_self_T_B)
             out.append(self._finish(b, kk.astype(np.float64)))
         return out
 
@@ -272,7 +299,7 @@ def recipe_baselines(stream: Stream, recipe: KernelRecipe, batch_size: int):
         return ws.constant()
     D2 = ws.sq_distance({f: recipe.scale_of(f) for f in recipe.features})
     if recipe.family == "knn":
-        return ws.knn(D2, [int(recipe.bandwidth)])[0]
+        return ws.knn(D2, [knn_k(recipe.bandwidth)], recipe.min_mass)[0]
     return ws.kernel(D2, recipe.family, float(recipe.bandwidth), recipe.min_mass)
 
 
@@ -334,7 +361,7 @@ class _Search:
         D2 = ws.sq_distance(scales)
         out = []
         if family == "knn":
-            for k, (b, kish) in zip(grid, ws.knn(D2, grid)):
+            for k, (b, kish) in zip(grid, ws.knn(D2, grid, self.min_mass)):
                 out.append(self.record(KernelRecipe("knn", feats, svec_or_none, float(k), window, self.min_mass), b, kish))
         else:
             for h in grid:
@@ -462,10 +489,25 @@ class HillclimbReport:
     batch_size: int
     window: int
     search: SearchResult
-    winner: KernelRecipe
+    winner: KernelRecipe  # unrestricted: may need features the loop does not log, or ridge
+    arm_winner: KernelRecipe  # the best recipe the gs1_kernel arm runs (kernel.json)
     summary_rows: list[dict]  # one per reported method: eval- and search-split metrics
     sweep_rows: list[dict]  # G_eff vs bandwidth per family (best config of each family)
     n_prompts: dict[str, int]
+
+
+def best_arm_recipe(result: SearchResult, fallback: KernelRecipe | None = None) -> KernelRecipe:
+    """The highest search-split G_eff among candidates the gs1_kernel arm runs (first on ties).
+
+    The search always scores unit-scale subsets of the spec features with gaussian, laplace and
+    knn, so one exists whenever the budget reaches them; else the constant kernel, else `fallback`
+    (the spec's kernel).
+    """
+    best, best_g = None, -math.inf
+    for c in result.candidates:
+        if c["g_eff"] > best_g and c["recipe"].arm_accepts():
+            best, best_g = c["recipe"], c["g_eff"]
+    return best if best is not None else (fallback or spec_recipe())
 
 
 def reference_recipes(batch_size: int, window: int, spec_kernel: KernelRecipe) -> dict[str, KernelRecipe]:
@@ -508,7 +550,9 @@ def analyse(
     def both(recipe):
         return evaluate_recipe(eval_stream, recipe, batch_size), evaluate_recipe(search_stream, recipe, batch_size)
 
+    arm_winner = best_arm_recipe(result, spec_kernel)
     add("winner", result.best, *both(result.best))
+    add("arm_winner", arm_winner, *both(arm_winner))
     best_by_family = {}
     for c in result.candidates:
         fam = c["recipe"].family
@@ -550,6 +594,7 @@ def analyse(
         window=window,
         search=result,
         winner=result.best,
+        arm_winner=arm_winner,
         summary_rows=rows,
         sweep_rows=sweep,
         n_prompts={"search": search_stream.n, "eval": eval_stream.n},
@@ -562,6 +607,8 @@ class TransferReport:
     winners: list[KernelRecipe]
     g_eff: np.ndarray  # [row tuned on, column applied to], eval split of the column
     own_best: np.ndarray  # column's own winner on its eval split (the diagonal)
+    arm_winners: list[KernelRecipe]  # each row's best recipe the gs1_kernel arm runs
+    g_eff_arm: np.ndarray  # the same matrix for arm_winners
     spec_kernel: np.ndarray  # spec kernel on each column's eval split
     batch_mean: np.ndarray
     reports: list[HillclimbReport]
@@ -585,16 +632,21 @@ def transfer(
     streams = [make_streams(log, seed) for log in logs]
     n = len(logs)
     mat = np.full((n, n), np.nan)
+    mat_arm = np.full((n, n), np.nan)
     for i, rep in enumerate(reports):
         for j in range(n):
             if compatible(rep.winner, streams[j][1], streams[i][1]):
                 mat[i, j] = evaluate_recipe(streams[j][1], rep.winner, batch_size)["g_eff"]
+            if compatible(rep.arm_winner, streams[j][1], streams[i][1]):
+                mat_arm[i, j] = evaluate_recipe(streams[j][1], rep.arm_winner, batch_size)["g_eff"]
     ref = reference_recipes(batch_size, window, spec_kernel)
     return TransferReport(
         names=[log.name for log in logs],
         winners=[r.winner for r in reports],
         g_eff=mat,
         own_best=np.diag(mat).copy(),
+        arm_winners=[r.arm_winner for r in reports],
+        g_eff_arm=mat_arm,
         spec_kernel=np.array([evaluate_recipe(s[1], ref["spec_kernel"], batch_size)["g_eff"] for s in streams]),
         batch_mean=np.array([evaluate_recipe(s[1], ref["batch_mean"], batch_size)["g_eff"] for s in streams]),
         reports=reports,

@@ -96,14 +96,42 @@ def summary_markdown(report: HillclimbReport) -> str:
             "",
             _md_table(cols, rows),
             "",
-            "Winning kernel (spec fragment for the gs1_kernel arm, `kernel.json`):",
+            "Best kernel the gs1_kernel arm runs (`arm_winner`; spec fragment, `kernel.json`; families "
+            "gaussian/laplace/knn over the features the training loop logs):",
             "",
             "```json",
-            json.dumps(report.winner.to_fragment(), indent=2),
+            json.dumps(report.arm_winner.to_fragment(), indent=2),
             "```",
+            "",
+            unrestricted_note(report),
             "",
         ]
     )
+
+
+def unrestricted_note(report: HillclimbReport) -> str:
+    """The unrestricted winner, labelled with what keeps the arm from running it."""
+    blockers = report.winner.arm_blockers()
+    if not blockers:
+        return f"The unrestricted winner `{report.winner.label()}` is one the arm runs (same as `kernel.json`)."
+    return (
+        f"Unrestricted winner (`winner_unrestricted.json`, NOT runnable by the gs1_kernel arm: "
+        f"{'; '.join(blockers)}): `{report.winner.label()}`."
+    )
+
+
+def unrestricted_fragment(report: HillclimbReport) -> dict:
+    """The unrestricted winner as a kernel object plus why the arm cannot run it (if it cannot)."""
+    w = report.winner
+    kernel = {
+        "family": w.family,
+        "features": list(w.features),
+        "scales": None if w.scales is None else [float(x) for x in w.scales],
+        "bandwidth": None if w.bandwidth is None else float(w.bandwidth),
+        "window": int(w.window),
+        "min_mass": float(w.min_mass),
+    }
+    return {"arm_runs_it": w.arm_accepts(), "needs": w.arm_blockers(), "label": w.label(), "kernel": kernel}
 
 
 def _atomic_png(fig, path: Path) -> None:
@@ -158,13 +186,15 @@ def write_hillclimb(report: HillclimbReport, out_dir: str | Path) -> dict[str, P
         "markdown": out / "summary.md",
         "plot": out / "geff_vs_bandwidth.png",
         "kernel": out / "kernel.json",
+        "unrestricted": out / "winner_unrestricted.json",
     }
     write_parquet_atomic(candidates_table(report), paths["candidates"])
     write_parquet_atomic(pa.Table.from_pylist(report.summary_rows), paths["summary"])
     write_parquet_atomic(pa.Table.from_pylist(report.sweep_rows) if report.sweep_rows else pa.table({}), paths["sweep"])
     write_text_atomic(paths["markdown"], summary_markdown(report))
     plot_sweep(report, paths["plot"])
-    write_json_atomic(paths["kernel"], report.winner.to_fragment())
+    write_json_atomic(paths["kernel"], report.arm_winner.to_fragment())
+    write_json_atomic(paths["unrestricted"], unrestricted_fragment(report))
     return paths
 
 
@@ -178,6 +208,8 @@ def transfer_rows(tr: TransferReport) -> list[dict]:
                     "applied_to": col,
                     "recipe": tr.winners[i].label(),
                     "g_eff": float(tr.g_eff[i, j]),
+                    "arm_recipe": tr.arm_winners[i].label(),
+                    "arm_g_eff": float(tr.g_eff_arm[i, j]),
                     "column_own_best": float(tr.own_best[j]),
                     "column_spec_kernel": float(tr.spec_kernel[j]),
                     "column_batch_mean": float(tr.batch_mean[j]),
@@ -192,7 +224,16 @@ def transfer_markdown(tr: TransferReport) -> str:
     rows.append(["(column's own best)"] + [float(v) for v in tr.own_best])
     rows.append(["(spec kernel)"] + [float(v) for v in tr.spec_kernel])
     rows.append(["(batch mean)"] + [float(v) for v in tr.batch_mean])
-    winners = "\n".join(f"- {n}: `{w.label()}`" for n, w in zip(tr.names, tr.winners))
+    rows_arm = [[tr.names[i]] + [float(v) for v in tr.g_eff_arm[i]] for i in range(len(tr.names))]
+    rows_arm.append(["(column's own arm winner)"] + [float(v) for v in np.diag(tr.g_eff_arm)])
+    rows_arm.append(["(column's own unrestricted best)"] + [float(v) for v in tr.own_best])
+    rows_arm.append(["(spec kernel)"] + [float(v) for v in tr.spec_kernel])
+    rows_arm.append(["(batch mean)"] + [float(v) for v in tr.batch_mean])
+    winners = "\n".join(
+        f"- {n}: `{w.label()}`" + ("" if w.arm_accepts() else f" (not runnable by the arm: {'; '.join(w.arm_blockers())})")
+        for n, w in zip(tr.names, tr.winners)
+    )
+    arm_winners = "\n".join(f"- {n}: `{w.label()}`" for n, w in zip(tr.names, tr.arm_winners))
     return "\n".join(
         [
             "# Kernel transfer matrix (G_eff on each column's eval split)",
@@ -201,11 +242,18 @@ def transfer_markdown(tr: TransferReport) -> str:
             "the recipe transfers, not fitted numbers (z-scores are per window; ridge refits on earlier "
             "windows). n/a: the column lacks a feature the recipe uses.",
             "",
+            "## Unrestricted winners (any feature in the logs, any family; may need features the loop does not log)",
+            "",
             _md_table(header, rows),
             "",
-            "Winners:",
-            "",
             winners,
+            "",
+            "## Arm winners (the best recipe the gs1_kernel arm runs: gaussian/laplace/knn over "
+            "log_prompt_num_tokens, prompt_mean_logprob; what `kernel.json` holds)",
+            "",
+            _md_table(header, rows_arm),
+            "",
+            arm_winners,
             "",
         ]
     )
@@ -218,18 +266,24 @@ def plot_transfer(tr: TransferReport, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     n = len(tr.names)
-    mat = np.vstack([tr.g_eff, tr.own_best[None, :]])
-    fig, ax = plt.subplots(figsize=(1.4 * n + 2.5, 1.1 * (n + 1) + 1.2))
-    im = ax.imshow(np.where(np.isfinite(mat), mat, np.nan), cmap="viridis")
-    ax.set_xticks(range(n), tr.names, rotation=30, ha="right")
-    ax.set_yticks(range(n + 1), [*tr.names, "own best"])
-    ax.set_xlabel("applied to (eval split)")
-    ax.set_ylabel("tuned on")
-    for i in range(n + 1):
-        for j in range(n):
-            ax.text(j, i, _fmt(float(mat[i, j])), ha="center", va="center", color="w", fontsize=8)
-    fig.colorbar(im, ax=ax, label="G_eff")
-    ax.set_title("Kernel transfer: G_eff")
+    panels = [
+        ("unrestricted winners", np.vstack([tr.g_eff, tr.own_best[None, :]])),
+        ("arm winners (kernel.json)", np.vstack([tr.g_eff_arm, np.diag(tr.g_eff_arm)[None, :]])),
+    ]
+    fig, axes = plt.subplots(1, 2, figsize=(2 * (1.4 * n + 2.5), 1.1 * (n + 1) + 1.2), squeeze=False)
+    for ax, (title, mat) in zip(axes[0], panels):
+        # log colour scale: G_eff spans orders of magnitude (a near-constant-reward column is huge)
+        shown = np.where(np.isfinite(mat) & (mat > 0), np.log10(np.where(mat > 0, mat, 1.0)), np.nan)
+        im = ax.imshow(shown, cmap="viridis")
+        ax.set_xticks(range(n), tr.names, rotation=30, ha="right")
+        ax.set_yticks(range(n + 1), [*tr.names, "own"])
+        ax.set_xlabel("applied to (eval split)")
+        ax.set_ylabel("tuned on")
+        for i in range(n + 1):
+            for j in range(n):
+                ax.text(j, i, _fmt(float(mat[i, j])), ha="center", va="center", color="w", fontsize=8)
+        fig.colorbar(im, ax=ax, label="log10 G_eff")
+        ax.set_title(f"Kernel transfer, {title}: G_eff", fontsize=9)
     _atomic_png(fig, path)
     plt.close(fig)
 

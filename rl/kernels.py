@@ -7,6 +7,12 @@ neighbours. `rl.estimators.gs1_kernel_step` puts them together. Semantics pinned
   population std; a feature whose values are all equal in the window has std 0 and contributes
   no distance (its z is 0 everywhere, so no rounding noise is blown up into a distance).
 - gaussian weights w_ij = exp(-||z_i - z_j||^2 / (2 h^2)).
+- laplace weights w_ij = exp(-||z_i - z_j|| / h).
+- knn weights: 1 on the k = round(h) nearest others in z-distance (all others if fewer), 0 on the
+  rest; ties go to the earlier window slot (older rollout first), as in rl/hillclimb.py.
+  For laplace and knn the squared distance is built as rl/hillclimb.py builds it:
+  D2_ij = sum_f s_f^2 (z_if - z_jf)^2 with z z-scored one feature at a time (`scaled_sq_distances`);
+  the gaussian keeps its original arithmetic (scaled z, then `squared_distances`).
 - effective neighbours of i: (sum_j w_ij)^2 / sum_j w_ij^2 (0 when every weight is 0).
 """
 
@@ -18,7 +24,7 @@ import numpy as np
 
 # Names a kernel config may list under "features", in the order the spec pins them.
 FEATURE_NAMES = ("log_prompt_num_tokens", "prompt_mean_logprob")
-KERNEL_FAMILIES = ("gaussian",)
+KERNEL_FAMILIES = ("gaussian", "laplace", "knn")
 
 
 def prompt_features(
@@ -80,12 +86,65 @@ def squared_distances(z_B_F: np.ndarray, z_W_F: np.ndarray) -> np.ndarray:
     return np.einsum("bwf,bwf->bw", diff_B_W_F, diff_B_W_F)
 
 
+def scaled_sq_distances(features_W_F: np.ndarray, rows_B, scales_F=None) -> np.ndarray:
+    """sum_f s_f^2 (z_if - z_jf)^2 for window rows i in `rows_B` and every window row j: D2_B_W.
+
+    Each feature is z-scored over the window on its own (`standardize` of one column) and the
+    per-feature squared differences are added in feature order, as rl/hillclimb.py does, so the
+    hill-climb's simulation and the training loop see the same numbers.
+    """
+    features_W_F = np.asarray(features_W_F, dtype=np.float64)
+    rows_B = np.asarray(rows_B, dtype=np.int64)
+    n_features = features_W_F.shape[1]
+    scales_F = np.ones(n_features) if scales_F is None else np.asarray(scales_F, dtype=np.float64)
+    d2_B_W = np.zeros((rows_B.shape[0], features_W_F.shape[0]))
+    for f in range(n_features):
+        s = float(scales_F[f])
+        if s == 0.0:
+            continue
+        z_W = standardize(features_W_F[:, [f]])[:, 0]
+        d2_B_W = d2_B_W + (s * s) * (z_W[rows_B][:, None] - z_W[None, :]) ** 2
+    return d2_B_W
+
+
+def knn_k(bandwidth: float) -> int:
+    """The k of a knn kernel: its bandwidth rounded to the nearest integer (must be >= 1)."""
+    k = int(round(float(bandwidth)))
+    if k < 1:
+        raise ValueError(f"knn needs a bandwidth that rounds to k >= 1, got {bandwidth}")
+    return k
+
+
+def knn_weights(sq_dist_B_W: np.ndarray, k: int) -> np.ndarray:
+    """Weight 1 on the k nearest columns of each row (+inf marks a column that is no neighbour).
+
+    Ties keep column order (stable sort): the earlier window slot, i.e. the older rollout, wins.
+    A row with fewer than k finite distances gives weight 1 to all of them.
+    """
+    sq_dist_B_W = np.asarray(sq_dist_B_W, dtype=np.float64)
+    order_B_W = np.argsort(sq_dist_B_W, axis=1, kind="stable")
+    n_finite_B = np.isfinite(sq_dist_B_W).sum(axis=1)
+    take_B = np.minimum(int(k), n_finite_B)
+    w_B_W = np.zeros_like(sq_dist_B_W)
+    rank_B_W = np.arange(sq_dist_B_W.shape[1])[None, :] < take_B[:, None]
+    np.put_along_axis(w_B_W, order_B_W, rank_B_W.astype(np.float64), axis=1)
+    return w_B_W
+
+
 def kernel_weights(sq_dist: np.ndarray, bandwidth: float, family: str = "gaussian") -> np.ndarray:
-    """Kernel weights from squared distances. gaussian: exp(-d^2 / (2 h^2))."""
+    """Kernel weights from squared distances.
+
+    gaussian: exp(-d^2 / (2 h^2)); laplace: exp(-d / h); knn: 1 on the round(h) nearest of each
+    row (`knn_weights`; +inf marks a non-neighbour).
+    """
     if not bandwidth > 0:
         raise ValueError(f"bandwidth must be > 0, got {bandwidth}")
     if family == "gaussian":
         return np.exp(-np.asarray(sq_dist, dtype=np.float64) / (2.0 * bandwidth * bandwidth))
+    if family == "laplace":
+        return np.exp(np.sqrt(np.asarray(sq_dist, dtype=np.float64)) * (-1.0 / bandwidth))
+    if family == "knn":
+        return knn_weights(np.atleast_2d(sq_dist), knn_k(bandwidth))
     raise ValueError(f"unknown kernel family {family!r}; known: {', '.join(KERNEL_FAMILIES)}")
 
 

@@ -5,7 +5,11 @@ Written from the semantics pinned in DESIGN.md, without numpy and without anythi
     window(step)  = the current batch + the most recent max(0, window - B) earlier rollouts
     z             = each feature minus its window mean, over its window population std
                     (a feature whose window values are all equal contributes z = 0), times scale
-    w_ij          = exp(-sum_f (z_if - z_jf)^2 / (2 h^2)),   j in the window, j != i
+    d2_ij         = sum_f (z_if - z_jf)^2,                   j in the window, j != i
+    w_ij          = exp(-d2_ij / (2 h^2))                    family "gaussian"
+                  = exp(-sqrt(d2_ij) / h)                    family "laplace"
+                  = 1 if j is among the k = round(h) others of smallest d2_ij, else 0
+                    (ties: the earlier window position first)  family "knn"
     b_i           = sum_j w_ij r_j / sum_j w_ij              when sum_j w_ij >= min_mass
                   = mean of r_j over the window without i    otherwise
                   = r_i                                      when i is alone in its window
@@ -56,6 +60,7 @@ def gs1_kernel_reference(
     window=256,
     min_mass=1e-3,
     scales=None,
+    family="gaussian",
 ):
     """One step. Returns a dict of lists: baseline, advantage, kernel_mass, effective_neighbors,
     fallback."""
@@ -70,17 +75,30 @@ def gs1_kernel_reference(
     out = {"baseline": [], "advantage": [], "kernel_mass": [], "effective_neighbors": [], "fallback": []}
     for b in range(batch_size):
         i = n_history + b
-        mass = 0.0
-        weighted = 0.0
-        squared = 0.0
-        others = 0.0
+        distances = []  # (d2, j) for every other window rollout
         for j in range(n):
             if j == i:
                 continue
             distance2 = 0.0
             for f in range(len(z[i])):
                 distance2 += (z[i][f] - z[j][f]) ** 2
-            w = math.exp(-distance2 / (2.0 * bandwidth * bandwidth))
+            distances.append((distance2, j))
+        if family == "knn":
+            k = int(round(bandwidth))
+            nearest = set(j for _, j in sorted(distances)[:k])  # tuples sort by d2, then by j
+        mass = 0.0
+        weighted = 0.0
+        squared = 0.0
+        others = 0.0
+        for distance2, j in distances:
+            if family == "gaussian":
+                w = math.exp(-distance2 / (2.0 * bandwidth * bandwidth))
+            elif family == "laplace":
+                w = math.exp(-math.sqrt(distance2) / bandwidth)
+            elif family == "knn":
+                w = 1.0 if j in nearest else 0.0
+            else:
+                raise ValueError(f"unknown family {family!r}")
             mass += w
             weighted += w * window_rewards[j]
             squared += w * w

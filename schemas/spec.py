@@ -31,6 +31,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gs1.errors import UserError
+from rl.kernels import FEATURE_NAMES as KERNEL_FEATURES  # the features the training loop logs
+from rl.kernels import KERNEL_FAMILIES  # gaussian, laplace, knn (knn: k = round(bandwidth))
 
 # ---------------------------------------------------------------------------------------------
 # names the validators check against
@@ -40,8 +42,6 @@ TREATMENT_ADVANTAGE = "kernel_cross_prompt_baseline"
 BASELINE_ADVANTAGE = "group_mean"
 DECISION_METHODS = ("paired_hoeffding",)
 OPTIMIZERS = ("adam", "adamw")  # both backends run Adam(W) with AdamParams
-KERNEL_FAMILIES = ("gaussian",)  # more come with the hill-climb issue
-KERNEL_FEATURES = ("log_prompt_num_tokens", "prompt_mean_logprob")
 ROLES = ("treatment", "baseline")
 
 
@@ -138,6 +138,8 @@ class KernelConfig(Record):
 
     @model_validator(mode="after")
     def _scales(self):
+        if self.family == "knn" and not round(self.bandwidth) >= 1:
+            raise _Problems([("bandwidth", f"knn takes k = round(bandwidth) >= 1, got {self.bandwidth}")])
         if self.scales is not None:
             problems = []
             if len(self.scales) != len(self.features):

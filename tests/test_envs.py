@@ -53,11 +53,33 @@ def file_rows(path) -> list[dict]:
 
 
 def test_get_env_by_name(gsm8k, arithmetic):
-    assert set(ENV_NAMES) == {"gsm8k", "arithmetic"}
+    assert set(ENV_NAMES) == {
+        "gsm8k", "arithmetic", "rg_basic_arithmetic", "rg_chain_sum", "rg_gsm_symbolic", "rg_countdown", "rg_lcm",
+    }
     assert gsm8k.name == "gsm8k" and arithmetic.name == "arithmetic"
     assert isinstance(gsm8k, Env) and isinstance(arithmetic, Env)
     with pytest.raises(UserError, match="unknown dataset 'mmlu'"):
         get_env("mmlu")
+
+
+def test_reasoning_gym_envs_are_registered_and_usable_in_a_spec():
+    from rl.envs import REASONING_GYM_ENV_NAMES, env_names, unknown_env_options
+    from rl.envs.reasoning_gym_env import REASONING_GYM_ENVS, ReasoningGymEnv
+    from schemas.spec import Dataset
+
+    assert set(REASONING_GYM_ENV_NAMES) == set(REASONING_GYM_ENVS)  # the registry lists every generator
+    assert set(REASONING_GYM_ENV_NAMES) <= set(env_names())
+    env = get_env("rg_basic_arithmetic", seed=3, n_train=20, n_test=5)
+    assert isinstance(env, ReasoningGymEnv) and isinstance(env, Env)
+    assert (env.name, env.generator, env.seed, env.n_train) == ("rg_basic_arithmetic", "basic_arithmetic", 3, 20)
+    problems = env.train_problems()
+    assert len(problems) == 20 and problems[0].id == "rg_basic_arithmetic/train/0"
+    assert get_env("rg_basic_arithmetic", seed=3, n_train=20).train_problems() == problems  # seeded
+    assert unknown_env_options("rg_chain_sum", {"seed": 1, "n_train": 8}) == []
+    assert unknown_env_options("rg_chain_sum", {"colour": 1}) == ["colour"]
+    assert Dataset(name="rg_countdown", options={"n_train": 64}).name == "rg_countdown"
+    with pytest.raises(ValueError, match="colour"):
+        Dataset(name="rg_countdown", options={"colour": 1})
 
 
 def test_prompt_ids_round_trip():

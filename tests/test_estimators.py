@@ -172,6 +172,70 @@ def test_gs1_kernel_step_matches_reference_with_scales_and_min_mass():
             _assert_matches(ours, ref)
 
 
+# laplace: h as in CASES; knn: the bandwidth is k (rounded), so the case's h maps to a k
+KNN_K = {0.5: 8, 1.0: 3, 0.4: 5, 0.02: 1, 1e7: 1000}
+
+
+@pytest.mark.parametrize("family", ["laplace", "knn"])
+@pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
+@pytest.mark.parametrize("seed", range(2))
+def test_laplace_and_knn_steps_match_reference(family, case, seed):
+    B, H, window, h, ties, constant = case
+    bandwidth = KNN_K[h] if family == "knn" else h
+    rng = np.random.default_rng(100 + seed)
+    rewards_B, features_B = _draw(rng, B, ties=ties, constant=constant)
+    rewards_H, features_H = _draw(rng, H, ties=ties, constant=constant)
+    ours = gs1_kernel_step(rewards_B, features_B, rewards_H, features_H, bandwidth=bandwidth, window=window, family=family)
+    ref = gs1_kernel_reference(
+        rewards_B.tolist(), features_B.tolist(), rewards_H.tolist(), features_H.tolist(),
+        bandwidth=bandwidth, window=window, min_mass=1e-3, family=family,
+    )
+    _assert_matches(ours, ref)
+    if family == "knn" and B + min(H, max(0, window - B)) > 1:
+        n_window = B + min(H, max(0, window - B))
+        np.testing.assert_array_equal(ours.kernel_mass, min(bandwidth, n_window - 1))  # k ones (all, if fewer)
+
+
+@pytest.mark.parametrize("family", ["laplace", "knn"])
+def test_laplace_and_knn_with_scales_and_min_mass_match_reference(family):
+    rng = np.random.default_rng(8)
+    rewards_B, features_B = _draw(rng, 20)
+    rewards_H, features_H = _draw(rng, 70)
+    for scales in ([1.0, 1.0], [2.0, 0.5], [0.0, 1.0]):
+        for min_mass in (0.0, 1e-3, 0.5, 4.0):  # knn mass is k: min_mass 4 > k = 3 forces the fallback
+            bandwidth = 3.4 if family == "knn" else 0.3  # knn: k = round(3.4) = 3
+            ours = gs1_kernel_step(rewards_B, features_B, rewards_H, features_H, bandwidth=bandwidth, window=64,
+                                   min_mass=min_mass, scales=scales, family=family)
+            ref = gs1_kernel_reference(
+                rewards_B.tolist(), features_B.tolist(), rewards_H.tolist(), features_H.tolist(),
+                bandwidth=bandwidth, window=64, min_mass=min_mass, scales=scales, family=family,
+            )
+            _assert_matches(ours, ref)
+            if family == "knn":
+                assert np.all(ours.fallback == (min_mass > 3))
+
+
+def test_knn_ties_go_to_the_older_rollout():
+    # window: history [a, b] then batch [c, d]; a, b and d share one feature value, c is far away
+    features_H = np.array([[1.0, 0.0], [1.0, 0.0]])
+    features_B = np.array([[5.0, 3.0], [1.0, 0.0]])
+    out = gs1_kernel_step([0.0, 1.0], features_B, [0.3, 0.7], features_H, bandwidth=1, window=4, family="knn")
+    assert out.baseline[1] == 0.3  # d's nearest: a and b tie at distance 0; a (older) wins
+    out2 = gs1_kernel_step([0.0, 1.0], features_B, [0.3, 0.7], features_H, bandwidth=2, window=4, family="knn")
+    assert out2.baseline[1] == pytest.approx(0.5)  # a and b
+    assert out2.baseline[0] == pytest.approx(0.5)  # c: a and b tie with d; the two oldest win
+
+
+def test_laplace_weights_are_exp_minus_distance_over_h():
+    features = np.array([[0.0, 0.0], [1.0, 0.0], [3.0, 0.0]])
+    out = gs1_kernel_step([1.0, 0.0, 0.0], features, bandwidth=0.7, window=3, family="laplace")
+    z = (features[:, 0] - features[:, 0].mean()) / features[:, 0].std()
+    w01, w02 = math.exp(-abs(z[0] - z[1]) / 0.7), math.exp(-abs(z[0] - z[2]) / 0.7)
+    assert out.kernel_mass[0] == pytest.approx(w01 + w02, rel=1e-12)
+    w10, w12 = math.exp(-abs(z[1] - z[0]) / 0.7), math.exp(-abs(z[1] - z[2]) / 0.7)
+    assert out.baseline[1] == pytest.approx(w10 / (w10 + w12), rel=1e-12)
+
+
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("window", [256, 50, 8])
 def test_gs1_kernel_log_matches_reference_over_multi_step_logs(seed, window):
@@ -349,7 +413,12 @@ def test_kernel_params_defaults_and_validation():
         with pytest.raises(ValueError):
             kernel_params(bad)
     with pytest.raises(ValueError, match="family"):
-        gs1_kernel_step([1.0, 0.0], np.ones((2, 2)), family="laplace")
+        gs1_kernel_step([1.0, 0.0], np.ones((2, 2)), family="epanechnikov")
+    with pytest.raises(ValueError, match="family"):
+        kernel_params({"family": "ridge"})
+    with pytest.raises(ValueError, match="k >= 1"):
+        kernel_params({"family": "knn", "bandwidth": 0.4})  # rounds to k = 0
+    assert kernel_params({"family": "knn", "bandwidth": 16.0})["family"] == "knn"
 
 
 # ---------------------------------------------------------------------------- FlashREINFORCE

@@ -312,3 +312,105 @@ def test_constant_fragment_is_an_equivalent_gaussian():
     assert frag["family"] == "gaussian" and frag["bandwidth"] >= 1e6
     as_gauss = hc.KernelRecipe(frag["family"], tuple(frag["features"]), None, frag["bandwidth"], frag["window"])
     np.testing.assert_allclose(hc.recipe_baselines(st, as_gauss, 32)[0], hc.recipe_baselines(st, const, 32)[0], atol=1e-12)
+
+
+# ---- the written fragment is what the gs1_kernel arm runs -------------------------------------
+
+
+def _arm_baselines(stream, fragment_kernel, batch_size):
+    """Baselines the training loop's estimator gives the stream's rollouts, step by step."""
+    from rl.estimators import KernelWindow, advantages_for_step
+
+    features_N_F = np.concatenate([stream.features[f] for f in fragment_kernel["features"]], axis=1)
+    window_state = KernelWindow(fragment_kernel["window"])
+    out = []
+    for start in range(0, stream.n, batch_size):
+        stop = min(start + batch_size, stream.n)
+        step = advantages_for_step(
+            "kernel_cross_prompt_baseline",
+            rewards_B=stream.reward_N[start:stop],
+            group_ids_B=np.arange(stop - start),
+            features_B_F=features_N_F[start:stop],
+            window_state=window_state,
+            kernel=fragment_kernel,
+        )
+        out.append(step.baseline)
+    return np.concatenate(out)
+
+
+def _recipe_of(kernel: dict) -> hc.KernelRecipe:
+    return hc.KernelRecipe(
+        kernel["family"], tuple(kernel["features"]), None if kernel["scales"] is None else tuple(kernel["scales"]),
+        kernel["bandwidth"], kernel["window"], kernel["min_mass"],
+    )
+
+
+def _spec_with_kernel(repo_root, kernel: dict) -> dict:
+    spec = json.loads((repo_root / "specs" / "demo_local.json").read_text())
+    arm = next(a for a in spec["arms"] if a["advantage"] == "kernel_cross_prompt_baseline")
+    arm["kernel"] = kernel
+    return spec
+
+
+def test_written_fragment_validates_in_the_arm_and_matches_the_simulation(tmp_path, repo_root):
+    from schemas.spec import parse_spec
+
+    log_path = tmp_path / "log.parquet"
+    pq.write_table(synthetic_log_table(700, 10, seed=5), log_path)
+    out = tmp_path / "out"
+    spec_path = repo_root / "specs" / "demo_local.json"
+    assert gs1_main(["hillclimb", "--log", str(log_path), "--spec", str(spec_path), "--out", str(out), "--budget", "400"]) == 0
+    fragment = json.loads((out / "kernel.json").read_text())
+    unrestricted = json.loads((out / "winner_unrestricted.json").read_text())
+    kernel = fragment["kernel"]
+    # the planted signal lives in value_easy / the embedding, which the loop does not log
+    assert not unrestricted["arm_runs_it"] and any("not logged" in n for n in unrestricted["needs"])
+    assert kernel["family"] in ("gaussian", "laplace", "knn") and set(kernel["features"]) <= set(hc.SPEC_FEATURES)
+    spec = parse_spec(_spec_with_kernel(repo_root, kernel))
+    arm = next(a for a in spec.arms if a.advantage == "kernel_cross_prompt_baseline")
+    assert arm.kernel.family == kernel["family"]
+    # the hill-climb's own simulation of the recipe, and the arm's estimator, on the same stream
+    batch = json.loads(spec_path.read_text())["batch_size"]
+    _, eval_stream = make_streams(load_log(log_path), 0)
+    simulated, _ = hc.recipe_baselines(eval_stream, _recipe_of(kernel), batch)
+    np.testing.assert_allclose(_arm_baselines(eval_stream, kernel, batch), simulated, rtol=0, atol=1e-9)
+    # the arm winner is the best arm-runnable candidate on the search split
+    cands = pq.read_table(out / "candidates.parquet").to_pylist()
+    runnable = [c for c in cands if c["family"] in ("gaussian", "laplace", "knn", "constant")
+                and set(c["features"]) <= set(hc.SPEC_FEATURES)]
+    summary = {r["method"]: r for r in pq.read_table(out / "summary.parquet").to_pylist()}
+    assert summary["arm_winner"]["search_g_eff"] == pytest.approx(max(c["g_eff"] for c in runnable))
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        hc.KernelRecipe("gaussian", hc.SPEC_FEATURES, (2.0, 0.5), 0.3, 64),
+        hc.KernelRecipe("laplace", hc.SPEC_FEATURES, None, 0.7, 64),
+        hc.KernelRecipe("laplace", ("prompt_mean_logprob",), (1.5,), 0.2, 100),
+        hc.KernelRecipe("knn", hc.SPEC_FEATURES, (1.0, 4.0), 5.0, 64),
+        hc.KernelRecipe("knn", ("log_prompt_num_tokens",), None, 16.0, 40),  # many exact ties in token counts
+        hc.KernelRecipe("knn", hc.SPEC_FEATURES, None, 8.0, 16),  # window smaller than the batch
+        hc.KernelRecipe("constant", (), None, None, 64),
+    ],
+    ids=lambda r: r.label(),
+)
+def test_every_arm_family_runs_as_the_hillclimb_simulates_it(recipe, repo_root):
+    from schemas.spec import parse_spec
+
+    log = log_from_table(synthetic_log_table(300, 6, seed=9), "arm")
+    stream = make_stream(log, np.ones(300, dtype=bool), 0, "all")
+    assert recipe.arm_accepts()
+    kernel = recipe.to_fragment()["kernel"]
+    parse_spec(_spec_with_kernel(repo_root, kernel))
+    batch = 32
+    simulated, kish = hc.recipe_baselines(stream, recipe, batch)
+    np.testing.assert_allclose(_arm_baselines(stream, kernel, batch), simulated, rtol=0, atol=1e-9)
+
+
+def test_arm_blockers_name_what_the_loop_cannot_run():
+    assert hc.spec_recipe().arm_accepts()
+    ridge = hc.KernelRecipe("ridge", hc.SPEC_FEATURES, None, 1.0, 256)
+    assert any("family 'ridge'" in b for b in ridge.arm_blockers())
+    emb = hc.KernelRecipe("knn", ("prompt_mean_logprob", EMBEDDING), None, 8.0, 64)
+    assert emb.arm_blockers() == ["feature(s) embedding not logged by the training loop"]

