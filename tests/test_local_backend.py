@@ -336,3 +336,139 @@ def test_sample_step_draws_from_the_tempered_distribution():
     sigma = (probs * (1 - probs) / 40000).sqrt()
     assert bool(((freq - probs).abs() < 4 * sigma + 1e-9).all())
     assert torch.allclose(lp, probs.log()[tok], atol=1e-6)
+
+
+def _gen(eng, **kw):
+    from rl.backends.local_sampler import Generator
+
+    return Generator(eng.model, eng.pad_id, eng.tokenizer, **kw)
+
+
+def _same_rows(got, want, tol=1e-5):
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a.tokens == b.tokens and a.stop_reason == b.stop_reason
+        assert len(a.logprobs) == len(b.logprobs)
+        assert max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs)), default=0.0) < tol
+
+
+def test_num_samples_shares_one_prefill_and_matches_separate_rows(tc, tiny_tokenizer):
+    """A num_samples=8 request prefills its prompt once; each of its rows still draws from its
+    own key row_key(request key, s), so it gives exactly what 8 separate one-row batches give."""
+    from rl.backends.local_sampler import Row, row_key
+
+    sc = tc.save_weights_and_get_sampling_client().result()
+    eng = tc._engine
+    p = _prompt(tiny_tokenizer, "Question: a prompt shared by eight samples?")
+    gen = eng.generator
+    before = (gen.stats.batches, gen.stats.rows, gen.stats.prefill_rows)
+    resp = sc.sample(p, 8, types.SamplingParams(max_tokens=9, seed=21, stop=[])).result()
+    assert (gen.stats.batches, gen.stats.rows, gen.stats.prefill_rows) == (
+        before[0] + 1, before[1] + 8, before[2] + 1)
+    assert len({tuple(s.tokens) for s in resp.sequences}) > 1  # rows are not copies of each other
+    # row 0 of a seeded request is what a seeded one-sample request draws
+    one = sc.sample(p, 1, types.SamplingParams(max_tokens=9, seed=21, stop=[])).result().sequences[0]
+    assert one.tokens == resp.sequences[0].tokens
+    # every row: the same key, alone in its own batch (so prefilled on its own)
+    key = splitmix64(21)
+    rows = [Row(prompt=p.to_ints(), max_tokens=9, temperature=1.0, key=row_key(key, s)) for s in range(8)]
+    alone = eng.run_with(sc._snapshot, lambda: [_gen(eng).generate([r])[0] for r in rows])
+    _same_rows(resp.sequences, alone)
+
+
+def test_shared_prefill_matches_per_row_prefill_in_a_mixed_batch(tc, tiny_tokenizer):
+    """Prompts of different lengths, a repeated prompt across requests, rows with different
+    lengths and temperatures: shared prefill (DynamicCache and static-cache paths) gives the
+    per-row prefill's tokens and logprobs, and prefills each distinct prompt once."""
+    from rl.backends.local_sampler import Row
+
+    eng = tc._engine
+    a = tiny_tokenizer.encode("Short one")
+    b = tiny_tokenizer.encode("A noticeably longer prompt, so the batch is left padded here")
+    c = tiny_tokenizer.encode("x")
+    plan = [(a, 3, 1.0, 7, 6), (b, 1, 0.7, 11, 9), (c, 4, 1.3, 13, 4), (a, 2, 0.0, 17, 5)]
+    rows = [Row(prompt=pr, max_tokens=n, temperature=t, key=k * 100 + s)
+            for pr, ns, t, k, n in plan for s in range(ns)]
+    per_row = _gen(eng, share_prefill=False)
+    want = per_row.generate(rows)
+    assert per_row.stats.prefill_rows == len(rows)
+    for static in (False, True):
+        shared = _gen(eng, static_cache=static)
+        _same_rows(shared.generate(rows), want)
+        assert shared.stats.prefill_rows == 3
+
+
+def test_prompt_logprobs_come_from_the_prefill_and_match_compute_logprobs(tc, tiny_tokenizer, tiny_model_dir,
+                                                                         monkeypatch):
+    import rl.backends.local as local_mod
+    import rl.backends.local_sampler as sampler_mod
+
+    sc = tc.save_weights_and_get_sampling_client().result()
+    texts = ("Tiny", "Score these prompt tokens please, there are quite a few of them",  # 1 token, many
+             "A medium length prompt")
+    prompts = [_prompt(tiny_tokenizer, t) for t in texts]
+    calls = []
+    real = sampler_mod.score_tokens
+
+    def counting(model, seqs, *args, **kw):
+        calls.append(len(seqs))
+        return real(model, seqs, *args, **kw)
+
+    monkeypatch.setattr(local_mod, "score_tokens", counting)
+    monkeypatch.setattr(sampler_mod, "score_tokens", counting)
+    sp = types.SamplingParams(max_tokens=3, seed=4, stop=[])
+    # in one batch: compute_logprobs for every prompt, samples with and without prompt logprobs
+    score_futs = [sc.compute_logprobs(p) for p in prompts]
+    with_lp = [sc.sample(p, n, sp, include_prompt_logprobs=True) for p, n in zip(prompts, (4, 1, 2))]
+    without = sc.sample(prompts[0], 2, sp)
+    scored = [f.result() for f in score_futs]
+    assert calls == [3]  # compute_logprobs' own forward only
+    for p, f, want in zip(prompts, with_lp, scored):
+        got = f.result().prompt_logprobs
+        assert len(got) == p.length and got[0] is None and want[0] is None
+        assert max((abs(x - y) for x, y in zip(got[1:], want[1:])), default=0.0) < 1e-5
+    assert without.result().prompt_logprobs is None
+    # sample-only batch: no separate scoring forward either
+    again = sc.sample(prompts[1], 2, sp, include_prompt_logprobs=True).result()
+    assert calls == [3]
+    assert max(abs(x - y) for x, y in zip(again.prompt_logprobs[1:], scored[1][1:])) < 1e-5
+    # independent float64 reference: the base model (this adapter is untrained: LoRA B is zero)
+    from transformers import AutoModelForCausalLM
+
+    assert all(float(q.detach().abs().sum()) == 0 for n, q in tc._engine.model.named_parameters() if "lora_B" in n)
+    ref = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
+    toks = prompts[1].to_ints()
+    with torch.no_grad():
+        logits = ref(input_ids=torch.tensor([toks])).logits[0]
+    want64 = [float(torch.log_softmax(logits[i - 1], -1)[toks[i]]) for i in range(1, len(toks))]
+    assert max(abs(x - y) for x, y in zip(again.prompt_logprobs[1:], want64)) < 1e-4
+
+
+def test_prompt_logprobs_on_the_static_path_and_the_fallback(tc, tiny_tokenizer, monkeypatch):
+    """The static-cache generator returns the same prompt logprobs; a model whose output head
+    alone does not reproduce its logits is scored with a separate forward instead."""
+    from rl.backends.local_sampler import Row, score_tokens
+
+    eng = tc._engine
+    prompts = [tiny_tokenizer.encode(t) for t in ("Hello there", "One more, longer prompt to pad")]
+    want = score_tokens(eng.model, prompts, eng.pad_id)
+    rows = [Row(prompt=pr, max_tokens=3, key=i, prompt_logprobs=i != 1) for i, pr in
+            enumerate([prompts[0], prompts[0], prompts[1]])]
+    for static in (False, True):
+        gen = _gen(eng, static_cache=static)
+        out = gen.generate(rows)
+        assert "prompt_logprobs_by_separate_forward" not in gen.stats.extra
+        assert out[1].prompt_logprobs is None
+        for r, pr_lp in ((out[0], want[0]), (out[2], want[1])):
+            assert r.prompt_logprobs[0] is None and len(r.prompt_logprobs) == len(pr_lp)
+            assert max(abs(x - y) for x, y in zip(r.prompt_logprobs[1:], pr_lp[1:])) < 1e-5
+    head = eng.model.get_output_embeddings()
+    assert head is not None
+    monkeypatch.setattr(type(eng.model.get_base_model()), "get_output_embeddings",
+                        lambda self: (lambda h: 2.0 * head(h)))
+    gen = _gen(eng)
+    out = gen.generate(rows)
+    monkeypatch.undo()
+    assert gen.stats.extra["prompt_logprobs_by_separate_forward"] == 1
+    assert out[1].prompt_logprobs is None
+    assert max(abs(x - y) for x, y in zip(out[2].prompt_logprobs[1:], want[1][1:])) < 1e-5

@@ -17,7 +17,8 @@ snapshot into the adapter, runs, and copies the live weights back, so later opti
 change an existing sampling client.
 
 Batching: `sample` and `compute_logprobs` only queue a request. The queue is flushed into
-batched generation (left-padded rows, one prefill, one decode step per token with a KV cache)
+batched generation (left-padded rows, one prefill per distinct prompt shared by its samples,
+which also gives `include_prompt_logprobs`, then one decode step per token with a KV cache)
 when a caller first waits on any queued future (`.result()`, `await`, `.future()`), or when
 `max_batch_rows` rows are queued. A loop that submits every request of a step before awaiting
 any (as the cookbook's does) gets one batch per step, and the batch composition depends only on
@@ -270,25 +271,23 @@ class _Engine:
                     j.future.set_exception(e)
 
     def _run_group(self, group: list[_Request]) -> None:
-        # Prompt scoring: one padded forward per chunk of requests.
-        scored = [j for j in group if j.kind == "score" or j.include_prompt_logprobs]
-        prompt_lps: dict[int, list[float | None]] = {}
+        # compute_logprobs: one padded forward per chunk of requests. (A sample request's
+        # prompt logprobs come from its own prefill, in `_generate`.)
+        scored = [j for j in group if j.kind == "score"]
         if scored:
             lps = score_tokens(self.model, [j.prompt for j in scored], self.pad_id)
-            prompt_lps = {id(j): lp for j, lp in zip(scored, lps)}
-        for j in group:
-            if j.kind == "score":
-                j.future.set_result(prompt_lps[id(j)])
+            for j, lp in zip(scored, lps):
+                j.future.set_result(lp)
         # Generation: consecutive requests packed into batches of at most max_batch_rows rows.
         samples = [j for j in group if j.kind == "sample"]
         batch: list[_Request] = []
         for j in samples:
             if batch and sum(b.num_samples for b in batch) + j.num_samples > self.max_batch_rows:
-                self._generate(batch, prompt_lps)
+                self._generate(batch)
                 batch = []
             batch.append(j)
         if batch:
-            self._generate(batch, prompt_lps)
+            self._generate(batch)
 
     def _rows(self, j: _Request) -> list[Row]:
         p = j.params
@@ -308,15 +307,17 @@ class _Engine:
         return [
             Row(prompt=j.prompt, max_tokens=max_tokens, temperature=float(p.temperature),
                 top_k=int(p.top_k), top_p=float(p.top_p), stop_ids=stop_ids,
-                stop_strs=stop_strs, key=row_key(j.key, s))
+                stop_strs=stop_strs, key=row_key(j.key, s),
+                prompt_logprobs=j.include_prompt_logprobs)
             for s in range(j.num_samples)
         ]
 
-    def _generate(self, batch: list[_Request], prompt_lps) -> None:
+    def _generate(self, batch: list[_Request]) -> None:
         rows = [r for j in batch for r in self._rows(j)]
         results = self.generator.generate(rows)
         k = 0
         for j in batch:
+            prompt_lps = results[k].prompt_logprobs  # the same list on each of j's rows
             seqs = []
             for s in range(j.num_samples):
                 res = results[k]
@@ -325,7 +326,7 @@ class _Engine:
                     stop_reason=res.stop_reason, sequence_id=f"{j.seq_prefix}:{s}",
                     _tokens_list=res.tokens, _logprobs_list=res.logprobs))
             j.future.set_result(types.SampleResponse(
-                sequences=seqs, _prompt_logprobs_list=prompt_lps.get(id(j))))
+                sequences=seqs, _prompt_logprobs_list=prompt_lps))
 
     # --- learner ----------------------------------------------------------------------------
     def forward_backward(self, data: Sequence[types.Datum], loss_fn: str, forward_only: bool

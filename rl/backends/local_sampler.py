@@ -1,9 +1,11 @@
 """Batched generation with a KV cache, counter-based sampling, and token scoring.
 
-`generate(model, rows, ...)` runs one left-padded batch: a prefill of all prompts, then one
-decode step per new token over the whole batch with the KV cache (`DynamicCache` on CPU; on
-CUDA a preallocated static KV cache whose decode step is captured once as a CUDA graph and
-replayed for every later token and batch of the same shape).
+`generate(model, rows, ...)` runs one left-padded batch: one prefill per distinct prompt (the
+rows of a `num_samples > 1` request, or any rows with equal prompts, share it: its KV cache and
+last logits are copied out to each of them), then one decode step per new token over the whole
+batch with the KV cache (`DynamicCache` on CPU; on CUDA a preallocated static KV cache whose
+decode step is captured once as a CUDA graph and replayed for every later token and batch of
+the same shape). Rows that ask for `prompt_logprobs` get them from the same prefill.
 
 Randomness is counter-based: row r draws its step-t uniform from splitmix64(key_r, t), so a
 row's tokens depend only on its own key and logits, never on which other requests shared its
@@ -71,6 +73,7 @@ class Row:
     stop_ids: tuple[int, ...] = ()
     stop_strs: tuple[str, ...] = ()
     key: int = 0
+    prompt_logprobs: bool = False  # also return the prompt's own logprobs (first entry None)
 
 
 @dataclass
@@ -78,12 +81,14 @@ class RowResult:
     tokens: list[int]
     logprobs: list[float]
     stop_reason: str  # "stop" | "length"
+    prompt_logprobs: list[float | None] | None = None
 
 
 @dataclass
 class GenStats:
     batches: int = 0
     rows: int = 0
+    prefill_rows: int = 0  # distinct prompts prefilled
     decode_steps: int = 0
     sampled_tokens: int = 0
     graphed_batches: int = 0
@@ -250,12 +255,16 @@ class _GraphedDecoder:
     def set_length(self, n: int) -> None:
         self.cache.set_length(n)
 
-    def prefill(self, ids, pos, mask4d):
-        out = self.model(
-            input_ids=ids, position_ids=pos, attention_mask=mask4d,
-            past_key_values=self.cache, use_cache=True, logits_to_keep=1,
-        )
-        return out.logits[:, -1].float()
+    def load_prefill(self, cache, src_B: torch.Tensor, n: int) -> None:
+        """Copy a prefilled DynamicCache of the distinct prompts (n slots) into every row:
+        row b gets prompt src_B[b]'s keys and values. In place, so a captured graph stays valid."""
+        assert len(cache.layers) == len(self.cache.k)
+        for layer, k, v in zip(cache.layers, self.cache.k, self.cache.v):
+            if layer.keys.shape[2] != n:  # e.g. a sliding-window layer that dropped keys
+                raise RuntimeError(f"prefill cache holds {layer.keys.shape[2]} positions, expected {n}")
+            k[:, :, :n].copy_(layer.keys.index_select(0, src_B))
+            v[:, :, :n].copy_(layer.values.index_select(0, src_B))
+        self.set_length(n)
 
     def _step(self):
         out = self.model(
@@ -292,8 +301,11 @@ class Generator:
     """Runs batches of rows on one model; keeps captured CUDA graphs between batches."""
 
     def __init__(self, model, pad_id: int, tokenizer=None, use_cuda_graphs: bool | None = None,
-                 static_cache: bool | None = None):
+                 static_cache: bool | None = None, share_prefill: bool = True,
+                 max_logit_elems: int = 1 << 27):
         self.model = model
+        self.share_prefill = share_prefill  # False: one prefill row per row (for comparisons)
+        self.max_logit_elems = max_logit_elems  # bounds the prompt-logprob logits chunk
         self.pad_id = pad_id
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -308,16 +320,29 @@ class Generator:
         t_start = time.perf_counter()
         B = len(rows)
         dev = self.device
-        Lp = max(len(r.prompt) for r in rows)
+        # Rows with equal prompts (a request's samples) share one prefill row: prompt u of
+        # prompts_U is prefilled once and src_B[b] names the prompt of row b.
+        if self.share_prefill:
+            first: dict[tuple[int, ...], int] = {}
+            src = [first.setdefault(tuple(r.prompt), len(first)) for r in rows]
+            prompts_U = [list(p) for p in first]
+        else:
+            src = list(range(B))
+            prompts_U = [r.prompt for r in rows]
+        U = len(prompts_U)
+        want_lp_U = [False] * U
+        for r, u in zip(rows, src):
+            want_lp_U[u] |= r.prompt_logprobs
+        Lp = max(len(p) for p in prompts_U)
         max_new = max(r.max_tokens for r in rows)
-        ids = torch.full((B, Lp), self.pad_id, dtype=torch.long)
-        pmask = torch.zeros(B, Lp, dtype=torch.bool)
-        for i, r in enumerate(rows):
-            ids[i, Lp - len(r.prompt) :] = torch.tensor(r.prompt, dtype=torch.long)
-            pmask[i, Lp - len(r.prompt) :] = True
+        ids = torch.full((U, Lp), self.pad_id, dtype=torch.long)
+        pmask = torch.zeros(U, Lp, dtype=torch.bool)
+        for u, p in enumerate(prompts_U):
+            ids[u, Lp - len(p) :] = torch.tensor(p, dtype=torch.long)
+            pmask[u, Lp - len(p) :] = True
         ids, pmask = ids.to(dev), pmask.to(dev)
         pos = (pmask.long().cumsum(1) - 1).clamp_min(0)
-        next_pos = pos[:, -1:] + 1
+        src_B = torch.tensor(src, dtype=torch.long, device=dev)
 
         temps = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=dev)
         any_greedy = any(r.temperature <= 0 for r in rows)
@@ -341,6 +366,13 @@ class Generator:
         done = max_tok <= 0
         by_stop = torch.zeros(B, dtype=torch.bool, device=dev)
 
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        logits_U, prompt_lps_U = self._prefill(ids, pos, pmask, cache, prompts_U, want_lp_U)
+        logits = logits_U.index_select(0, src_B)
+        pmask_B = pmask.index_select(0, src_B)
+        next_pos = pos[:, -1:].index_select(0, src_B) + 1
         graphed = self.static_cache
         if graphed:
             total = _bucket(Lp + max_new, 128)
@@ -348,24 +380,16 @@ class Generator:
             if dec is None:
                 self._graphs.clear()  # one live static cache at a time bounds memory
                 dec = self._graphs[(B, total)] = _GraphedDecoder(self.model, B, total)
-            else:
-                dec.reset()
-            kv_len = total
-            logits = dec.prefill(ids, pos, _prefill_mask(pmask, kv_len))
+            dec.load_prefill(cache, src_B, Lp)
+            del cache
             dec.mask.zero_()
-            dec.mask[:, 0, 0, :Lp] = pmask
+            dec.mask[:, 0, 0, :Lp] = pmask_B
         else:
-            from transformers import DynamicCache
-
-            cache = DynamicCache(config=self.model.config)
+            if src != list(range(B)):
+                cache.batch_select_indices(src_B)
             kv_len = Lp + max_new
             full_mask = torch.zeros(B, 1, 1, kv_len, dtype=torch.bool, device=dev)
-            full_mask[:, 0, 0, :Lp] = pmask
-            out = self.model(
-                input_ids=ids, position_ids=pos, attention_mask=_prefill_mask(pmask, Lp),
-                past_key_values=cache, use_cache=True, logits_to_keep=1,
-            )
-            logits = out.logits[:, -1].float()
+            full_mask[:, 0, 0, :Lp] = pmask_B
 
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
@@ -433,6 +457,7 @@ class Generator:
         self.stats.batches += 1
         self.stats.graphed_batches += int(graphed and dec.graph is not None)
         self.stats.rows += B
+        self.stats.prefill_rows += U
         self.stats.decode_steps += step + 1
         stop_list = by_stop.tolist()
         tok_list = tokens.tolist()
@@ -441,10 +466,73 @@ class Generator:
         for i in range(B):
             n = n_list[i]
             self.stats.sampled_tokens += n
-            results.append(
-                RowResult(tok_list[i][:n], lp_list[i][:n], "stop" if stop_list[i] else "length")
-            )
+            results.append(RowResult(
+                tok_list[i][:n], lp_list[i][:n], "stop" if stop_list[i] else "length",
+                prompt_lps_U[src[i]] if rows[i].prompt_logprobs else None))
         return results
+
+    def _prefill(self, ids, pos, pmask, cache, prompts_U, want_lp_U):
+        """One forward over the distinct prompts into `cache`: the last position's logits [U, V]
+        and, for prompts in want_lp_U, their own logprobs from the same forward's hidden states
+        (the final-norm output the LM head reads) -- the values `score_tokens` gives."""
+        Lp = ids.shape[1]
+        hidden: list[torch.Tensor] = []
+        hook = None
+        if any(want_lp_U):
+            def keep(_module, _args, out):
+                hidden.append(out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0])
+
+            hook = self.model.get_decoder().register_forward_hook(keep)
+        try:
+            out = self.model(
+                input_ids=ids, position_ids=pos, attention_mask=_prefill_mask(pmask, Lp),
+                past_key_values=cache, use_cache=True, logits_to_keep=1,
+            )
+        finally:
+            if hook is not None:
+                hook.remove()
+        logits_U = out.logits[:, -1].float()
+        prompt_lps_U: list[list[float | None] | None] = [None] * len(prompts_U)
+        if not hidden:
+            return logits_U, prompt_lps_U
+        head = self.model.get_output_embeddings()
+        h_U = hidden[0]
+        # The head alone must reproduce the model's own last logits (up to matmul rounding); a
+        # model that does more (logit soft-capping, scaling) is scored with a separate forward.
+        cfg = self.model.config
+        plain = (head is not None and getattr(cfg, "final_logit_softcapping", None) is None
+                 and getattr(cfg, "logit_scale", None) in (None, 1, 1.0))
+        if plain:
+            tol = max(4 * torch.finfo(h_U.dtype).eps, 1e-4) * (1.0 + float(logits_U.abs().max()))
+            plain = float((head(h_U[:, -1]).float() - logits_U).abs().max()) <= tol
+        if not plain:
+            self.stats.extra["prompt_logprobs_by_separate_forward"] = (
+                self.stats.extra.get("prompt_logprobs_by_separate_forward", 0) + 1)
+            wanted = [u for u, w in enumerate(want_lp_U) if w]
+            for u, lp in zip(wanted, score_tokens(self.model, [prompts_U[u] for u in wanted], self.pad_id)):
+                prompt_lps_U[u] = lp
+            return logits_U, prompt_lps_U
+        # Left-padded: prompt u of length n sits at Lp-n..Lp-1; positions Lp-n..Lp-2 predict it.
+        h_N, tgt_N, spans = [], [], []
+        for u, w in enumerate(want_lp_U):
+            if w:
+                n = len(prompts_U[u])
+                h_N.append(h_U[u, Lp - n : Lp - 1])
+                tgt_N.append(ids[u, Lp - n + 1 :])
+                spans.append((u, n - 1))
+        h_cat, tgt_cat = torch.cat(h_N), torch.cat(tgt_N)
+        V = logits_U.shape[-1]
+        step = max(1, self.max_logit_elems // V)
+        lp_chunks = []
+        for a in range(0, h_cat.shape[0], step):
+            lg = head(h_cat[a : a + step]).float()
+            lp_chunks.append(torch.log_softmax(lg, -1).gather(1, tgt_cat[a : a + step, None]).squeeze(1))
+        lp_list = (torch.cat(lp_chunks) if lp_chunks else tgt_cat.float()).tolist()
+        k = 0
+        for u, m in spans:
+            prompt_lps_U[u] = [None] + lp_list[k : k + m]
+            k += m
+        return logits_U, prompt_lps_U
 
 
 @torch.no_grad()
