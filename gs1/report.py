@@ -20,8 +20,6 @@ import html
 import io
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +33,7 @@ from matplotlib.ticker import MaxNLocator, MultipleLocator
 
 from gs1.errors import UserError
 from schemas.artifacts import read_artifact
-from schemas.io import write_text_atomic
+from schemas.io import write_bytes_atomic, write_text_atomic
 
 KERNEL_ADVANTAGE = "kernel_cross_prompt_baseline"
 KERNEL_P10_METRIC = "kernel_effective_neighbors_p10"
@@ -1023,17 +1021,7 @@ def embedded_markdown(out_dir: str | Path) -> str:
 
 
 def _write_bytes_atomic(path: Path, payload: bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return write_bytes_atomic(path, payload)
 
 
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict:

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from gs1.errors import UserError
+from schemas.io import read_parquet
 from rl.geff import HeldOut
 
 EMBEDDING = "embedding"
@@ -55,12 +55,7 @@ class RolloutLog:
 def load_log(path: str | Path, name: str | None = None) -> RolloutLog:
     """Read and check a hill-climb log; any problem is a one-line UserError."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: no such file")
-    try:
-        table = pq.read_table(path)
-    except Exception as e:  # pyarrow raises several types for a corrupt file
-        raise UserError(f"{path}: not a readable Parquet file ({type(e).__name__})") from None
+    table = read_parquet(path)
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items() if not k.startswith(b"ARROW")}
     return log_from_table(table, name or meta.get("gs1.env") or path.stem, meta, where=str(path))
 

@@ -332,17 +332,19 @@ def eval_rows(
     max_tokens: int,
     max_in_flight: int = 64,
 ) -> list[dict]:
-    """Greedy-decode every eval problem (bounded concurrency) and grade it with the env grader."""
-    from rl.sampling import sample_bounded
+    """Greedy-decode every eval problem and grade it with the env grader.
+
+    At most `max_in_flight` requests are in flight: each chunk is submitted whole before any of
+    it is awaited, so a batching backend (the local engine) decodes a chunk as one batch.
+    """
+    from rl.sampling import submit_all
 
     prompts_P = [env.build_prompt(renderer, problem) for problem in problems]
-    responses_P = sample_bounded(
-        sampling_client,
-        prompts_P,
-        1,
-        types.SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=env.stop_sequences(renderer), seed=0),
-        max_in_flight=max_in_flight,
-    )
+    params = types.SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=env.stop_sequences(renderer), seed=0)
+    responses_P = []
+    for start in range(0, len(prompts_P), max_in_flight):
+        futures = submit_all(sampling_client, prompts_P[start : start + max_in_flight], 1, params)
+        responses_P += [future.result() for future in futures]
     rows = []
     for problem, response in zip(problems, responses_P):
         tokens_T = list(response.sequences[0].tokens)

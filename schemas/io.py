@@ -18,6 +18,10 @@ import pyarrow.parquet as pq
 from gs1.errors import UserError
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 def _atomic_write(path: Path, write) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -25,6 +29,7 @@ def _atomic_write(path: Path, write) -> Path:
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; artifacts are ordinary files
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -38,6 +43,14 @@ def write_parquet_atomic(table: pa.Table, path: str | Path, schema: pa.Schema | 
     if schema is not None:
         table = table.select(schema.names).cast(schema)
     return _atomic_write(Path(path), lambda tmp: pq.write_table(table, tmp))
+
+
+def write_bytes_atomic(path: str | Path, payload: bytes) -> Path:
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(payload)
+
+    return _atomic_write(Path(path), write)
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
