@@ -352,13 +352,15 @@ def test_report_task_publishes_markdown_artifact(tmp_path, prefect_harness):
     def report_flow(run_dir: str) -> dict:
         return run_report(run_dir)
 
-    result = report_flow(str(run))
+    state = report_flow(str(run), return_state=True)
+    result = state.result()
     assert Path(result["html"]).is_file()
+    flow_run_id = state.state_details.flow_run_id
 
     async def latest():
         async with get_client() as client:
             found = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["report"])))
-            return found[-1]
+            return [a for a in found if a.flow_run_id == flow_run_id][-1]  # other tests publish reports too
 
     import asyncio
 

@@ -173,7 +173,7 @@ def test_paired_decision_record_from_maps_and_files(tmp_path):
     # every column of the decision artifact but the criterion name is in the record
     from schemas.artifacts import DECISION
 
-    assert set(DECISION.names) - {"criterion"} <= set(record)
+    assert set(DECISION.names) - {"criterion", "treatment", "baseline"} <= set(record)  # names come from the flow
 
     # the same items from files, in another order and format
     (tmp_path / "t.jsonl").write_text("".join(json.dumps({"item_id": k, "correct": bool(v)}) + "\n" for k, v in reversed(treatment.items())))
