@@ -7,6 +7,7 @@ resumes from its last checkpoint when the stage is run again after a crash.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from pathlib import Path
@@ -32,8 +33,10 @@ def arm_config(arm: dict, **overrides) -> ArmConfig:
 
 
 def renderer_for(run: dict, tokenizer):
+    """A renderer with its own tokenizer: arms run in parallel threads, and a Hugging Face fast
+    tokenizer shared across threads fails with 'Already borrowed'."""
     name = run["renderer"] or model_info.get_recommended_renderer_name(run["base_model"])
-    return renderers.get_renderer(name, tokenizer)
+    return renderers.get_renderer(name, copy.deepcopy(tokenizer))
 
 
 def open_arm(run: dict, arm: ArmConfig, backend: str):

@@ -12,6 +12,8 @@ Bad input raises `gs1.errors.UserError` with one line naming what is wrong.
 
 from __future__ import annotations
 
+import copy
+
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,7 +104,9 @@ def load_tokenizer(src: ModelSource):
     key = (src.path, src.gguf_file)
     if key not in _TOKENIZERS:
         _TOKENIZERS[key] = _load_tokenizer(src)
-    return _TOKENIZERS[key]
+    # Each engine gets its own copy: a fast tokenizer used from two threads at once fails
+    # ("Already borrowed"), and engines of parallel arms run in parallel threads.
+    return copy.deepcopy(_TOKENIZERS[key])
 
 
 def _load_tokenizer(src: ModelSource):
