@@ -62,8 +62,12 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-cuda-graphs", action="store_true")
+    ap.add_argument("--merge", action="store_true",
+                    help="sample on LoRA merged into the bf16 base weights (lossy; comparison only)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the decode step")
     ap.add_argument("--tokenizer-dir", default=None, help="a saved Qwen tokenizer to reuse")
     ap.add_argument("--skip-train", action="store_true")
+    ap.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate of the timed train steps")
     ap.add_argument("--diagnose", action="store_true", help="time graph replay and sampling alone")
     args = ap.parse_args(argv)
 
@@ -78,7 +82,8 @@ def main(argv=None) -> int:
     t_build = time.perf_counter() - t0
     svc = make_service_client("local", device=device, dtype=args.dtype, cache_dir=work / "cache",
                               use_cuda_graphs=False if args.no_cuda_graphs else None,
-                              max_batch_rows=max(args.batch, 1))
+                              max_batch_rows=max(args.batch, 1),
+                              merge_lora=args.merge, compile_decode=args.compile)
     t0 = time.perf_counter()
     tc = svc.create_lora_training_client(str(model_dir), rank=args.rank, seed=0).result()
     t_load = time.perf_counter() - t0
@@ -111,17 +116,18 @@ def main(argv=None) -> int:
 
     train_rows = []
     if not args.skip_train:
-        datums = []
-        for i, (p, r) in enumerate(zip(prompts, last_res)):
-            s = r.sequences[0]
+        def _datum(p, s, adv):
             ob = p.length - 1
-            datums.append(types.Datum(
+            return types.Datum(
                 model_input=p.append(types.EncodedTextChunk(tokens=s.tokens[:-1])),
                 loss_fn_inputs={"target_tokens": [0] * ob + s.tokens,
                                 "logprobs": [0.0] * ob + s.logprobs,
-                                "advantages": [0.0] * ob + [1.0 if i % 2 else -1.0] * len(s.tokens)}))
+                                "advantages": [0.0] * ob + [adv] * len(s.tokens)})
+
+        datums = [_datum(p, r.sequences[0], 1.0 if i % 2 else -1.0)
+                  for i, (p, r) in enumerate(zip(prompts, last_res))]
         n_tok = sum(d.model_input.length for d in datums)
-        adam = types.AdamParams(learning_rate=1e-5, eps=1e-8)
+        adam = types.AdamParams(learning_rate=args.lr, eps=1e-8)
         for r in range(args.repeats + 1):
             t = time.perf_counter()
             fb = tc.forward_backward(datums, "importance_sampling").result()
@@ -137,6 +143,14 @@ def main(argv=None) -> int:
             t_all = time.perf_counter() - t
             train_rows.append(("train" + (" (warm-up)" if r == 0 else ""), t_fb, t_all, n_tok))
         del fb
+        # After the optimizer steps the adapters are non-zero: agreement now also shows whether
+        # the sampler carries the learner's update (a lossy --merge would not, in full).
+        *_, res2 = sample_round()
+        fwd = tc.forward([_datum(p, r.sequences[0], 0.0) for p, r in zip(prompts, res2)],
+                         "importance_sampling").result()
+        diffs = torch.cat([(o["logprobs"].to_torch()[p.length - 1:] - torch.tensor(r.sequences[0].logprobs)).abs()
+                           for o, p, r in zip(fwd.loss_fn_outputs, prompts, res2)])
+        agree_trained = (float(diffs.max()), float(diffs.mean()))
 
     diag = {}
     if args.diagnose and gen._graphs and device.startswith("cuda"):
@@ -181,7 +195,8 @@ def main(argv=None) -> int:
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
     print(f"\nconfig={args.config} device={device} ({name}) dtype={dtype} batch={args.batch} "
           f"prompt={args.prompt_tokens} new={args.new_tokens} rank={args.rank} "
-          f"cuda_graphs={gen.use_cuda_graphs} build={t_build:.1f}s load={t_load:.1f}s "
+          f"cuda_graphs={gen.use_cuda_graphs} merged_lora={gen.merge is not None} "
+          f"compiled={gen.compile_decode} build={t_build:.1f}s load={t_load:.1f}s "
           f"torch={torch.__version__}")
     if gen.stats.extra:
         print("notes:", gen.stats.extra)
@@ -189,7 +204,8 @@ def main(argv=None) -> int:
         print("diagnostics:", {k: round(v, 3) for k, v in diag.items()})
     if train_rows:
         print(f"sampler vs learner logprobs on the sampled tokens: max |diff| {agree[0]:.2e}, "
-              f"mean {agree[1]:.2e}")
+              f"mean {agree[1]:.2e}; after {len(train_rows)} optimizer steps: max |diff| "
+              f"{agree_trained[0]:.2e}, mean {agree_trained[1]:.2e}")
     print("| phase | wall s | prefill s | decode s | decode steps | ms / decode step | sampled tok/s |")
     print("|---|---|---|---|---|---|---|")
     for ph, wall, pre, dec, steps, toks in rows:

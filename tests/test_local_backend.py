@@ -472,3 +472,50 @@ def test_prompt_logprobs_on_the_static_path_and_the_fallback(tc, tiny_tokenizer,
     assert gen.stats.extra["prompt_logprobs_by_separate_forward"] == 1
     assert out[1].prompt_logprobs is None
     assert max(abs(x - y) for x, y in zip(out[2].prompt_logprobs[1:], want[1][1:])) < 1e-5
+
+
+def test_merged_lora_generation_matches_adapters_and_restores_the_base(tiny_service_client, tiny_model_dir,
+                                                                        tiny_tokenizer):
+    """CUDA samples on LoRA folded into the base weights (`MergedLora`); run here in fp32 on the
+    CPU with non-zero adapters, it gives the unmerged path's tokens and logprobs, and afterwards
+    every base weight is bit-identical, the adapters are live again and still trainable."""
+    from rl.backends.local_sampler import Row
+
+    tc = tiny_service_client.create_lora_training_client(str(tiny_model_dir), rank=4, seed=3).result()
+    eng = tc._engine
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for n, p in eng.model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    base_before = {n: p.detach().clone() for n, p in eng.model.named_parameters() if "lora_" not in n}
+    rows = [Row(prompt=tiny_tokenizer.encode(t), max_tokens=8, temperature=1.0, key=k)
+            for t, k in (("Hello there", 1), ("A longer prompt than the first one", 2))]
+    merged_gen = _gen(eng, merge_lora=True)
+    assert len(merged_gen.merge.layers) > 0
+    plain = _gen(eng, merge_lora=False).generate(rows)
+    merged = merged_gen.generate(rows)
+    with merged_gen.merge.merged():  # inside, the base weights carry the adapters' delta
+        w = merged_gen.merge.layers[0].get_base_layer().weight
+        n0 = next(n for n, p in eng.model.named_parameters() if p is w)
+        assert not torch.equal(w, base_before[n0])
+    _same_rows(merged, plain, tol=1e-4)
+    # the adapters matter here: the base model alone samples something else
+    with eng.model.disable_adapter():
+        base_only = _gen(eng, merge_lora=False).generate(rows)
+    assert any(a.logprobs != b.logprobs for a, b in zip(base_only, plain))
+    after = {n: p for n, p in eng.model.named_parameters() if "lora_" not in n}
+    assert all(torch.equal(base_before[n], after[n]) for n in base_before)
+    assert not any(m.disable_adapters for m in merged_gen.merge.layers)
+    assert all(p.requires_grad for n, p in eng.model.named_parameters() if "lora_" in n)
+    again = _gen(eng, merge_lora=False).generate(rows)
+    assert [(r.tokens, r.logprobs) for r in again] == [(r.tokens, r.logprobs) for r in plain]
+
+
+def test_compile_decode_is_opt_in_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("GS1_COMPILE_DECODE", raising=False)
+    assert make_service_client("local", device="cpu", cache_dir=tmp_path).compile_decode is False
+    monkeypatch.setenv("GS1_COMPILE_DECODE", "1")
+    assert make_service_client("local", device="cpu", cache_dir=tmp_path).compile_decode is True
+    assert make_service_client("local", device="cpu", cache_dir=tmp_path,
+                               compile_decode=False).compile_decode is False

@@ -3,7 +3,8 @@
 `make_service_client(backend, **kw)` returns an object with the `tinker.ServiceClient` methods
 the loop uses (see docs/contracts.md, "Backend surface"):
 - `"local"`: `rl.backends.local.LocalServiceClient(device=None, dtype=None, cache_dir=None,
-  max_batch_rows=None, batch_window_s=0.0, tokens_per_microbatch=None, use_cuda_graphs=None)`.
+  max_batch_rows=None, batch_window_s=0.0, tokens_per_microbatch=None, use_cuda_graphs=None,
+  merge_lora=False, compile_decode=None)`; compile_decode None reads GS1_COMPILE_DECODE.
 - `"tinker"`: `rl.backends.tinker_backend.make_tinker_service_client(base_url=None,
   api_key=None, **kw)` (imported lazily, so the local path never needs the hosted pieces).
 """

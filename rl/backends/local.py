@@ -147,7 +147,8 @@ class _Engine:
 
     def __init__(self, src: ModelSource, lora: LoraSpec, seed: int | None, device, dtype,
                  max_batch_rows: int, batch_window_s: float, tokens_per_microbatch: int,
-                 use_cuda_graphs: bool | None):
+                 use_cuda_graphs: bool | None, merge_lora: bool = False,
+                 compile_decode: bool = False):
         from peft import LoraConfig, get_peft_model
 
         self.src, self.lora, self.device, self.dtype = src, lora, device, dtype
@@ -164,7 +165,8 @@ class _Engine:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.pad_id = self._pad_id()
         self.eos_ids = self._eos_ids()
-        self.generator = Generator(self.model, self.pad_id, self.tokenizer, use_cuda_graphs)
+        self.generator = Generator(self.model, self.pad_id, self.tokenizer, use_cuda_graphs,
+                                   merge_lora=merge_lora, compile_decode=compile_decode)
         self.worker = SerialWorker("gs1-local")
         self.max_batch_rows = max_batch_rows
         self.batch_window_s = batch_window_s
@@ -626,7 +628,8 @@ class LocalServiceClient:
 
     def __init__(self, device=None, dtype=None, cache_dir=None, *, max_batch_rows: int | None = None,
                  batch_window_s: float = 0.0, tokens_per_microbatch: int | None = None,
-                 use_cuda_graphs: bool | None = None):
+                 use_cuda_graphs: bool | None = None, merge_lora: bool = False,
+                 compile_decode: bool | None = None):
         self.device = _pick_device(device)
         self.dtype = _pick_dtype(dtype, self.device)
         cache = cache_dir or os.environ.get("GS1_LOCAL_CACHE")
@@ -637,6 +640,10 @@ class LocalServiceClient:
         self.batch_window_s = batch_window_s
         self.tokens_per_microbatch = tokens_per_microbatch or (16384 if cuda else 4096)
         self.use_cuda_graphs = use_cuda_graphs
+        self.merge_lora = bool(merge_lora)
+        # GS1_COMPILE_DECODE=1 turns it on for runs that build their own client (gs1 run)
+        self.compile_decode = (os.environ.get("GS1_COMPILE_DECODE", "") not in ("", "0")
+                               if compile_decode is None else compile_decode)
         self._ids = itertools.count()
         self._samplers: dict[tuple, _Engine] = {}
         self._lock = threading.Lock()
@@ -644,7 +651,7 @@ class LocalServiceClient:
     def _engine(self, base_model: str, lora: LoraSpec, seed: int | None) -> _Engine:
         return _Engine(resolve_model(base_model), lora, seed, self.device, self.dtype,
                        self.max_batch_rows, self.batch_window_s, self.tokens_per_microbatch,
-                       self.use_cuda_graphs)
+                       self.use_cuda_graphs, self.merge_lora, self.compile_decode)
 
     def create_lora_training_client(self, base_model: str, rank: int = 32, seed: int | None = None,
                                     train_mlp: bool = True, train_attn: bool = True,
