@@ -10,7 +10,7 @@ from typing import Literal
 
 from prefect import flow
 
-from flows.experiment import experiment
+from flows.experiment import experiment_in
 from schemas.spec import SpecOverrides
 from tasks.spec import spec_with_overrides
 
@@ -25,4 +25,5 @@ def gs1_run(
 ) -> dict:
     """Run a pre-registered spec (a path on the serving machine) end to end."""
     spec = spec_with_overrides(spec_path, overrides.model_dump(exclude_none=True) if overrides else {})
-    return experiment(spec_path=spec["spec_path"], run_dir=run_dir or spec["run_dir"], backend=backend, data_dir=data_dir)
+    run_dir = run_dir or spec["run_dir"]
+    return experiment_in(run_dir)(spec_path=spec["spec_path"], run_dir=run_dir, backend=backend, data_dir=data_dir)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import flow
+from prefect import Flow, flow, get_run_logger
 
 from tasks.arms import eval_items, pilot_rollouts, trained_arm
 from tasks.common import GateFailed
@@ -21,6 +21,7 @@ from tasks.spec import calibrated_plan, validated_plan
 CALIBRATION_BANDWIDTHS = (0.5, 1.0)
 CALIBRATED_METRIC = "kernel_effective_neighbors_p10"
 CALIBRATION_WALL_LIMIT_S = 600  # the spec's cap: at most 2 pilot steps and 10 wall minutes
+STAGE_RESULTS = ".stage-results"  # under the run dir: the stage cache lives and dies with the run
 
 
 @flow(name="gs1-experiment")
@@ -43,6 +44,10 @@ def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: s
             # stay in pilot/), gate it, and record the revised spec before anything else runs.
             treatment = next(a for a in plan["arms"] if a["name"] == run["treatment"])
             bandwidth = next(h for h in CALIBRATION_BANDWIDTHS if h != treatment["kernel"]["bandwidth"])
+            get_run_logger().warning(
+                f"{failed}; the spec pre-registers one calibration for {CALIBRATED_METRIC}: re-piloting at "
+                f"bandwidth {bandwidth} (at most {plan['pilot']['steps']} steps, "
+                f"{CALIBRATION_WALL_LIMIT_S // 60} minutes); the run continues only if that gate passes")
             pilot = pilot_rollouts(plan["arms"], plan["pilot"], run, run_dir, backend, data_dir,
                                    stage="calibration", bandwidth=bandwidth, wall_limit_s=CALIBRATION_WALL_LIMIT_S)  # fmt: skip
             activation_gate(plan["checks"], pilot["treatment"], pilot["baseline"], pilot["heldout"],
@@ -66,3 +71,9 @@ def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: s
         # The report renders whatever ran, so a run stopped at a gate still gets its page.
         run_report(run_dir, return_state=True)  # never masks the exception that ended the run
     return decision
+
+
+def experiment_in(run_dir: str | Path) -> Flow:
+    """The experiment flow with every stage's persisted result under `<run_dir>/.stage-results/`:
+    deleting a run directory deletes its cache, and no run reads another's stored results."""
+    return experiment.with_options(result_storage=Path(run_dir).resolve() / STAGE_RESULTS)

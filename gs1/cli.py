@@ -18,6 +18,22 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
+def _bound_malloc() -> None:
+    """Keep glibc from hoarding freed tensor memory: every engine worker thread gets its own
+    malloc arena and freed mid-sized buffers stay in it. Measured on the demo (2 cores): peak
+    RSS 12.0 GB by default, 4.7 GB with two arenas and a fixed 1 MB mmap threshold."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-8, 2)  # M_ARENA_MAX
+        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD (also stops it from growing dynamically)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2 (argparse prints usage + message)
         sys.stderr.write(f"{self.prog}: error: {message}\n")
@@ -41,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    _bound_malloc()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -37,12 +37,12 @@ def flow_spec(repo_root: Path, model_dir: Path, **changes) -> dict:
 
 
 def run_flow(tmp_path: Path, spec: dict):
-    from flows.experiment import experiment
+    from flows.experiment import experiment_in
 
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
     run_dir = tmp_path / "run"
-    state = experiment(spec_path=str(spec_path), run_dir=str(run_dir), backend="local", return_state=True)
+    state = experiment_in(run_dir)(spec_path=str(spec_path), run_dir=str(run_dir), backend="local", return_state=True)
     return state, run_dir
 
 

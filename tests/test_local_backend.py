@@ -519,3 +519,50 @@ def test_compile_decode_is_opt_in_from_the_environment(tmp_path, monkeypatch):
     assert make_service_client("local", device="cpu", cache_dir=tmp_path).compile_decode is True
     assert make_service_client("local", device="cpu", cache_dir=tmp_path,
                                compile_decode=False).compile_decode is False
+
+
+def test_adapter_init_depends_only_on_the_seed_even_across_threads(tiny_service_client, tiny_model_dir):
+    """Arms create their clients in parallel threads; each one's LoRA init must be its seed's,
+    untouched by the global RNG or by another thread seeding at the same moment."""
+    import threading
+
+    def adapters(tc):
+        return [p.detach().clone() for p in tc._engine.params]
+
+    torch.manual_seed(123)
+    alone = adapters(tiny_service_client.create_lora_training_client(str(tiny_model_dir), rank=4, seed=7).result())
+    torch.manual_seed(456)
+    again = adapters(tiny_service_client.create_lora_training_client(str(tiny_model_dir), rank=4, seed=7).result())
+    assert all(torch.equal(a, b) for a, b in zip(alone, again))
+    assert any(float(a.abs().sum()) > 0 for a in alone)
+    got: dict[int, list] = {}
+
+    def make(i):
+        got[i] = adapters(tiny_service_client.create_lora_training_client(
+            str(tiny_model_dir), rank=4, seed=7 if i % 2 == 0 else 8).result())
+
+    threads = [threading.Thread(target=make, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in (0, 2):
+        assert all(torch.equal(a, b) for a, b in zip(alone, got[i]))
+    assert not all(torch.equal(a, b) for a, b in zip(alone, got[1]))
+
+
+def test_a_wait_flushes_only_its_own_clients_requests(tc, tiny_tokenizer):
+    """Two sampling clients on one engine: waiting on one client's request batches only that
+    client's queue, so another thread's pending requests never join (or split) its batch."""
+    sc_a = tc.save_weights_and_get_sampling_client().result()
+    sc_b = tc.save_weights_and_get_sampling_client().result()
+    sp = types.SamplingParams(max_tokens=4, temperature=1.0)
+    fa = [sc_a.sample(_prompt(tiny_tokenizer, f"a {i}"), 1, sp) for i in range(3)]
+    fb = [sc_b.sample(_prompt(tiny_tokenizer, f"b {i}"), 1, sp) for i in range(3)]
+    before = tc._engine.generator.stats.batches
+    ra = [f.result() for f in fa]
+    assert tc._engine.generator.stats.batches == before + 1
+    assert not any(f.done() for f in fb)
+    rb = [f.result() for f in fb]
+    assert tc._engine.generator.stats.batches == before + 2
+    assert len(ra) == len(rb) == 3

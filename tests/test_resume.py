@@ -111,6 +111,13 @@ def test_rerun_is_served_from_cache_and_a_changed_gate_bound_reruns_only_the_gat
     first, run_dir = run_flow(tmp_path, spec)
     assert first.is_completed(), first.message
     decision = (run_dir / "decision" / "decision.json").read_text()
+    # Stage results are stored in the run dir, so deleting a run deletes its cache.
+    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH
+
+    stored = list((run_dir / ".stage-results").iterdir())
+    assert len(stored) >= 9, stored
+    default_store = Path(PREFECT_LOCAL_STORAGE_PATH.value())
+    assert not any(default_store.glob(f.name) for f in stored) if default_store.is_dir() else True
 
     second, _ = run_flow(tmp_path, spec)
     assert second.is_completed()

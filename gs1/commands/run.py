@@ -48,10 +48,10 @@ def run(args: argparse.Namespace) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     print(f"gs1: running {spec_path} on the {args.backend} backend; run directory {run_dir}", flush=True)
 
-    from flows.experiment import experiment
+    from flows.experiment import experiment_in
     from tasks.common import GateFailed
 
-    state = experiment(
+    state = experiment_in(run_dir)(
         spec_path=str(spec_path.resolve()), run_dir=str(run_dir.resolve()), backend=args.backend,
         data_dir=str(Path(data_dir).resolve()) if data_dir else None, return_state=True,
     )  # fmt: skip

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -155,12 +156,10 @@ class _Engine:
         self.tokenizer = load_tokenizer(src)
         base = load_causal_lm(src, dtype, device)
         install_gqa_decode_attention(base)
-        # The same seed gives the same adapter init, whatever ran before in the process.
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
-            cfg = LoraConfig(r=lora.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
-                             target_modules=lora.target_modules(), bias="none")
-            self.model = get_peft_model(base, cfg)
+        cfg = LoraConfig(r=lora.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
+                         target_modules=lora.target_modules(), bias="none")
+        self.model = get_peft_model(base, cfg)
+        self._init_adapters(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
         self.model.eval()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.pad_id = self._pad_id()
@@ -171,10 +170,24 @@ class _Engine:
         self.max_batch_rows = max_batch_rows
         self.batch_window_s = batch_window_s
         self.tokens_per_microbatch = tokens_per_microbatch
-        self._pending: list[_Request] = []
+        self._pending: dict[int, list[_Request]] = {}
         self._lock = threading.Lock()
         self._snap_ids = itertools.count()
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 1 << 16))
+
+    def _init_adapters(self, seed: int) -> None:
+        """peft's init (A kaiming-uniform with a = sqrt(5), B zero) redrawn from a generator of
+        this engine's own: the same seed gives the same adapters whatever else runs in the process.
+        (Seeding torch's global RNG raced when two arms created clients in parallel threads.)"""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in sorted(self.model.named_parameters()):
+                if "lora_A" in name:
+                    w = torch.empty(p.shape, dtype=torch.float32)
+                    torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5), generator=g)
+                    p.copy_(w)
+                elif "lora_B" in name:
+                    p.zero_()
 
     # --- helpers ---------------------------------------------------------------------------
     def _pad_id(self) -> int:
@@ -242,19 +255,24 @@ class _Engine:
                     p.copy_(s)
 
     # --- the sample queue -------------------------------------------------------------------
+    # Requests queue per snapshot (one sampling client): a batch holds only its own client's
+    # requests, so its composition, and every float of its logits, never depends on what
+    # another thread's client (another arm sampling on a shared engine) submitted meanwhile.
     def enqueue(self, req: _Request) -> LocalFuture:
+        sid = req.snapshot.id
         with self._lock:
-            self._pending.append(req)
-            rows = sum(r.num_samples for r in self._pending)
+            queue = self._pending.setdefault(sid, [])
+            queue.append(req)
+            rows = sum(r.num_samples for r in queue)
         if rows >= self.max_batch_rows:
-            self.flush()
-        return LocalFuture(req.future, on_wait=self.flush)
+            self.flush(sid)
+        return LocalFuture(req.future, on_wait=lambda: self.flush(sid))
 
-    def flush(self) -> None:
+    def flush(self, snapshot_id: int) -> None:
         if self.batch_window_s > 0:
             time.sleep(self.batch_window_s)
         with self._lock:
-            jobs, self._pending = self._pending, []
+            jobs = self._pending.pop(snapshot_id, [])
         if jobs:
             self.worker.submit_raw(self._run_requests, jobs)
 
@@ -277,7 +295,8 @@ class _Engine:
         # prompt logprobs come from its own prefill, in `_generate`.)
         scored = [j for j in group if j.kind == "score"]
         if scored:
-            lps = score_tokens(self.model, [j.prompt for j in scored], self.pad_id)
+            lps = score_tokens(self.model, [j.prompt for j in scored], self.pad_id,
+                               self.generator.max_logit_elems)
             for j, lp in zip(scored, lps):
                 j.future.set_result(lp)
         # Generation: consecutive requests packed into batches of at most max_batch_rows rows.
@@ -638,7 +657,9 @@ class LocalServiceClient:
         cuda = self.device.type == "cuda"
         self.max_batch_rows = max_batch_rows or (512 if cuda else 64)
         self.batch_window_s = batch_window_s
-        self.tokens_per_microbatch = tokens_per_microbatch or (16384 if cuda else 4096)
+        # a microbatch's fp32 logits, their log-softmax and both gradients are ~4 x tokens x vocab
+        # floats: 1024 tokens keep that under 1 GB on CPU for a 50k vocabulary
+        self.tokens_per_microbatch = tokens_per_microbatch or (16384 if cuda else 1024)
         self.use_cuda_graphs = use_cuda_graphs
         self.merge_lora = bool(merge_lora)
         # GS1_COMPILE_DECODE=1 turns it on for runs that build their own client (gs1 run)

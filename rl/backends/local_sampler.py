@@ -362,15 +362,16 @@ class Generator:
 
     def __init__(self, model, pad_id: int, tokenizer=None, use_cuda_graphs: bool | None = None,
                  static_cache: bool | None = None, share_prefill: bool = True,
-                 max_logit_elems: int = 1 << 27, merge_lora: bool = False,
+                 max_logit_elems: int | None = None, merge_lora: bool = False,
                  compile_decode: bool = False):
         self.model = model
         self.share_prefill = share_prefill  # False: one prefill row per row (for comparisons)
-        self.max_logit_elems = max_logit_elems  # bounds the prompt-logprob logits chunk
         self.pad_id = pad_id
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         cuda = self.device.type == "cuda"
+        # bounds a chunk of full-vocabulary logits (prompt logprobs): 512 MB on CUDA, 64 MB on CPU
+        self.max_logit_elems = max_logit_elems or (1 << 27 if cuda else 1 << 24)
         self.use_cuda_graphs = cuda if use_cuda_graphs is None else (use_cuda_graphs and cuda)
         self.static_cache = (self.use_cuda_graphs or cuda) if static_cache is None else static_cache
         self._graphs: dict[tuple[int, int], _GraphedDecoder] = {}

@@ -1,0 +1,80 @@
+"""Screenshots of the Prefect UI pages a researcher looks at, in headless Chromium.
+
+    PREFECT_API_URL=http://127.0.0.1:4200/api python scripts/ui_screenshots.py --out shots/ [--flow-run ID]
+
+Without `--flow-run` it takes the newest run of the `gs1-experiment` flow. It saves the flow run page
+(logs and state message), its Artifacts tab, every table/markdown artifact of that run, and the
+run's `report/report.html` when the run directory is found. Needs Debian's `chromium`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--hide-scrollbars", "--run-all-compositor-stages-before-draw"]
+
+
+def shoot(url: str, out: Path, size: str = "1500,1700", budget_ms: int = 20000) -> Path:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        raise SystemExit("scripts/ui_screenshots.py: chromium not found (apt-get install chromium)")
+    cmd = [chromium, *FLAGS, f"--window-size={size}", f"--virtual-time-budget={budget_ms}",
+           f"--screenshot={out}", url]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    print(f"{out}  <-  {url}")
+    return out
+
+
+async def _pages(flow_run_id: str | None):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowFilter, FlowFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    async with get_client() as client:
+        if flow_run_id is None:
+            runs = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["gs1-experiment"])),
+                                               sort=FlowRunSort.START_TIME_DESC, limit=1)
+            if not runs:
+                raise SystemExit("scripts/ui_screenshots.py: no run of the experiment flow on this server")
+            run = runs[0]
+        else:
+            run = await client.read_flow_run(flow_run_id)
+        arts = await client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+        return run, arts
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="shots")
+    ap.add_argument("--flow-run", default=None)
+    ap.add_argument("--ui", default=None, help="UI base URL (default: PREFECT_API_URL without /api)")
+    args = ap.parse_args(argv)
+    api = os.environ.get("PREFECT_API_URL")
+    if not api:
+        raise SystemExit("scripts/ui_screenshots.py: set PREFECT_API_URL (a running `prefect server start`)")
+    ui = (args.ui or api.removesuffix("/").removesuffix("/api")).rstrip("/")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    run, arts = asyncio.run(_pages(args.flow_run))
+    print(f"flow run {run.name} ({run.id}): {run.state_name}")
+    shoot(f"{ui}/runs/flow-run/{run.id}", out / "flow_run.png")
+    shoot(f"{ui}/runs/flow-run/{run.id}?tab=Artifacts", out / "flow_run_artifacts.png")
+    for i, a in enumerate(sorted(arts, key=lambda a: a.created)):
+        if a.type in ("table", "markdown", "progress"):
+            shoot(f"{ui}/artifacts/artifact/{a.id}", out / f"artifact_{i:02d}_{a.key or a.type}.png")
+    run_dir = (run.parameters or {}).get("run_dir")
+    report = Path(run_dir) / "report" / "report.html" if run_dir else None
+    if report is not None and report.is_file():
+        shoot(report.resolve().as_uri(), out / "report.png", size="1300,4000")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
