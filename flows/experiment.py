@@ -27,6 +27,7 @@ STAGE_RESULTS = ".stage-results"  # under the run dir: the stage cache lives and
 @flow(name="gs1-experiment")
 def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: str | None = None) -> dict:
     """Run a pre-registered GS1-vs-baseline experiment end to end; returns the decision record."""
+    stopped = None
     try:
         plan = validated_plan(spec_path, run_dir)
         run = plan["run"]
@@ -67,9 +68,12 @@ def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: s
             evals[run["treatment"]]["jsonl"], evals[run["baseline"]]["jsonl"], plan["decision"],
             {"treatment": run["treatment"], "baseline": run["baseline"]}, str(Path(run_dir) / "decision"),
         )  # fmt: skip
+    except BaseException as exc:
+        stopped = str(exc) or type(exc).__name__
+        raise
     finally:
         # The report renders whatever ran, so a run stopped at a gate still gets its page.
-        run_report(run_dir, return_state=True)  # never masks the exception that ended the run
+        run_report(run_dir, stopped, return_state=True)  # never masks the exception that ended the run
     return decision
 
 

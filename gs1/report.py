@@ -106,6 +106,9 @@ class RunData:
     decision: dict | None = None
     revised_spec: dict | None = None
     problems: list[str] = field(default_factory=list)  # unreadable files, named
+    # set by the flow when the run that rendered this page ended Failed (the error's message):
+    # then a decision.json in the directory is an earlier run's and is not this run's verdict
+    stopped: str | None = None
 
     @property
     def arm_names(self) -> list[str]:
@@ -714,6 +717,13 @@ def render_plots(data: RunData) -> dict[str, tuple[bytes | None, str]]:
 def headline(data: RunData, statuses: list[StageStatus]) -> dict:
     """The verdict line: the decision when there is one, else where and why the flow stopped."""
     d = data.decision
+    if data.stopped:
+        earlier = " A decision.json in this directory is from an earlier run, not this one." if d else ""
+        return {
+            "label": "NO DECISION: STOPPED AT A GATE" if "gate '" in data.stopped else "NO DECISION: THE RUN FAILED",
+            "colour": STOPPED_COLOUR,
+            "text": f"This run ended Failed: {data.stopped}.{earlier}",
+        }
     if d:
         verdict = d.get("verdict", "?")
         how = {
@@ -919,7 +929,11 @@ def render_html(data: RunData, statuses: list[StageStatus], plots: dict[str, tup
 
     parts.append("<h2>Decision</h2>")
     d = data.decision
-    if d:
+    if d and data.stopped:
+        parts.append(f'<p class="missing">No decision in this run (it ended Failed). This directory holds an earlier '
+                     f'run\'s decision.json: {_e(d.get("verdict", "?").upper())}, mean difference '
+                     f'{d.get("mean_diff", float("nan")):+.4f}, n={_e(d.get("n"))}.</p>')
+    elif d:
         parts.append(
             f'<p style="font-size:30px;font-weight:800;color:{head["colour"]};margin:4px 0">{_e(d["verdict"].upper())}</p>'
         )
@@ -983,7 +997,10 @@ def render_markdown(data: RunData, statuses: list[StageStatus], plots: dict[str,
         lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(_md(r[h]) for h in header) + " |" for r in arms]
     lines += ["", "## Decision", ""]
-    if data.decision:
+    if data.decision and data.stopped:
+        lines += [f"No decision in this run (it ended Failed). This directory holds an earlier run's decision.json: "
+                  f"{data.decision.get('verdict', '?').upper()}, mean difference {data.decision.get('mean_diff', float('nan')):+.4f}."]
+    elif data.decision:
         lines += [f"**{data.decision['verdict'].upper()}**", "", "| quantity | value and meaning |", "|---|---|"]
         lines += [f"| {_md(k)} | {_md(v)} |" for k, v in decision_lines(data.decision)]
     else:
@@ -1024,11 +1041,13 @@ def _write_bytes_atomic(path: Path, payload: bytes) -> Path:
     return write_bytes_atomic(path, payload)
 
 
-def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict:
+def write_report(run_dir: str | Path, out_dir: str | Path | None = None, stopped: str | None = None) -> dict:
     """Render `run_dir` into `out_dir` (default `<run_dir>/report/`): PNG plots, report.html
     (self-contained) and report.md. Returns the paths, the verdict (or None) and the stage
-    statuses. A missing run directory or one without spec/plan.json is a UserError."""
+    statuses. A missing run directory or one without spec/plan.json is a UserError.
+    `stopped`: the error that ended the flow run rendering this page (its headline then)."""
     data = load_run(run_dir)
+    data.stopped = stopped
     out = Path(out_dir) if out_dir is not None else data.run_dir / "report"
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a directory")
@@ -1052,7 +1071,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
         "markdown": str(md_path),
         "plots": written,
         "not_drawn": {name: why for name, (png, why) in plots.items() if png is None},
-        "verdict": data.decision.get("verdict") if data.decision else None,
+        "verdict": data.decision.get("verdict") if data.decision and not stopped else None,
         "headline": f"{head['label']}: {head['text']}",
         "stopped_at": stop,
         "stages": {s.key: s.status for s in statuses},

@@ -4,7 +4,8 @@
 
 Without `--flow-run` it takes the newest run of the `gs1-experiment` flow. It saves the flow run page
 (logs and state message), its Artifacts tab, every table/markdown artifact of that run, and the
-run's `report/report.html` when the run directory is found. Needs Debian's `chromium`.
+run's `report/report.html` when the run directory is found. Needs Debian's `chromium` and
+`pip install playwright` (it drives that chromium; nothing is downloaded).
 """
 
 from __future__ import annotations
@@ -13,23 +14,42 @@ import argparse
 import asyncio
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--hide-scrollbars", "--run-all-compositor-stages-before-draw"]
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
-def shoot(url: str, out: Path, size: str = "1500,1700", budget_ms: int = 20000) -> Path:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        raise SystemExit("scripts/ui_screenshots.py: chromium not found (apt-get install chromium)")
-    cmd = [chromium, *FLAGS, f"--window-size={size}", f"--virtual-time-budget={budget_ms}",
-           f"--screenshot={out}", url]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
-    print(f"{out}  <-  {url}")
-    return out
+class Browser:
+    """Headless Debian chromium driven by playwright (`pip install playwright`; no browser
+    download: it runs /usr/bin/chromium), so a tab can be clicked before the screenshot."""
+
+    def __init__(self):
+        chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+        if chromium is None:
+            raise SystemExit("scripts/ui_screenshots.py: chromium not found (apt-get install chromium)")
+        try:
+            from playwright.sync_api import sync_playwright
+        except ImportError:
+            raise SystemExit("scripts/ui_screenshots.py: needs playwright (pip install playwright)") from None
+        self._pw = sync_playwright().start()
+        self._browser = self._pw.chromium.launch(executable_path=chromium, args=FLAGS[1:], headless=True)
+
+    def shoot(self, url: str, out: Path, click: str | None = None, width: int = 1500) -> Path:
+        page = self._browser.new_page(viewport={"width": width, "height": 1000})
+        page.goto(url, wait_until="networkidle")
+        if click:
+            page.get_by_text(click, exact=True).first.click()
+            page.wait_for_load_state("networkidle")
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(out), full_page=True)
+        page.close()
+        print(f"{out}  <-  {url}" + (f" [{click} tab]" if click else ""))
+        return out
+
+    def close(self) -> None:
+        self._browser.close()
+        self._pw.stop()
 
 
 async def _pages(flow_run_id: str | None):
@@ -64,15 +84,19 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     run, arts = asyncio.run(_pages(args.flow_run))
     print(f"flow run {run.name} ({run.id}): {run.state_name}")
-    shoot(f"{ui}/runs/flow-run/{run.id}", out / "flow_run.png")
-    shoot(f"{ui}/runs/flow-run/{run.id}?tab=Artifacts", out / "flow_run_artifacts.png")
-    for i, a in enumerate(sorted(arts, key=lambda a: a.created)):
-        if a.type in ("table", "markdown", "progress"):
-            shoot(f"{ui}/artifacts/artifact/{a.id}", out / f"artifact_{i:02d}_{a.key or a.type}.png")
-    run_dir = (run.parameters or {}).get("run_dir")
-    report = Path(run_dir) / "report" / "report.html" if run_dir else None
-    if report is not None and report.is_file():
-        shoot(report.resolve().as_uri(), out / "report.png", size="1300,4000")
+    browser = Browser()
+    try:
+        browser.shoot(f"{ui}/runs/flow-run/{run.id}", out / "flow_run.png")
+        browser.shoot(f"{ui}/runs/flow-run/{run.id}", out / "flow_run_artifacts.png", click="Artifacts")
+        for i, a in enumerate(sorted(arts, key=lambda a: a.created)):
+            if a.type in ("table", "markdown", "progress"):
+                browser.shoot(f"{ui}/artifacts/artifact/{a.id}", out / f"artifact_{i:02d}_{a.key or a.type}.png")
+        run_dir = (run.parameters or {}).get("run_dir")
+        report = Path(run_dir) / "report" / "report.html" if run_dir else None
+        if report is not None and report.is_file():
+            browser.shoot(report.resolve().as_uri(), out / "report.png", width=1300)
+    finally:
+        browser.close()
     return 0
 
 

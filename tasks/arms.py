@@ -124,7 +124,7 @@ def _progress_reporter(arm: ArmConfig, total: int, first_step: int, label: str):
 # Pilot
 
 
-@task(name="pilot rollouts", cache_policy=stage_cache(), persist_result=True)
+@task(name="pilot rollouts", task_run_name="pilot rollouts ({stage})", cache_policy=stage_cache(), persist_result=True)
 def pilot_rollouts(arms: list[dict], pilot: dict, run: dict, run_dir: str, backend: str,
                    data_dir: str | None, stage: str = "pilot", bandwidth: float | None = None,
                    wall_limit_s: float | None = None) -> dict:  # fmt: skip

@@ -12,6 +12,7 @@ from pathlib import Path
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from gs1.report import failing_text, fmt, needs_text
 from rl.checks import run_offline_checks
 from rl.reference_gs1 import gs1_kernel_reference
 from rl.feasibility import PilotTimings, project_full_run
@@ -31,15 +32,22 @@ def _gate_rows(gate: str, results) -> list[dict]:
 
 
 def record_gate(gate: str, rows: list[dict], out_dir: Path) -> None:
-    """Write the gate report (Parquet + table artifact); raise GateFailed if any check failed."""
+    """Write the gate report (Parquet + table artifact); raise GateFailed if any check failed.
+
+    The artifact reads as the report's gate tables do: metric, value, what it needs, PASS/FAIL;
+    its key names the stage (a calibration's gate is `calibration-activation-gate`)."""
     rows = [{"observed": None, **r} for r in rows]
     write_artifact("gate_report", rows, out_dir / "gate_report.parquet")
+    stage = "calibration-" if "calibration" in out_dir.parts else ""
+    failing = [r for r in rows if not r["passed"]]
     create_table_artifact(
-        key=gate.replace("_", "-").lower(),
-        table=[{**r, "value": round(r["value"], 6), "passed": "PASS" if r["passed"] else "FAIL"} for r in rows],
-        description=f"Gate {gate}: " + ("passed" if all(r["passed"] for r in rows) else "FAILED"),
+        key=stage + gate.replace("_", "-").lower(),
+        table=[{"metric": r["metric"], "value": fmt(r["value"]), "needs": needs_text(r),
+                "result": "PASS" if r["passed"] else "FAIL"} for r in rows],
+        description=(f"{stage.replace('-', ' ')}{gate}: "
+                     + (f"FAILED on {failing_text(rows)}" if failing else f"passed, {len(rows)} checks")),
     )
-    if not all(r["passed"] for r in rows):
+    if failing:
         raise GateFailed(gate, rows)
 
 
@@ -57,7 +65,15 @@ def offline_unit_checks(run_dir: str) -> list[dict]:
     return rows
 
 
-@task(name="activation gate", cache_policy=stage_cache("treatment_path", "baseline_path", "heldout_path"), persist_result=True)
+def _gate_run_name() -> str:
+    from prefect.runtime import task_run
+
+    out_dir = Path(task_run.parameters.get("out_dir", ""))
+    return "calibration gate" if "calibration" in out_dir.parts else "activation gate"
+
+
+@task(name="activation gate", task_run_name=_gate_run_name,
+      cache_policy=stage_cache("treatment_path", "baseline_path", "heldout_path"), persist_result=True)
 def activation_gate(checks: list[dict], treatment_path: str, baseline_path: str, heldout_path: str,
                     n_pilot_steps: int, out_dir: str) -> dict:  # fmt: skip
     """Every check of the spec's activation_gate on the pilot's logs."""

@@ -12,11 +12,11 @@ from gs1.report import embedded_markdown, write_report
 
 
 @task(name="report", cache_policy=NO_CACHE)
-def run_report(run_dir: str) -> dict:
+def run_report(run_dir: str, stopped: str | None = None) -> dict:
     """Plots + report.html + report.md under `<run_dir>/report/`; a markdown artifact (key
     "report") with the plots embedded and the HTML page's path. Never cached: it shows whatever
-    the run directory holds now."""
-    result = write_report(run_dir)
+    the run directory holds now. `stopped`: why this flow run failed, for the headline."""
+    result = write_report(run_dir, stopped=stopped)
     html_path = Path(result["html"]).resolve()
     markdown = embedded_markdown(result["out_dir"]).replace(
         "Full report (self-contained): `report.html`",

@@ -4,6 +4,7 @@ plots, one self-contained HTML page and a markdown summary; `gs1 report` exit co
 from __future__ import annotations
 
 import base64
+import html
 import json
 import re
 from pathlib import Path
@@ -369,3 +370,67 @@ def test_report_task_publishes_markdown_artifact(tmp_path, prefect_harness):
     assert result["verdict"].upper() in artifact.data
     assert artifact.data.count("](data:image/png;base64,") == len(PLOTS)
     assert (run / "report" / "report.html").resolve().as_uri() in artifact.data
+
+
+def test_a_failed_rerun_does_not_show_an_earlier_runs_decision_as_its_own(tmp_path):
+    """A run that stops at a gate in a directory where an earlier run reached a decision (a
+    changed bound, a Retry): the headline is this run's failure, the old verdict is labelled."""
+    run = make_run(tmp_path)
+    old = json.loads((run / "decision" / "decision.json").read_text())
+    why = "gate 'activation_gate' failed: pilot_mean_reward=0.1875 (needs min 0.3)"
+    result = write_report(run, stopped=why)
+    page = Path(result["html"]).read_text()
+    assert result["verdict"] is None
+    assert "NO DECISION: STOPPED AT A GATE" in page and f"This run ended Failed: {html.escape(why)}" in page
+    assert page.index("NO DECISION: STOPPED AT A GATE") < page.index("<h2>Stages</h2>")
+    assert "holds an earlier run's decision.json" in page
+    assert f">{old['verdict'].upper()}<" not in page  # no big verdict for this run
+    md = Path(result["markdown"]).read_text()
+    assert "No decision in this run" in md and "earlier run" in md
+    # the same directory without `stopped` still renders its decision
+    assert write_report(run)["verdict"] == old["verdict"]
+
+
+def test_gate_artifact_reads_like_the_report(tmp_path, prefect_harness):
+    """The gate table artifact: metric, value, what it needs, PASS/FAIL; a calibration's gate has
+    its own key; the description names the failing check."""
+    import asyncio
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    from tasks.common import GateFailed
+    from tasks.gates import record_gate
+
+    rows = [
+        {"gate": "activation_gate", "metric": "pilot_mean_reward", "value": 0.1875, "op": "min", "bound": "0.3",
+         "passed": False, "observed": "0.1875"},
+        {"gate": "activation_gate", "metric": "executed_group_size_treatment", "value": 1.0, "op": "one_of",
+         "bound": "(1.0,)", "passed": True, "observed": "1.0"},
+    ]  # fmt: skip
+
+    @flow
+    def gates_flow() -> None:
+        for out in (tmp_path / "gate", tmp_path / "calibration" / "gate"):
+            try:
+                record_gate("activation_gate", rows, out)
+            except GateFailed:
+                pass
+
+    state = gates_flow(return_state=True)
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_artifacts(artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+
+    arts = {a.key: a for a in asyncio.run(read())}
+    assert set(arts) == {"activation-gate", "calibration-activation-gate"}
+    table = json.loads(arts["activation-gate"].data)
+    assert table == [
+        {"metric": "pilot_mean_reward", "value": "0.1875", "needs": "≥ 0.3", "result": "FAIL"},
+        {"metric": "executed_group_size_treatment", "value": "1", "needs": "one of {1}", "result": "PASS"},
+    ]
+    assert "FAILED on pilot_mean_reward = 0.1875 (needs ≥ 0.3)" in arts["activation-gate"].description
+    assert arts["calibration-activation-gate"].description.startswith("calibration activation_gate: FAILED")
