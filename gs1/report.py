@@ -297,7 +297,7 @@ def failing_text(rows: list[dict]) -> str:
 class StageStatus:
     key: str
     title: str
-    status: str  # passed, failed, done, incomplete, skipped, not run
+    status: str  # passed, failed, done, incomplete, skipped, not run, earlier run
     detail: str
 
 
@@ -308,8 +308,12 @@ def _stopping_gate(data: RunData) -> str | None:
         rows = data.gates.get(key)
         if rows is None or gate_passed(rows):
             continue
-        if key == "activation_gate" and "calibration" in data.gates and gate_passed(data.gates["calibration"]):
-            continue
+        if key == "activation_gate" and "calibration" in data.gates and \
+                KERNEL_P10_METRIC in {r["metric"] for r in rows if not r["passed"]}:
+            # the pre-registered calibration answered this failure: the flow went on, or stopped there
+            if gate_passed(data.gates["calibration"]):
+                continue
+            return "calibration"
         return key
     return None
 
@@ -328,6 +332,9 @@ def stage_statuses(data: RunData) -> list[StageStatus]:
     first_missing = None  # the first stage with no record when no gate stopped the flow
     for key, title in STAGES:
         status, detail = _stage_status(data, key, arms)
+        if reached_stop and data.stopped and status not in ("not run", "skipped"):
+            # this run stopped before the stage: what the directory holds came from an earlier run
+            status, detail = "earlier run", f"not this run's (it stopped at the {_gate_title(stop)}); on file: {detail}"
         if status == "not run":
             if reached_stop and stop_reason:
                 detail = stop_reason
@@ -870,6 +877,7 @@ STATUS_BADGES = {
     "skipped": ("SKIPPED", "skip"),
     "not run": ("NOT RUN", "notrun"),
     "incomplete": ("INCOMPLETE", "incomplete"),
+    "earlier run": ("EARLIER RUN", "notrun"),
 }
 
 

@@ -48,7 +48,7 @@ def record_gate(gate: str, rows: list[dict], out_dir: Path) -> None:
                      + (f"FAILED on {failing_text(rows)}" if failing else f"passed, {len(rows)} checks")),
     )
     if failing:
-        raise GateFailed(gate, rows)
+        raise GateFailed(gate + (" (calibration)" if stage else ""), rows)
 
 
 @task(name="offline unit checks", cache_policy=stage_cache(), persist_result=True)

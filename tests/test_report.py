@@ -387,7 +387,16 @@ def test_a_failed_rerun_does_not_show_an_earlier_runs_decision_as_its_own(tmp_pa
     assert f">{old['verdict'].upper()}<" not in page  # no big verdict for this run
     md = Path(result["markdown"]).read_text()
     assert "No decision in this run" in md and "earlier run" in md
-    # the same directory without `stopped` still renders its decision
+    # this run's activation gate failed (a stricter bound, say): the later stages on file are
+    # labelled as an earlier run's, not shown as done
+    _gate("activation_gate", _activation_rows(frac_nonzero=0.3125), run / "gate")
+    stages = write_report(run, stopped=why)["stages"]
+    assert stages["activation_gate"] == "failed" and stages["pilot"] == "done"
+    for key in ("feasibility", "train", "eval", "decision"):
+        assert stages[key] == "earlier run", key
+    page = (run / "report" / "report.html").read_text()
+    assert page.count("not this run&#x27;s (it stopped at the activation gate)") >= 4
+    # without `stopped` the directory renders as what it holds
     assert write_report(run)["verdict"] == old["verdict"]
 
 
