@@ -105,3 +105,21 @@ def test_preflight_catches_a_broken_estimator(prefect_harness, tmp_path, repo_ro
     assert state.is_failed()
     assert "correctness_preflight" in state.message and "reference_advantage" in state.message
     assert not (run_dir / "pilot").exists()
+
+
+def test_gs1_run_gate_failure_is_one_line_exit_1_without_traceback(prefect_harness, tmp_path, repo_root,
+                                                                   tiny_model_dir, capfd):
+    """`gs1 run` on a spec whose gate fails: exit 1, its last line names the metric, the value and
+    the bound, and nothing on the terminal is a traceback (Prefect's task-failure log included)."""
+    from gs1.cli import main
+
+    spec = flow_spec(repo_root, tiny_model_dir, bounds={"pilot_mean_reward": {"min": 0.95, "max": 1.0}})
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    rc = main(["run", str(spec_path), "--run-dir", str(tmp_path / "run")])
+    out, err = capfd.readouterr()
+    assert rc == 1
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("gs1: gate 'activation_gate' failed: pilot_mean_reward=") and "(needs min 0.95)" in last
+    assert "Task run failed with exception: GateFailed" in out + err  # Prefect's line is still there
+    assert "Traceback" not in out + err

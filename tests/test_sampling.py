@@ -153,3 +153,39 @@ def test_sample_bounded_rejects_bad_arguments_and_handles_no_prompts():
         sample_bounded(client, _prompts(2), 1, PARAMS, max_in_flight=0)
     with pytest.raises(ValueError):
         sample_bounded(client, _prompts(2), 1, PARAMS, max_attempts=0)
+
+
+class FakeEvalEnv:
+    """A stand-in env for eval_rows: prompt i is [1000, i]; a response is correct when its first
+    token is even (the FakeSamplingClient answers [prompt_id, 0])."""
+
+    name = "fake"
+
+    def build_prompt(self, renderer, problem):
+        return types.ModelInput.from_ints([1000, int(problem.id)])
+
+    def stop_sequences(self, renderer):
+        return []
+
+    def grade(self, renderer, problem, tokens_T):
+        return tokens_T[0] % 2 == 0, str(tokens_T[0])
+
+
+class FakeRenderer:
+    def parse_response(self, tokens):
+        return {"role": "assistant", "content": " ".join(map(str, tokens))}, True
+
+
+@pytest.mark.parametrize("max_in_flight", [1, 5, 64])
+def test_eval_rows_bounds_requests_in_flight_and_keeps_item_order(max_in_flight):
+    from rl.envs.base import Problem
+    from rl.loop import eval_rows
+
+    client = FakeSamplingClient(latency_s=lambda pid: 0.05)
+    problems = [Problem(id=str(i), question=f"q{i}", answer="0") for i in range(23)]
+    rows = eval_rows(client, env=FakeEvalEnv(), renderer=FakeRenderer(), problems=problems, arm_name="a",
+                     max_tokens=4, max_in_flight=max_in_flight)  # fmt: skip
+    assert client.max_in_flight == min(max_in_flight, 23)
+    assert [r["item_id"] for r in rows] == [str(i) for i in range(23)]
+    assert [r["correct"] for r in rows] == [i % 2 == 0 for i in range(23)]
+    assert all(p.temperature == 0.0 for p in client.params_seen.values())  # greedy

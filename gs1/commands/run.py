@@ -51,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     from flows.experiment import experiment_in
     from tasks.common import GateFailed
 
+    _quiet_gate_tracebacks(GateFailed)
+
     state = experiment_in(run_dir)(
         spec_path=str(spec_path.resolve()), run_dir=str(run_dir.resolve()), backend=args.backend,
         data_dir=str(Path(data_dir).resolve()) if data_dir else None, return_state=True,
@@ -71,3 +73,21 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(error, UserError):
         raise error
     raise UserError(f"the flow ended {state.name}: {state.message}")
+
+
+def _quiet_gate_tracebacks(gate_error: type) -> None:
+    """A failed gate is an outcome, not a crash: Prefect logs its task failure with the traceback,
+    but the message already carries every metric. Drop the traceback on this terminal only (the
+    root logger's console handlers, where Prefect's run loggers propagate); the copy sent to the
+    Prefect server keeps it."""
+    import logging
+
+    class NoGateTraceback(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if record.exc_info and isinstance(record.exc_info[1], gate_error):
+                record.exc_info, record.exc_text = None, None
+            return True
+
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and not any(isinstance(f, NoGateTraceback) for f in handler.filters):
+            handler.addFilter(NoGateTraceback())
