@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-cuda-graphs", action="store_true")
     ap.add_argument("--merge", action="store_true",
                     help="sample on LoRA merged into the bf16 base weights (lossy; comparison only)")
-    ap.add_argument("--compile", action="store_true", help="torch.compile the decode step")
+    ap.add_argument("--no-compile", action="store_true", help="capture the eager decode step (no torch.compile)")
     ap.add_argument("--tokenizer-dir", default=None, help="a saved Qwen tokenizer to reuse")
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate of the timed train steps")
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     svc = make_service_client("local", device=device, dtype=args.dtype, cache_dir=work / "cache",
                               use_cuda_graphs=False if args.no_cuda_graphs else None,
                               max_batch_rows=max(args.batch, 1),
-                              merge_lora=args.merge, compile_decode=args.compile)
+                              merge_lora=args.merge, compile_decode=not args.no_compile)
     t0 = time.perf_counter()
     tc = svc.create_lora_training_client(str(model_dir), rank=args.rank, seed=0).result()
     t_load = time.perf_counter() - t0

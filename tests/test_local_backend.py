@@ -13,7 +13,7 @@ from tinker.lib.public_interfaces.api_future import APIFuture
 from fixtures.tiny_model import tiny_model_dir, tiny_service_client, tiny_tokenizer  # noqa: F401
 from gs1.errors import UserError
 from rl.backends import make_service_client
-from rl.backends.local_sampler import sample_step, splitmix64, splitmix64_t
+from rl.backends.local_sampler import GenStats, sample_step, splitmix64, splitmix64_t
 from rl.backends.models import resolve_model
 
 RANK = 4
@@ -512,13 +512,50 @@ def test_merged_lora_generation_matches_adapters_and_restores_the_base(tiny_serv
     assert [(r.tokens, r.logprobs) for r in again] == [(r.tokens, r.logprobs) for r in plain]
 
 
-def test_compile_decode_is_opt_in_from_the_environment(tmp_path, monkeypatch):
+def test_compile_decode_defaults_on_and_only_applies_to_cuda(tmp_path, monkeypatch, tc):
     monkeypatch.delenv("GS1_COMPILE_DECODE", raising=False)
-    assert make_service_client("local", device="cpu", cache_dir=tmp_path).compile_decode is False
-    monkeypatch.setenv("GS1_COMPILE_DECODE", "1")
     assert make_service_client("local", device="cpu", cache_dir=tmp_path).compile_decode is True
+    monkeypatch.setenv("GS1_COMPILE_DECODE", "0")
+    assert make_service_client("local", device="cpu", cache_dir=tmp_path).compile_decode is False
     assert make_service_client("local", device="cpu", cache_dir=tmp_path,
-                               compile_decode=False).compile_decode is False
+                               compile_decode=True).compile_decode is True
+    eng = tc._engine
+    assert _gen(eng, compile_decode=True).compile_decode is False  # CPU: nothing is captured
+
+
+def test_a_failing_compiled_capture_falls_back_to_the_eager_step():
+    """`Generator._capture` with a decoder whose compiled step cannot be captured: the eager step
+    is captured instead and later decoders are not compiled; when even that fails, decoding
+    stays eager. (A stand-in decoder: CUDA graphs do not exist on this machine.)"""
+    from rl.backends.local_sampler import Generator
+
+    class FakeDecoder:
+        def __init__(self, fail_eager: bool):
+            self.compiled, self.fail_eager, self.graph, self.lengths = True, fail_eager, None, []
+
+        def use_eager(self):
+            self.compiled = False
+
+        def capture(self, cur):
+            if self.compiled or self.fail_eager:
+                raise RuntimeError("compiled" if self.compiled else "eager")
+            self.graph = "captured eager step"
+
+        def set_length(self, n):
+            self.lengths.append(n)
+
+    gen = Generator.__new__(Generator)
+    gen.stats, gen.use_cuda_graphs, gen.compile_decode = GenStats(), True, True
+    dec = FakeDecoder(fail_eager=False)
+    gen._capture(dec, 7)
+    assert dec.graph == "captured eager step" and not dec.compiled and gen.compile_decode is False
+    assert gen.use_cuda_graphs and "compiled_capture_error" in gen.stats.extra and dec.lengths == [7]
+    gen2 = Generator.__new__(Generator)
+    gen2.stats, gen2.use_cuda_graphs, gen2.compile_decode = GenStats(), True, True
+    dec2 = FakeDecoder(fail_eager=True)
+    gen2._capture(dec2, 5)
+    assert dec2.graph is None and gen2.use_cuda_graphs is False and dec2.lengths == [5, 5]
+    assert {"compiled_capture_error", "eager_capture_error"} <= set(gen2.stats.extra)
 
 
 def test_adapter_init_depends_only_on_the_seed_even_across_threads(tiny_service_client, tiny_model_dir):

@@ -237,6 +237,7 @@ class _GraphedDecoder:
 
     def __init__(self, model, B: int, max_len: int, compile_step: bool = False):
         self.model, self.B, self.max_len = model, B, max_len
+        self.compiled = compile_step
         self._forward = torch.compile(self._eager_step, dynamic=False) if compile_step else self._eager_step
         p = next(model.parameters())
         dev = p.device
@@ -270,6 +271,9 @@ class _GraphedDecoder:
 
     def _step(self):
         return self._forward()
+
+    def use_eager(self) -> None:
+        self._forward, self.compiled = self._eager_step, False
 
     def _eager_step(self):
         out = self.model(
@@ -353,9 +357,9 @@ class MergedLora:
 class Generator:
     """Runs batches of rows on one model; keeps captured CUDA graphs between batches.
 
-    `compile_decode` runs the decode step through `torch.compile` before its CUDA graph is
-    captured: the elementwise work around each matmul (norms, rotary, the adapters' casts and
-    scaled adds) fuses into a few kernels; compile time is paid once per batch shape.
+    `compile_decode` (CUDA only) runs the decode step through `torch.compile` before its CUDA
+    graph is captured: the elementwise work around each matmul (norms, rotary, the adapters'
+    casts and scaled adds) fuses into a few kernels; compile time is paid once per batch shape.
     `merge_lora` (off by default, a benchmark comparison) samples on adapters folded into
     bf16 base weights: faster, but a delta below half a bf16 ulp of its weight is rounded
     away, so early in training the sampler would lag the learner's policy."""
@@ -376,7 +380,7 @@ class Generator:
         self.static_cache = (self.use_cuda_graphs or cuda) if static_cache is None else static_cache
         self._graphs: dict[tuple[int, int], _GraphedDecoder] = {}
         self.merge = MergedLora(model) if merge_lora else None
-        self.compile_decode = compile_decode
+        self.compile_decode = compile_decode and cuda  # only the captured CUDA step is compiled
         self.stats = GenStats()
 
     def generate(self, rows: list[Row]) -> list[RowResult]:
@@ -499,15 +503,7 @@ class Generator:
                 dec.pos.copy_(next_pos)
                 dec.mask[:, 0, 0, cur] = True
                 if dec.graph is None and self.use_cuda_graphs:
-                    try:
-                        dec.capture(cur)
-                    except Exception as e:  # capture unsupported here: stay eager
-                        import traceback
-
-                        self.stats.extra["graph_error"] = traceback.format_exc()[-1500:]
-                        self.use_cuda_graphs = False
-                        dec.graph = None
-                        dec.set_length(cur)
+                    self._capture(dec, cur)
                 if dec.graph is not None:
                     logits = dec.step()
                 else:
@@ -540,6 +536,25 @@ class Generator:
                 tok_list[i][:n], lp_list[i][:n], "stop" if stop_list[i] else "length",
                 prompt_lps_U[src[i]] if rows[i].prompt_logprobs else None))
         return results
+
+    def _capture(self, dec: "_GraphedDecoder", cur: int) -> None:
+        """Capture `dec`'s step as a CUDA graph. A compiled step that fails to compile or capture
+        falls back to the eager step (and later decoders are not compiled); an eager step that
+        cannot be captured leaves decoding eager. The errors are kept in `stats.extra`."""
+        import traceback
+
+        for kind in ("compiled", "eager") if dec.compiled else ("eager",):
+            if kind == "eager" and dec.compiled:
+                dec.use_eager()
+                self.compile_decode = False
+            try:
+                dec.capture(cur)
+                return
+            except Exception:
+                self.stats.extra[f"{kind}_capture_error"] = traceback.format_exc()[-1500:]
+                dec.graph = None
+                dec.set_length(cur)
+        self.use_cuda_graphs = False
 
     def _prefill(self, ids, pos, pmask, cache, prompts_U, want_lp_U):
         """One forward over the distinct prompts into `cache`: the last position's logits [U, V]
