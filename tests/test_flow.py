@@ -113,10 +113,20 @@ def test_gs1_run_gate_failure_is_one_line_exit_1_without_traceback(prefect_harne
     the bound, and nothing on the terminal is a traceback (Prefect's task-failure log included)."""
     from gs1.cli import main
 
+    import logging
+    import sys
+
     spec = flow_spec(repo_root, tiny_model_dir, bounds={"pilot_mean_reward": {"min": 0.95, "max": 1.0}})
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    rc = main(["run", str(spec_path), "--run-dir", str(tmp_path / "run")])
+    # A terminal handler on this test's stderr (Prefect's own console handler may hold an earlier
+    # test's captured stream); `gs1 run` filters every console handler of the root logger.
+    terminal = logging.StreamHandler(sys.stderr)
+    logging.getLogger().addHandler(terminal)
+    try:
+        rc = main(["run", str(spec_path), "--run-dir", str(tmp_path / "run")])
+    finally:
+        logging.getLogger().removeHandler(terminal)
     out, err = capfd.readouterr()
     assert rc == 1
     last = err.strip().splitlines()[-1]
