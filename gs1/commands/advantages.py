@@ -11,36 +11,16 @@ grpo and rloo group by (step, prompt_id); batch_mean and gs1_kernel batch by ste
 
 from __future__ import annotations
 
-import argparse
 
 import numpy as np
 import pyarrow as pa
 
+from gs1.commands.argtypes import positive_float, positive_int
 from gs1.errors import UserError
 
 ESTIMATORS = ("grpo", "gs1_kernel", "batch_mean", "rloo")
 REQUIRED_COLUMNS = ("step", "prompt_id", "reward", "prompt_num_tokens", "prompt_mean_logprob")
 OUTPUT_COLUMNS = ("baseline", "advantage", "kernel_mass", "effective_neighbors", "fallback")
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (value > 0 and np.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-    return value
 
 
 def register(subparsers) -> None:
@@ -52,8 +32,8 @@ def register(subparsers) -> None:
     parser.add_argument("--estimator", required=True, choices=ESTIMATORS)
     parser.add_argument("--rollouts", required=True, metavar="IN.parquet")
     parser.add_argument("--out", required=True, metavar="OUT.parquet")
-    parser.add_argument("--bandwidth", type=_positive_float, default=None, metavar="H", help="gs1_kernel only (default 0.5)")
-    parser.add_argument("--window", type=_positive_int, default=None, metavar="N", help="gs1_kernel only (default 256)")
+    parser.add_argument("--bandwidth", type=positive_float, default=None, metavar="H", help="gs1_kernel only (default 0.5)")
+    parser.add_argument("--window", type=positive_int, default=None, metavar="N", help="gs1_kernel only (default 256)")
     parser.set_defaults(func=run)
 
 

@@ -10,31 +10,14 @@ Hoeffding rule (n, mean_diff, lower, upper, verdict, alpha, margin) and the seco
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 
+from gs1.commands.argtypes import checked, finite_float
 from gs1.errors import UserError
 
 
-def _alpha(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value < 0.5:  # one-sided level; the bootstrap CI is at 1 - 2 alpha
-        raise argparse.ArgumentTypeError(f"must be in (0, 0.5), got {text!r}")
-    return value
-
-
-def _margin(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
-    return value
+# one-sided level; the bootstrap CI is at 1 - 2 alpha
+_alpha = checked(float, lambda v: 0 < v < 0.5, "in (0, 0.5)")
 
 
 def register(subparsers) -> None:
@@ -46,7 +29,7 @@ def register(subparsers) -> None:
     parser.add_argument("--treatment", required=True, metavar="T", help="treatment eval (.jsonl or .parquet)")
     parser.add_argument("--baseline", required=True, metavar="B", help="baseline eval (.jsonl or .parquet)")
     parser.add_argument("--alpha", type=_alpha, default=0.05)
-    parser.add_argument("--margin", type=_margin, default=-0.03)
+    parser.add_argument("--margin", type=finite_float, default=-0.03)
     parser.set_defaults(func=run)
 
 
