@@ -760,6 +760,12 @@ def headline(data: RunData, statuses: list[StageStatus]) -> dict:
     }
 
 
+def earlier_decision_text(d: dict) -> str:
+    """For a run that ended Failed: the decision.json on file is an earlier run's."""
+    return (f"No decision in this run (it ended Failed). This directory holds an earlier run's decision.json: "
+            f"{d.get('verdict', '?').upper()}, mean difference {d.get('mean_diff', float('nan')):+.4f}, n={d.get('n')}.")
+
+
 def arm_rows(data: RunData) -> list[dict]:
     revised = None
     if data.revised_spec:
@@ -938,9 +944,7 @@ def render_html(data: RunData, statuses: list[StageStatus], plots: dict[str, tup
     parts.append("<h2>Decision</h2>")
     d = data.decision
     if d and data.stopped:
-        parts.append(f'<p class="missing">No decision in this run (it ended Failed). This directory holds an earlier '
-                     f'run\'s decision.json: {_e(d.get("verdict", "?").upper())}, mean difference '
-                     f'{d.get("mean_diff", float("nan")):+.4f}, n={_e(d.get("n"))}.</p>')
+        parts.append(f'<p class="missing">{html.escape(earlier_decision_text(d), quote=False)}</p>')
     elif d:
         parts.append(
             f'<p style="font-size:30px;font-weight:800;color:{head["colour"]};margin:4px 0">{_e(d["verdict"].upper())}</p>'
@@ -1006,8 +1010,7 @@ def render_markdown(data: RunData, statuses: list[StageStatus], plots: dict[str,
         lines += ["| " + " | ".join(_md(r[h]) for h in header) + " |" for r in arms]
     lines += ["", "## Decision", ""]
     if data.decision and data.stopped:
-        lines += [f"No decision in this run (it ended Failed). This directory holds an earlier run's decision.json: "
-                  f"{data.decision.get('verdict', '?').upper()}, mean difference {data.decision.get('mean_diff', float('nan')):+.4f}."]
+        lines += [earlier_decision_text(data.decision)]
     elif data.decision:
         lines += [f"**{data.decision['verdict'].upper()}**", "", "| quantity | value and meaning |", "|---|---|"]
         lines += [f"| {_md(k)} | {_md(v)} |" for k, v in decision_lines(data.decision)]

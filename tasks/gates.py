@@ -31,6 +31,11 @@ def _gate_rows(gate: str, results) -> list[dict]:
     ]
 
 
+def _is_calibration(out_dir: str | Path) -> bool:
+    """The flow gates the calibration's pilot under `<run_dir>/calibration/gate`."""
+    return "calibration" in Path(out_dir).parts
+
+
 def record_gate(gate: str, rows: list[dict], out_dir: Path) -> None:
     """Write the gate report (Parquet + table artifact); raise GateFailed if any check failed.
 
@@ -38,7 +43,7 @@ def record_gate(gate: str, rows: list[dict], out_dir: Path) -> None:
     its key names the stage (a calibration's gate is `calibration-activation-gate`)."""
     rows = [{"observed": None, **r} for r in rows]
     write_artifact("gate_report", rows, out_dir / "gate_report.parquet")
-    stage = "calibration-" if "calibration" in out_dir.parts else ""
+    stage = "calibration-" if _is_calibration(out_dir) else ""
     failing = [r for r in rows if not r["passed"]]
     create_table_artifact(
         key=stage + gate.replace("_", "-").lower(),
@@ -68,8 +73,7 @@ def offline_unit_checks(run_dir: str) -> list[dict]:
 def _gate_run_name() -> str:
     from prefect.runtime import task_run
 
-    out_dir = Path(task_run.parameters.get("out_dir", ""))
-    return "calibration gate" if "calibration" in out_dir.parts else "activation gate"
+    return "calibration gate" if _is_calibration(task_run.parameters.get("out_dir", "")) else "activation gate"
 
 
 @task(name="activation gate", task_run_name=_gate_run_name,
