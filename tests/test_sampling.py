@@ -21,11 +21,13 @@ class FakeSamplingClient:
     The prompt id is the prompt's last token. The response's sample j is `[prompt_id, j]`.
     `failures[prompt_id]` is how many attempts at that prompt fail before one succeeds
     (a large number: always fails); `raise_on_submit` makes those failures raise from
-    `sample()` itself rather than from the future.
+    `sample()` itself rather than from the future. With `held` (an Event) no request is
+    answered until it is set.
     """
 
-    def __init__(self, latency_s=lambda pid: 0.05, failures=None, raise_on_submit=False):
+    def __init__(self, latency_s=lambda pid: 0.05, failures=None, raise_on_submit=False, held=None):
         self.latency_s = latency_s
+        self.held = held
         self.failures = collections.Counter(failures or {})
         self.raise_on_submit = raise_on_submit
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=128)
@@ -51,6 +53,8 @@ class FakeSamplingClient:
 
     def _run(self, pid, num_samples, fail):
         try:
+            if self.held is not None:
+                self.held.wait()
             time.sleep(self.latency_s(pid))
             if fail:
                 raise RuntimeError(f"request for prompt {pid} failed")
@@ -78,13 +82,15 @@ PARAMS = types.SamplingParams(max_tokens=8, temperature=1.0)
 
 
 def test_submit_all_puts_every_request_in_flight_before_any_is_awaited():
-    client = FakeSamplingClient(latency_s=lambda pid: 0.2)
-    start = time.monotonic()
-    futures_P = submit_all(client, _prompts(32), 2, PARAMS)
-    assert time.monotonic() - start < 0.15  # returned without waiting on any request
-    assert not any(f.done() for f in futures_P)
-    responses_P = [f.result() for f in futures_P]
+    held = threading.Event()
+    client = FakeSamplingClient(latency_s=lambda pid: 0.0, held=held)
+    submitted = concurrent.futures.ThreadPoolExecutor(1).submit(submit_all, client, _prompts(32), 2, PARAMS)
+    # No request can be answered yet, so a submit_all that awaited any of them would not return.
+    futures_P = submitted.result(timeout=30)
     assert client.max_in_flight == 32
+    assert not any(f.done() for f in futures_P)
+    held.set()
+    responses_P = [f.result() for f in futures_P]
     assert [r.sequences[0].tokens[0] for r in responses_P] == list(range(32))
     assert [[s.tokens[1] for s in r.sequences] for r in responses_P] == [[0, 1]] * 32
 

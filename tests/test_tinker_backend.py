@@ -167,8 +167,10 @@ def test_a_step_of_64_requests_takes_about_one_latency(fake_tinker, clients):
     futures_P = submit_all(sampler, _prompts(64), 1, PARAMS)
     responses_P = [f.result() for f in futures_P]
     elapsed = time.monotonic() - start
-    assert LATENCY_S <= elapsed < 3 * LATENCY_S  # serial would be 64 x 0.3 s = 19.2 s
+    # The proof is that all 64 were in flight together; the wall time only has to be of the
+    # order of one latency (SDK polling on a loaded CI machine adds ~1 s), never 64 x 0.3 s = 19.2 s.
     assert fake_tinker.max_samples_in_flight == 64
+    assert LATENCY_S <= elapsed < 8 * LATENCY_S
     assert fake_tinker.sample_requests == 64
     assert [r.sequences[0].tokens[0] for r in responses_P] == list(range(64))
 
@@ -179,9 +181,9 @@ def test_bounded_eval_sampling_really_bounds(fake_tinker, clients):
     start = time.monotonic()
     responses_P = sample_bounded(sampler, _prompts(64), 1, PARAMS, max_in_flight=8)
     elapsed = time.monotonic() - start
-    # 64 / 8 = 8 waves of one latency each.
-    assert 8 * LATENCY_S <= elapsed < 8 * LATENCY_S * 2
+    # 64 / 8 = 8 waves of one latency each: at least 8 latencies, far from 64.
     assert 2 <= fake_tinker.max_samples_in_flight <= 8
+    assert 8 * LATENCY_S <= elapsed < 32 * LATENCY_S
     assert [r.sequences[0].tokens[0] for r in responses_P] == list(range(64))
 
 
