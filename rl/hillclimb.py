@@ -93,15 +93,17 @@ class KernelRecipe:
             # the arm's kernel needs features and a bandwidth: a gaussian with a huge h is the same
             # leave-one-out window mean (DESIGN.md), and is accepted by the pinned-kernel validator
             return KernelRecipe("gaussian", SPEC_FEATURES, None, 1e9, self.window, self.min_mass).to_fragment()
+        return {"kernel": self.kernel_object()}
+
+    def kernel_object(self) -> dict:
+        """This recipe as a plain kernel object, family as is (JSON-ready)."""
         return {
-            "kernel": {
-                "family": self.family,
-                "features": list(self.features),
-                "scales": None if self.scales is None else [float(s) for s in self.scales],
-                "bandwidth": None if self.bandwidth is None else float(self.bandwidth),
-                "window": int(self.window),
-                "min_mass": float(self.min_mass),
-            }
+            "family": self.family,
+            "features": list(self.features),
+            "scales": None if self.scales is None else [float(s) for s in self.scales],
+            "bandwidth": None if self.bandwidth is None else float(self.bandwidth),
+            "window": int(self.window),
+            "min_mass": float(self.min_mass),
         }
 
     def label(self) -> str:

@@ -1,21 +1,20 @@
 """Artifacts of the hill-climb and the transfer matrix: Parquet tables, markdown, PNG plots, JSON.
 
-Every file is written atomically (temp file + rename) through schemas.io or `_atomic_png`.
+Every file is written atomically (temp file + rename) through schemas.io.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from rl.hillclimb import HillclimbReport, KernelRecipe, TransferReport
-from schemas.io import write_json_atomic, write_parquet_atomic, write_text_atomic
+from schemas.io import write_bytes_atomic, write_json_atomic, write_parquet_atomic, write_text_atomic
 
 CANDIDATES_SCHEMA = pa.schema(
     [
@@ -123,28 +122,17 @@ def unrestricted_note(report: HillclimbReport) -> str:
 def unrestricted_fragment(report: HillclimbReport) -> dict:
     """The unrestricted winner as a kernel object plus why the arm cannot run it (if it cannot)."""
     w = report.winner
-    kernel = {
-        "family": w.family,
-        "features": list(w.features),
-        "scales": None if w.scales is None else [float(x) for x in w.scales],
-        "bandwidth": None if w.bandwidth is None else float(w.bandwidth),
-        "window": int(w.window),
-        "min_mass": float(w.min_mass),
-    }
-    return {"arm_runs_it": w.arm_accepts(), "needs": w.arm_blockers(), "label": w.label(), "kernel": kernel}
+    return {"arm_runs_it": w.arm_accepts(), "needs": w.arm_blockers(), "label": w.label(), "kernel": w.kernel_object()}
 
 
-def _atomic_png(fig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def _save_png(fig, path: Path) -> None:
+    """Write the figure atomically (bytes, then temp file + rename) and free it."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    write_bytes_atomic(path, buf.getvalue())
 
 
 def plot_sweep(report: HillclimbReport, path: Path) -> None:
@@ -173,8 +161,7 @@ def plot_sweep(report: HillclimbReport, path: Path) -> None:
         ax.set_title(f"{fam}: {pts[0]['recipe'].split(']')[0]}]" if pts else fam, fontsize=8)
         ax.legend(fontsize=7)
     fig.suptitle(f"G_eff vs bandwidth: {report.log_name}", fontsize=10)
-    _atomic_png(fig, path)
-    plt.close(fig)
+    _save_png(fig, path)
 
 
 def write_hillclimb(report: HillclimbReport, out_dir: str | Path) -> dict[str, Path]:
@@ -284,8 +271,7 @@ def plot_transfer(tr: TransferReport, path: Path) -> None:
                 ax.text(j, i, _fmt(float(mat[i, j])), ha="center", va="center", color="w", fontsize=8)
         fig.colorbar(im, ax=ax, label="log10 G_eff")
         ax.set_title(f"Kernel transfer, {title}: G_eff", fontsize=9)
-    _atomic_png(fig, path)
-    plt.close(fig)
+    _save_png(fig, path)
 
 
 def write_transfer(tr: TransferReport, out_dir: str | Path) -> dict[str, Path]:

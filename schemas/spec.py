@@ -26,9 +26,9 @@ import importlib.util
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gs1.errors import UserError
 from rl.kernels import FEATURE_NAMES as KERNEL_FEATURES  # the features the training loop logs
@@ -77,10 +77,24 @@ class Record(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
 
-def _positive(v, what="must be > 0"):
-    if v is not None and not v > 0:
-        raise ValueError(what)
-    return v
+def _bound(holds, what: str) -> AfterValidator:
+    """A field check that passes None and raises `what` when `holds(v)` is false (NaN fails)."""
+
+    def check(v):
+        if v is not None and not holds(v):
+            raise ValueError(what)
+        return v
+
+    return AfterValidator(check)
+
+
+Positive = _bound(lambda v: v > 0, "must be > 0")
+AtLeast1 = _bound(lambda v: v >= 1, "must be >= 1")
+AtLeast2 = _bound(lambda v: v >= 2, "must be >= 2")
+NonNegative = _bound(lambda v: v >= 0, "must be >= 0")
+Cosine = _bound(lambda v: -1 <= v <= 1, "must lie in [-1, 1]")
+Probability = _bound(lambda v: 0 < v < 1, "must lie in (0, 1)")
+NonEmpty = _bound(lambda v: len(v) > 0, "must not be empty")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,9 +108,9 @@ class KernelConfig(Record):
     family: str = "gaussian"
     features: list[str] = Field(default_factory=lambda: list(KERNEL_FEATURES))
     scales: list[float] | None = None  # per-feature scale after z-scoring; None = 1 each
-    bandwidth: float = 0.5
-    window: int = 256  # rollouts in the window, current batch included
-    min_mass: float = 1e-3  # sum_j w_ij below this -> window-mean fallback
+    bandwidth: Annotated[float, Positive] = 0.5
+    window: Annotated[int, AtLeast2] = 256  # rollouts in the window, current batch included
+    min_mass: Annotated[float, NonNegative] = 1e-3  # sum_j w_ij below this -> window-mean fallback
 
     @field_validator("family")
     @classmethod
@@ -117,25 +131,6 @@ class KernelConfig(Record):
             raise ValueError("duplicate feature")
         return v
 
-    @field_validator("bandwidth")
-    @classmethod
-    def _bandwidth(cls, v):
-        return _positive(v)
-
-    @field_validator("window")
-    @classmethod
-    def _window(cls, v):
-        if v < 2:
-            raise ValueError("must be >= 2")
-        return v
-
-    @field_validator("min_mass")
-    @classmethod
-    def _min_mass(cls, v):
-        if not v >= 0:
-            raise ValueError("must be >= 0")
-        return v
-
     @model_validator(mode="after")
     def _scales(self):
         if self.family == "knn" and not round(self.bandwidth) >= 1:
@@ -153,9 +148,9 @@ class KernelConfig(Record):
 class Arm(Record):
     name: str
     advantage: str  # a key of rl.estimators.ADVANTAGE_ESTIMATORS
-    group_size: int  # rollouts per prompt
-    groups_per_batch: int  # prompts per step
-    lr: float
+    group_size: Annotated[int, AtLeast1]  # rollouts per prompt
+    groups_per_batch: Annotated[int, AtLeast1]  # prompts per step
+    lr: Annotated[float, Positive]
     seed: int = 0
     kernel: KernelConfig = Field(default_factory=KernelConfig)  # read by the gs1_kernel estimator
 
@@ -173,18 +168,6 @@ class Arm(Record):
         if v not in known:
             raise ValueError(f"no estimator implements {v!r} (known: {', '.join(known)})")
         return v
-
-    @field_validator("group_size", "groups_per_batch")
-    @classmethod
-    def _at_least_one(cls, v):
-        if v < 1:
-            raise ValueError("must be >= 1")
-        return v
-
-    @field_validator("lr")
-    @classmethod
-    def _lr(cls, v):
-        return _positive(v)
 
     @property
     def estimator(self) -> str:
@@ -236,23 +219,9 @@ class ActivationGate(Record):
 
 
 class Tolerance(Record):
-    atol: float | None = None
-    rtol: float | None = None
-    min_cosine: float | None = None
-
-    @field_validator("atol", "rtol")
-    @classmethod
-    def _nonneg(cls, v):
-        if v is not None and not v >= 0:
-            raise ValueError("must be >= 0")
-        return v
-
-    @field_validator("min_cosine")
-    @classmethod
-    def _cos(cls, v):
-        if v is not None and not -1 <= v <= 1:
-            raise ValueError("must lie in [-1, 1]")
-        return v
+    atol: Annotated[float | None, NonNegative] = None
+    rtol: Annotated[float | None, NonNegative] = None
+    min_cosine: Annotated[float | None, Cosine] = None
 
 
 class CorrectnessPath(Record):
@@ -274,20 +243,13 @@ class Criterion(Record):
     metric: str
     bounds: tuple[float, float]  # range of the per-item metric
     margin: float  # on the weighted difference, e.g. treatment - baseline
-    weights: dict[str, float]  # role ("treatment"/"baseline") or arm name -> weight
+    weights: Annotated[dict[str, float], NonEmpty]  # role ("treatment"/"baseline") or arm name -> weight
 
     @field_validator("bounds")
     @classmethod
     def _bounds(cls, v):
         if not v[0] < v[1]:
             raise ValueError(f"lower bound {v[0]} must be < upper bound {v[1]}")
-        return v
-
-    @field_validator("weights")
-    @classmethod
-    def _weights(cls, v):
-        if not v:
-            raise ValueError("must not be empty")
         return v
 
     def difference_range(self) -> tuple[float, float]:
@@ -308,9 +270,9 @@ class Criterion(Record):
 
 class DecisionRule(Record):
     method: str
-    alpha: float
-    criteria: list[Criterion]
-    seeds: list[int]
+    alpha: Annotated[float, Probability]
+    criteria: Annotated[list[Criterion], NonEmpty]
+    seeds: Annotated[list[int], NonEmpty]
     estimand: str | None = None
     unit: str | None = None
     version: int | None = None
@@ -320,20 +282,6 @@ class DecisionRule(Record):
     def _method(cls, v):
         if v not in DECISION_METHODS:
             raise ValueError(f"unsupported decision method {v!r} (supported: {', '.join(DECISION_METHODS)})")
-        return v
-
-    @field_validator("alpha")
-    @classmethod
-    def _alpha(cls, v):
-        if not 0 < v < 1:
-            raise ValueError("must lie in (0, 1)")
-        return v
-
-    @field_validator("criteria", "seeds")
-    @classmethod
-    def _nonempty(cls, v):
-        if not v:
-            raise ValueError("must not be empty")
         return v
 
     @model_validator(mode="after")
@@ -357,20 +305,15 @@ class DecisionRule(Record):
 
 
 class Budget(Record):
-    gpu_hours: float
-    max_wall_minutes: float
-
-    @field_validator("gpu_hours", "max_wall_minutes")
-    @classmethod
-    def _pos(cls, v):
-        return _positive(v)
+    gpu_hours: Annotated[float, Positive]
+    max_wall_minutes: Annotated[float, Positive]
 
 
 class Dataset(Record):
     name: str  # selects the env: rl.envs.ENV_NAMES
     hf_path: str | None = None
     split: str | None = None
-    n_examples: int | None = None  # training prompts drawn, in the seed-0 order
+    n_examples: Annotated[int | None, AtLeast1] = None  # training prompts drawn, in the seed-0 order
     options: dict[str, Any] = Field(default_factory=dict)  # keyword options of the env (see rl/envs)
 
     @field_validator("name")
@@ -389,26 +332,12 @@ class Dataset(Record):
             raise ValueError(f"options {', '.join(unknown)} are not options of env {self.name!r}")
         return self
 
-    @field_validator("n_examples")
-    @classmethod
-    def _n(cls, v):
-        if v is not None and v < 1:
-            raise ValueError("must be >= 1")
-        return v
-
 
 class Eval(Record):
     benchmark: str | None = None
     metric: str | None = None
-    n_examples: int | None = None  # test items scored (first n in file order); None = all
+    n_examples: Annotated[int | None, AtLeast1] = None  # test items scored (first n in file order); None = all
     aggregation: Any = None
-
-    @field_validator("n_examples")
-    @classmethod
-    def _n(cls, v):
-        if v is not None and v < 1:
-            raise ValueError("must be >= 1")
-        return v
 
 
 class ExperimentFeatures(Record):
@@ -473,7 +402,7 @@ class GenerationAudit(Record):
 
 class Optimizer(Record):
     name: str
-    lr: float
+    lr: Annotated[float, Positive]
 
     @field_validator("name")
     @classmethod
@@ -481,11 +410,6 @@ class Optimizer(Record):
         if v.lower() not in OPTIMIZERS:
             raise ValueError(f"unsupported optimizer {v!r} (supported: {', '.join(OPTIMIZERS)})")
         return v
-
-    @field_validator("lr")
-    @classmethod
-    def _lr(cls, v):
-        return _positive(v)
 
 
 class Preflight(Record):
@@ -528,37 +452,16 @@ class SpecPreflight(Record):
 class Sampling(Record):
     """Training rollouts' sampling parameters (eval decodes greedily)."""
 
-    max_tokens: int = 512
-    temperature: float = 1.0
-
-    @field_validator("max_tokens")
-    @classmethod
-    def _max_tokens(cls, v):
-        if v < 1:
-            raise ValueError("must be >= 1")
-        return v
-
-    @field_validator("temperature")
-    @classmethod
-    def _temperature(cls, v):
-        if not v >= 0:
-            raise ValueError("must be >= 0")
-        return v
+    max_tokens: Annotated[int, AtLeast1] = 512
+    temperature: Annotated[float, NonNegative] = 1.0
 
 
 class Pilot(Record):
     """The activation pilot: `steps` treatment steps, and the held-out reward estimate."""
 
-    steps: int = 2
-    heldout_prompts: int = 64  # pilot prompts whose per-prompt mean reward is estimated
-    heldout_samples: int = 8  # samples per held-out prompt
-
-    @field_validator("steps", "heldout_prompts", "heldout_samples")
-    @classmethod
-    def _pos(cls, v):
-        if v < 1:
-            raise ValueError("must be >= 1")
-        return v
+    steps: Annotated[int, AtLeast1] = 2
+    heldout_prompts: Annotated[int, AtLeast1] = 64  # pilot prompts whose per-prompt mean reward is estimated
+    heldout_samples: Annotated[int, AtLeast1] = 8  # samples per held-out prompt
 
 
 # ---------------------------------------------------------------------------------------------
@@ -574,11 +477,11 @@ class ExperimentSpec(Record):
     baseline: str | None = None
     method: str | None = None
     command: str | None = None
-    arms: list[Arm]
-    batch_size: int  # rollouts per step, the same in every arm
-    steps: int
-    lora_rank: int
-    max_seq_len: int | None = None
+    arms: Annotated[list[Arm], NonEmpty]
+    batch_size: Annotated[int, AtLeast1]  # rollouts per step, the same in every arm
+    steps: Annotated[int, AtLeast1]
+    lora_rank: Annotated[int, AtLeast1]
+    max_seq_len: Annotated[int | None, AtLeast1] = None
     optimizer: Optimizer
     dataset: Dataset
     eval: Eval = Field(default_factory=Eval)
@@ -602,20 +505,6 @@ class ExperimentSpec(Record):
     renderer: str | None = None
     base_model_path: str | None = None
     pilot: Pilot = Field(default_factory=Pilot)
-
-    @field_validator("batch_size", "steps", "lora_rank", "max_seq_len")
-    @classmethod
-    def _positive_int(cls, v):
-        if v is not None and v < 1:
-            raise ValueError("must be >= 1")
-        return v
-
-    @field_validator("arms")
-    @classmethod
-    def _arms_nonempty(cls, v):
-        if not v:
-            raise ValueError("must not be empty")
-        return v
 
     @field_validator("base_model_path")
     @classmethod
