@@ -208,6 +208,22 @@ def _batch(tiny_tokenizer):
     return [_is_datum(p, toks, [-11.0] * len(toks), 1.0), _is_datum(p, toks[:4], [-12.0] * 4, -0.5)]
 
 
+def test_saving_never_looks_the_base_model_up_on_the_hub(tiny_service_client, tiny_model_dir, monkeypatch):
+    # A hub-id base model (no local config.json) is what made peft's vocabulary check ask the hub.
+    import peft.utils.save_and_load as peft_save
+
+    lookups = []
+    monkeypatch.setattr(peft_save, "check_file_exists_on_hf_hub", lambda *a, **k: lookups.append(a))
+    tc = tiny_service_client.create_lora_training_client(str(tiny_model_dir), rank=RANK, seed=5).result()
+    tc._engine.model.peft_config["default"].base_model_name_or_path = "Qwen/Qwen3-0.6B"
+    before = _lora_params(tc)
+    path = tc.save_state("hub-id").result().path
+    tc.save_weights_for_sampler("hub-id").result()
+    tc.load_state(path).result()
+    assert lookups == []
+    assert all(torch.equal(a, b) for a, b in zip(before, _lora_params(tc)))
+
+
 def test_sampling_client_is_a_snapshot_and_save_load_is_exact(tiny_service_client, tiny_model_dir, tiny_tokenizer):
     tc = tiny_service_client.create_lora_training_client(str(tiny_model_dir), rank=RANK, seed=3).result()
     data = _batch(tiny_tokenizer)

@@ -560,7 +560,9 @@ class LocalTrainingClient:
         final = self._run_dir / kind / name
         tmp = self._run_dir / kind / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
         tmp.mkdir(parents=True)
-        self._engine.model.save_pretrained(str(tmp))
+        # LoRA never touches the embeddings; saying so skips peft's vocabulary check, which looks
+        # the base model up on the hub (and warns when it is a local directory).
+        self._engine.model.save_pretrained(str(tmp), save_embedding_layers=False)
         if with_optimizer:
             torch.save(self._opt.state_dict(), tmp / "optimizer.pt")
         (tmp / META_FILE).write_text(json.dumps(self._meta(), indent=1))
