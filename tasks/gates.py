@@ -32,8 +32,9 @@ def _gate_rows(gate: str, results) -> list[dict]:
 
 
 def _is_calibration(out_dir: str | Path) -> bool:
-    """The flow gates the calibration's pilot under `<run_dir>/calibration/gate`."""
-    return "calibration" in Path(out_dir).parts
+    """The flow gates the calibration's pilot under `<run_dir>/calibration/gate` (the last two
+    parts only: a run directory that is itself under some `calibration/` folder is not one)."""
+    return Path(out_dir).parts[-2:] == ("calibration", "gate")
 
 
 def record_gate(gate: str, rows: list[dict], out_dir: Path) -> None:

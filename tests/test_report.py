@@ -421,7 +421,8 @@ def test_gate_artifact_reads_like_the_report(tmp_path, prefect_harness):
 
     @flow
     def gates_flow() -> None:
-        for out in (tmp_path / "gate", tmp_path / "calibration" / "gate"):
+        run_dir = tmp_path / "calibration" / "run"  # a run dir under a folder so named is not the calibration
+        for out in (run_dir / "gate", run_dir / "calibration" / "gate"):
             try:
                 record_gate("activation_gate", rows, out)
             except GateFailed:
