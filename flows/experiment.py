@@ -37,7 +37,7 @@ def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: s
         pilot = pilot_rollouts(plan["arms"], plan["pilot"], run, run_dir, backend, data_dir)
         try:
             activation_gate(plan["checks"], pilot["treatment"], pilot["baseline"], pilot["heldout"],
-                            plan["pilot"]["steps"], str(Path(run_dir) / "gate"))  # fmt: skip
+                            plan["pilot"]["steps"], str(Path(run_dir) / "gate"))
         except GateFailed as failed:
             if CALIBRATED_METRIC not in {r["metric"] for r in failed.failing}:
                 raise
@@ -50,13 +50,13 @@ def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: s
                 f"bandwidth {bandwidth} (at most {plan['pilot']['steps']} steps, "
                 f"{CALIBRATION_WALL_LIMIT_S // 60} minutes); the run continues only if that gate passes")
             pilot = pilot_rollouts(plan["arms"], plan["pilot"], run, run_dir, backend, data_dir,
-                                   stage="calibration", bandwidth=bandwidth, wall_limit_s=CALIBRATION_WALL_LIMIT_S)  # fmt: skip
+                                   stage="calibration", bandwidth=bandwidth, wall_limit_s=CALIBRATION_WALL_LIMIT_S)
             activation_gate(plan["checks"], pilot["treatment"], pilot["baseline"], pilot["heldout"],
-                            plan["pilot"]["steps"], str(Path(run_dir) / "calibration" / "gate"))  # fmt: skip
+                            plan["pilot"]["steps"], str(Path(run_dir) / "calibration" / "gate"))
             plan = calibrated_plan(plan, spec_path, bandwidth, run_dir)
 
         feasibility(pilot["timings"], plan["arms"][0]["steps"], plan["n_eval"], plan["budget"], backend,
-                    str(Path(run_dir) / "feasibility"))  # fmt: skip
+                    str(Path(run_dir) / "feasibility"))
 
         trained = {arm["name"]: trained_arm.submit(arm, run, run_dir, backend, data_dir) for arm in plan["arms"]}
         evals = {
@@ -67,7 +67,7 @@ def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: s
         decision = paired_decision_record(
             evals[run["treatment"]]["jsonl"], evals[run["baseline"]]["jsonl"], plan["decision"],
             {"treatment": run["treatment"], "baseline": run["baseline"]}, str(Path(run_dir) / "decision"),
-        )  # fmt: skip
+        )
     except BaseException as exc:
         stopped = str(exc) or type(exc).__name__
         raise

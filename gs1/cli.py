@@ -7,11 +7,13 @@ stderr with exit code 2 -- never a traceback.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib
 import os
 import sys
 
-from gs1.errors import UserError
+from gs1.commands import COMMANDS
+from schemas.errors import UserError
 
 # Telemetry off before anything imports prefect.
 os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -26,8 +28,6 @@ def _bound_malloc() -> None:
     if not sys.platform.startswith("linux"):
         return
     try:
-        import ctypes
-
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-8, 2)  # M_ARENA_MAX
         libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD (also stops it from growing dynamically)
@@ -42,8 +42,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gs1.commands import COMMANDS
-
     parser = _Parser(prog="gs1", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:

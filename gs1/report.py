@@ -31,7 +31,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, MultipleLocator
 
-from gs1.errors import UserError
+from schemas.errors import UserError
 from schemas.artifacts import read_artifact
 from schemas.io import write_bytes_atomic, write_text_atomic
 

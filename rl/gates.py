@@ -13,14 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-GATE_METRICS = (
-    "executed_group_size_treatment",
-    "executed_group_size_baseline",
-    "pilot_mean_reward",
-    "kernel_effective_neighbors_p10",
-    "frac_nonzero_advantage_treatment",
-    "baseline_reward_corr",
-)
+from schemas.names import GATE_METRICS
 
 
 def _column(rollouts, name: str, dtype=None) -> np.ndarray:

@@ -21,32 +21,11 @@ from typing import Any
 
 from tinker import types
 
+from schemas.errors import SampleRequestError
+
 logger = logging.getLogger(__name__)
 
 SamplingParamsArg = types.SamplingParams | Sequence[types.SamplingParams]
-
-
-class SampleRequestError(RuntimeError):
-    """A sample request still failed after its retries; `index` is its position in the input."""
-
-    def __init__(self, index: int, attempts: int, cause: BaseException) -> None:
-        super().__init__(
-            f"sample request {index} failed after {attempts} attempt(s): "
-            f"{type(cause).__name__}: {cause}"
-        )
-        self.index = index
-        self.attempts = attempts
-
-    def __reduce__(self):
-        # Picklable across processes (Prefect results) without the unpicklable cause.
-        return (_rebuild_sample_request_error, (self.index, self.attempts, str(self)))
-
-
-def _rebuild_sample_request_error(index: int, attempts: int, message: str) -> SampleRequestError:
-    err = SampleRequestError.__new__(SampleRequestError)
-    RuntimeError.__init__(err, message)
-    err.index, err.attempts = index, attempts
-    return err
 
 
 def params_per_prompt(

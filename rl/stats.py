@@ -12,10 +12,15 @@ noninferior at this n.
 
 from __future__ import annotations
 
+import json
 import math
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
+
+from schemas.errors import EvalDataError
 
 VERDICTS = ("noninferior", "inferior", "inconclusive")
 
@@ -146,11 +151,6 @@ def paired_bootstrap_ci(
 # ---------------------------------------------------------------------------- eval files -> decision
 
 
-class EvalDataError(ValueError):
-    """Eval files that cannot be paired (missing file or field, duplicate or differing items).
-    The message is one line naming the file and what is wrong."""
-
-
 def _outcome(value, where: str) -> float:
     if isinstance(value, bool) or (isinstance(value, (int, float)) and value in (0, 1)):
         return float(value)
@@ -160,16 +160,11 @@ def _outcome(value, where: str) -> float:
 def read_eval_items(path) -> dict[str, float]:
     """item_id -> correct (0.0 / 1.0) from an eval file: `.parquet` (the eval_items table, or any
     Parquet with item_id and correct) or JSON lines with item_id and correct."""
-    import json
-    from pathlib import Path
-
     path = Path(path)
     if not path.is_file():
         raise EvalDataError(f"{path}: no such file")
     rows: list[tuple] = []
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
         try:
             table = pq.read_table(path)
         except Exception as e:  # pyarrow raises several types for a corrupt file

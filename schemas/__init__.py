@@ -1,4 +1,5 @@
-"""Schemas: the experiment spec (pydantic, `schemas.spec`), artifact tables (pyarrow,
+"""Schemas, the bottom layer: every exception type (`schemas.errors`), the names a spec may use
+(`schemas.names`), the experiment spec (pydantic, `schemas.spec`), artifact tables (pyarrow,
 `schemas.artifacts`) and atomic artifact IO (`schemas.io`).
 
 The common names are re-exported lazily, so `import schemas.io` stays light.
@@ -23,6 +24,7 @@ _EXPORTS = {
     "schema_for": "schemas.artifacts",
     "write_artifact": "schemas.artifacts",
     "read_artifact": "schemas.artifacts",
+    "UserError": "schemas.errors",
 }
 
 __all__ = list(_EXPORTS)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from gs1.errors import UserError
+from schemas.errors import UserError
 from schemas.io import read_parquet, write_parquet_atomic
 
 NAME_KEY = b"gs1.artifact"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gs1.errors import UserError
+from schemas.errors import UserError
 
 
 _UMASK = os.umask(0)

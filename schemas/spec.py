@@ -30,7 +30,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gs1.errors import UserError
+from schemas.errors import SpecError, UserError
+from schemas.names import GATE_METRICS, env_names, unknown_env_options
 from rl.kernels import FEATURE_NAMES as KERNEL_FEATURES  # the features the training loop logs
 from rl.kernels import KERNEL_FAMILIES  # gaussian, laplace, knn (knn: k = round(bandwidth))
 
@@ -49,18 +50,6 @@ def _advantage_estimators() -> dict[str, str]:
     from rl.estimators import ADVANTAGE_ESTIMATORS
 
     return ADVANTAGE_ESTIMATORS
-
-
-def _gate_metrics() -> tuple[str, ...]:
-    from rl.gates import GATE_METRICS
-
-    return tuple(GATE_METRICS)
-
-
-def _env_names() -> tuple[str, ...]:
-    from rl.envs import env_names
-
-    return env_names()
 
 
 class _Problems(ValueError):
@@ -185,7 +174,7 @@ class Arm(Record):
 
 
 class GateCheck(Record):
-    metric: str  # a name in rl.gates.GATE_METRICS
+    metric: str  # a name in schemas.names.GATE_METRICS
     measures: str | None = None
     one_of: list[str] | None = None  # passes when str(value) is one of these
     min: float | None = None
@@ -194,7 +183,7 @@ class GateCheck(Record):
     @field_validator("metric")
     @classmethod
     def _metric(cls, v):
-        known = _gate_metrics()
+        known = GATE_METRICS
         if v not in known:
             raise ValueError(f"unknown gate metric {v!r} (known: {', '.join(known)})")
         return v
@@ -310,24 +299,22 @@ class Budget(Record):
 
 
 class Dataset(Record):
-    name: str  # selects the env: rl.envs.ENV_NAMES
+    name: str  # selects the env: schemas.names.env_names()
     hf_path: str | None = None
     split: str | None = None
     n_examples: Annotated[int | None, AtLeast1] = None  # training prompts drawn, in the seed-0 order
-    options: dict[str, Any] = Field(default_factory=dict)  # keyword options of the env (see rl/envs)
+    options: dict[str, Any] = Field(default_factory=dict)  # keyword options of the env (schemas.names.env_options)
 
     @field_validator("name")
     @classmethod
     def _name(cls, v):
-        if v not in _env_names():
-            raise ValueError(f"no env for dataset {v!r} (known: {', '.join(_env_names())})")
+        if v not in env_names():
+            raise ValueError(f"no env for dataset {v!r} (known: {', '.join(env_names())})")
         return v
 
     @model_validator(mode="after")
     def _options(self):
-        from rl.envs import unknown_env_options
-
-        unknown = unknown_env_options(self.name, self.options) if self.name in _env_names() else []
+        unknown = unknown_env_options(self.name, self.options) if self.name in env_names() else []
         if unknown:
             raise ValueError(f"options {', '.join(unknown)} are not options of env {self.name!r}")
         return self
@@ -728,17 +715,6 @@ def slug(title: str, max_len: int = 60) -> str:
 # ---------------------------------------------------------------------------------------------
 # loading
 # ---------------------------------------------------------------------------------------------
-
-
-class SpecError(UserError):
-    """An invalid spec: `problems` holds one `field.path: reason` line each."""
-
-    def __init__(self, problems: list[str], source: str | None = None):
-        self.problems = list(problems)
-        self.source = source
-        head = f"{source}: " if source else ""
-        n = len(self.problems)
-        super().__init__(f"{head}invalid spec ({n} problem{'s' if n != 1 else ''}): " + "; ".join(self.problems))
 
 
 def _format_loc(loc: tuple) -> str:

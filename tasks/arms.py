@@ -15,13 +15,14 @@ from pathlib import Path
 import pyarrow as pa
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.context import TaskRunContext
 from tinker_cookbook import model_info, renderers
 
 from rl.envs import get_env
 from rl.loop import ArmConfig, HeldoutRequest, StepLog, eval_rows, new_window, train_arm, window_from_logs
 from schemas.artifacts import read_artifact, write_artifact
 from schemas.io import write_json_atomic, write_jsonl_atomic
-from tasks.common import service_client, stage_cache
+from tasks.common import GateFailed, service_client, stage_cache
 
 
 def env_for(run: dict, data_dir: str | None):
@@ -84,8 +85,6 @@ def merge_step_logs(arm_dir: Path) -> tuple[Path, Path]:
 def _progress_reporter(arm: ArmConfig, total: int, first_step: int, label: str):
     """Per-step callback: a Prefect progress artifact (step / total, reward, elapsed, ETA) and a
     log line. Outside a Prefect run (a plain call) only the log line."""
-    from prefect.context import TaskRunContext
-
     started = time.time()
     in_prefect = TaskRunContext.get() is not None
     logger = get_run_logger() if in_prefect else logging.getLogger("gs1.train")
@@ -127,7 +126,7 @@ def _progress_reporter(arm: ArmConfig, total: int, first_step: int, label: str):
 @task(name="pilot rollouts", task_run_name="pilot rollouts ({stage})", cache_policy=stage_cache(), persist_result=True)
 def pilot_rollouts(arms: list[dict], pilot: dict, run: dict, run_dir: str, backend: str,
                    data_dir: str | None, stage: str = "pilot", bandwidth: float | None = None,
-                   wall_limit_s: float | None = None) -> dict:  # fmt: skip
+                   wall_limit_s: float | None = None) -> dict:
     """The 2-step treatment pilot (+ held-out samples) and one baseline step, with timings.
 
     `bandwidth` overrides the treatment kernel's (the pre-registered calibration), whose cap of
@@ -159,7 +158,7 @@ def pilot_rollouts(arms: list[dict], pilot: dict, run: dict, run_dir: str, backe
             step_seconds.append(log.metrics["step_seconds"])
 
         train_arm(arm, training_client=training_client, env=env, renderer=renderer, order=order,
-                  steps=range(n_steps), window=new_window(arm), on_step=on_step, heldout=heldout)  # fmt: skip
+                  steps=range(n_steps), window=new_window(arm), on_step=on_step, heldout=heldout)
         timings["step_seconds"][arm.name] = sum(step_seconds) / len(step_seconds)
         rollouts_path, _ = merge_step_logs(arm_dir)
         paths["treatment" if is_treatment else "baseline"] = str(rollouts_path)
@@ -175,10 +174,8 @@ def pilot_rollouts(arms: list[dict], pilot: dict, run: dict, run_dir: str, backe
     timings["wall_seconds"] = time.time() - started
     paths["timings"] = str(write_json_atomic(out / "timings.json", timings))
     if wall_limit_s is not None and timings["wall_seconds"] > wall_limit_s:
-        from tasks.common import GateFailed
-
         raise GateFailed(f"{stage}_wall_time", [{"gate": stage, "metric": f"{stage}_wall_minutes",
-                         "value": timings["wall_seconds"] / 60, "op": "max", "bound": str(wall_limit_s / 60), "passed": False}])  # fmt: skip
+                         "value": timings["wall_seconds"] / 60, "op": "max", "bound": str(wall_limit_s / 60), "passed": False}])
     return paths
 
 
@@ -188,13 +185,13 @@ def pilot_rollouts(arms: list[dict], pilot: dict, run: dict, run_dir: str, backe
 
 @task(name="trained arm", cache_policy=stage_cache(), persist_result=True)
 def trained_arm(arm_dict: dict, run: dict, run_dir: str, backend: str, data_dir: str | None,
-                checkpoint_every: int = 5) -> dict:  # fmt: skip
+                checkpoint_every: int = 5) -> dict:
     """Train one arm for the spec's steps; resume from the last checkpoint if there is one."""
     return train_with_checkpoints(arm_dict, run, run_dir, backend, data_dir, checkpoint_every)
 
 
 def train_with_checkpoints(arm_dict: dict, run: dict, run_dir: str, backend: str, data_dir: str | None,
-                           checkpoint_every: int = 5) -> dict:  # fmt: skip
+                           checkpoint_every: int = 5) -> dict:
     """The training stage's body (callable without Prefect): per-step logs, a `save_state`
     checkpoint every `checkpoint_every` steps, and resume from the last one after a crash."""
     arm = arm_config(arm_dict)
@@ -226,7 +223,7 @@ def train_with_checkpoints(arm_dict: dict, run: dict, run_dir: str, backend: str
         report(log)
 
     train_arm(arm, training_client=training_client, env=env, renderer=renderer, order=order,
-              steps=range(first_step, arm.steps), window=window, on_step=on_step)  # fmt: skip
+              steps=range(first_step, arm.steps), window=window, on_step=on_step)
     rollouts_path, metrics_path = merge_step_logs(arm_dir)
     sampler_path = training_client.save_weights_for_sampler(f"{Path(run_dir).name}-{arm.name}-final").result().path
     final = {"arm": arm.name, "sampler_path": sampler_path, "rollouts": str(rollouts_path), "metrics": str(metrics_path)}
@@ -240,7 +237,7 @@ def train_with_checkpoints(arm_dict: dict, run: dict, run_dir: str, backend: str
 
 @task(name="eval items", cache_policy=stage_cache(), persist_result=True)
 def eval_items(trained: dict, arm_dict: dict, run: dict, n_eval: int, run_dir: str, backend: str,
-               data_dir: str | None) -> dict:  # fmt: skip
+               data_dir: str | None) -> dict:
     """Greedy-decode every eval item with the arm's final weights; write eval.jsonl + Parquet."""
     env = env_for(run, data_dir)
     arm = arm_config(arm_dict)

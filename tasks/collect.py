@@ -8,7 +8,7 @@ from pathlib import Path
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
-from rl.collect import CollectSettings, run_collection
+from rl.hillclimb.collect import CollectSettings, run_collection
 from schemas.io import write_parquet_atomic
 from tasks.common import service_client, stage_cache
 

@@ -18,6 +18,7 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
 
 import rl
 import schemas
+from rl.backends import make_service_client
 
 # ---------------------------------------------------------------------------------------------
 # Gates
@@ -135,8 +136,6 @@ _SERVICES_LOCK = threading.Lock()
 
 def service_client(backend: str):
     """The process's service client for `backend` (created once, shared by the stages)."""
-    from rl.backends import make_service_client
-
     with _SERVICES_LOCK:
         if backend not in _SERVICES:
             # The local engine keeps checkpoints and sampler weights on disk; a fixed home lets a

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from gs1.errors import UserError
+from schemas.errors import UserError
 from schemas import artifacts
 from schemas.artifacts import SCHEMAS, read_artifact, read_rows, schema_for, to_table, write_artifact
 

@@ -1,4 +1,4 @@
-"""Rollout-log collection (rl/collect.py) over a Fake sampling client, and the reasoning-gym envs."""
+"""Rollout-log collection (rl/hillclimb/collect.py) over a Fake sampling client, and the reasoning-gym envs."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 from tinker import types
 
-from gs1.errors import UserError
-from rl import collect
+from schemas.errors import UserError
+from rl.hillclimb import collect
 from rl.envs.reasoning_gym_env import REASONING_GYM_ENVS, make_reasoning_gym_env
-from rl.hillclimb_data import load_log
+from rl.hillclimb.data import load_log
 from schemas.io import write_parquet_atomic
 
 

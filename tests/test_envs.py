@@ -14,7 +14,7 @@ from tinker_cookbook import renderers
 from tinker_cookbook.recipes.math_rl import math_env as cookbook_math_env
 from tinker_cookbook.recipes.math_rl.math_env import Gsm8kDataset, MathEnv, extract_gsm8k_final_answer
 
-from gs1.errors import UserError
+from schemas.errors import UserError
 from rl.envs import ENV_NAMES, Env, get_env, make_prompt_id, parse_prompt_id
 from rl.envs.arithmetic import generate_pairs
 from rl.envs.base import run_coroutine
@@ -62,9 +62,39 @@ def test_get_env_by_name(gsm8k, arithmetic):
         get_env("mmlu")
 
 
+def test_the_schema_lists_exactly_the_envs_and_options_the_library_implements():
+    """schemas.names owns the names (and options) a spec may use; rl.envs must implement each."""
+    from rl.envs import _ENVS, accepted_options
+    from schemas import names
+
+    assert set(_ENVS) == set(names.env_names()) >= set(names.ENV_NAMES)
+    for name in names.ENV_NAMES:
+        assert set(names.env_options(name)) == set(accepted_options(name)), name
+
+
+def test_a_registered_env_is_a_name_a_spec_may_use():
+    from rl.envs import register_env
+    from schemas.names import env_names
+    from schemas.spec import Dataset
+
+    class CountingEnv:  # a fake env: only its constructor's keyword options matter here
+        def __init__(self, data_dir=None, *, n_train: int = 4):
+            self.n_train = n_train
+
+    with pytest.raises(ValueError, match="no env for dataset 'counting_test_env'"):
+        Dataset(name="counting_test_env")
+    register_env("counting_test_env", CountingEnv)
+    assert "counting_test_env" in env_names()
+    assert Dataset(name="counting_test_env", options={"n_train": 2}).options == {"n_train": 2}
+    with pytest.raises(ValueError, match="colour"):
+        Dataset(name="counting_test_env", options={"colour": 1})
+    assert get_env("counting_test_env", n_train=3).n_train == 3
+
+
 def test_reasoning_gym_envs_are_registered_and_usable_in_a_spec():
-    from rl.envs import REASONING_GYM_ENV_NAMES, env_names, unknown_env_options
+    from rl.envs import env_names, unknown_env_options
     from rl.envs.reasoning_gym_env import REASONING_GYM_ENVS, ReasoningGymEnv
+    from schemas.names import REASONING_GYM_ENV_NAMES
     from schemas.spec import Dataset
 
     assert set(REASONING_GYM_ENV_NAMES) == set(REASONING_GYM_ENVS)  # the registry lists every generator

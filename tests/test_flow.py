@@ -20,7 +20,7 @@ def flow_spec(repo_root: Path, model_dir: Path, **changes) -> dict:
         batch_size=16, steps=3, lora_rank=4, max_seq_len=64, sampling={"max_tokens": 2, "temperature": 1.0},
         pilot={"steps": 2, "heldout_prompts": 16, "heldout_samples": 8},
         budget={"gpu_hours": 1.0, "max_wall_minutes": 60},
-    )  # fmt: skip
+    )
     spec["dataset"] = {"name": "token_threshold", "n_examples": 48}
     spec["eval"] = {**spec["eval"], "n_examples": 48}
     spec["feasibility"] = {**spec["feasibility"], "effective_config": None}
@@ -28,7 +28,7 @@ def flow_spec(repo_root: Path, model_dir: Path, **changes) -> dict:
         {"name": "grpo_gs8", "advantage": "group_mean", "group_size": 8, "groups_per_batch": 2, "lr": 1e-3, "seed": 0},
         {"name": "gs1_kernel", "advantage": "kernel_cross_prompt_baseline", "group_size": 1, "groups_per_batch": 16,
          "lr": 1e-3, "seed": 0, "kernel": {"bandwidth": 1.0, "window": 32}},
-    ]  # fmt: skip
+    ]
     bounds = {"kernel_effective_neighbors_p10": {"min": 2.0}, **changes.pop("bounds", {})}
     for check in spec["activation_gate"]["checks"]:
         check.update(bounds.get(check["metric"], {}))

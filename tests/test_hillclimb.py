@@ -1,4 +1,4 @@
-"""Offline kernel hill-climb (rl/hillclimb*.py, `gs1 hillclimb`) on synthetic logs with planted structure."""
+"""Offline kernel hill-climb (rl/hillclimb/, `gs1 hillclimb`) on synthetic logs with planted structure."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from gs1.cli import main as gs1_main
-from gs1.errors import UserError
-from rl import hillclimb as hc
-from rl.hillclimb_data import (
+from schemas.errors import UserError
+from rl.hillclimb import climb as hc
+from rl.hillclimb.data import (
     EMBEDDING,
     load_log,
     log_from_table,

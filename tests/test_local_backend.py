@@ -11,7 +11,7 @@ from tinker import types
 from tinker.lib.public_interfaces.api_future import APIFuture
 
 from fixtures.tiny_model import tiny_model_dir, tiny_service_client, tiny_tokenizer  # noqa: F401
-from gs1.errors import UserError
+from schemas.errors import UserError
 from rl.backends import make_service_client
 from rl.backends.local_sampler import GenStats, sample_step, splitmix64, splitmix64_t
 from rl.backends.models import resolve_model

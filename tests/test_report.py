@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from gs1.cli import main
-from gs1.errors import UserError
+from schemas.errors import UserError
 from gs1.report import PLOTS, load_run, stage_statuses, write_report
 from rl.stats import paired_decision
 from schemas.artifacts import write_artifact

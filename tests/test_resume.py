@@ -46,9 +46,9 @@ def _arm_and_run(model_dir: Path, steps: int) -> tuple[dict, dict]:
         "max_tokens": 3, "temperature": 1.0,
         "kernel": {"family": "gaussian", "features": ["log_prompt_num_tokens", "prompt_mean_logprob"], "scales": None,
                    "bandwidth": 1.0, "window": 32, "min_mass": 1e-3},
-    }  # fmt: skip
+    }
     run = {"env": "token_threshold", "env_options": {}, "renderer": "qwen3_instruct", "base_model": str(model_dir),
-           "treatment": "gs1_kernel", "baseline": "grpo_gs8"}  # fmt: skip
+           "treatment": "gs1_kernel", "baseline": "grpo_gs8"}
     return arm, run
 
 
@@ -57,7 +57,7 @@ def _start(arm: dict, run: dict, run_dir: Path, cache: Path, park_after: int = 0
     return subprocess.Popen(
         [sys.executable, "-c", TRAIN_SCRIPT, json.dumps(arm), json.dumps(run), str(run_dir), str(park_after)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+    )
 
 
 def _step_logs(run_dir: Path, kind: str) -> list[dict]:
@@ -134,7 +134,7 @@ def test_rerun_is_served_from_cache_and_a_changed_gate_bound_reruns_only_the_gat
     assert second.is_completed()
     states = _task_states(second)
     for stage in ("validate spec", "correctness preflight", "offline unit checks", "pilot rollouts (pilot)", "activation gate",
-                  "feasibility", "trained arm", "eval items", "paired decision"):  # fmt: skip
+                  "feasibility", "trained arm", "eval items", "paired decision"):
         assert set(states[stage]) == {"Cached"}, (stage, states[stage])
     assert states["report"] == ["Completed"]  # the report always re-renders
     assert (run_dir / "decision" / "decision.json").read_text() == decision

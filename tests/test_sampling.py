@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from tinker import types
 
-from rl.sampling import SampleRequestError, params_per_prompt, sample_bounded, submit_all
+from rl.sampling import params_per_prompt, sample_bounded, submit_all
+from schemas.errors import SampleRequestError
 
 
 class FakeSamplingClient:
@@ -190,7 +191,7 @@ def test_eval_rows_bounds_requests_in_flight_and_keeps_item_order(max_in_flight)
     client = FakeSamplingClient(latency_s=lambda pid: 0.05)
     problems = [Problem(id=str(i), question=f"q{i}", answer="0") for i in range(23)]
     rows = eval_rows(client, env=FakeEvalEnv(), renderer=FakeRenderer(), problems=problems, arm_name="a",
-                     max_tokens=4, max_in_flight=max_in_flight)  # fmt: skip
+                     max_tokens=4, max_in_flight=max_in_flight)
     assert client.max_in_flight == min(max_in_flight, 23)
     assert [r["item_id"] for r in rows] == [str(i) for i in range(23)]
     assert [r["correct"] for r in rows] == [i % 2 == 0 for i in range(23)]

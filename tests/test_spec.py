@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gs1.cli import main
-from gs1.errors import UserError
+from schemas.errors import UserError
 from schemas.spec import (
     ExperimentSpec,
     KernelConfig,

@@ -156,7 +156,8 @@ def test_paired_decision_record_from_maps_and_files(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from rl.stats import EvalDataError, paired_decision, read_eval_items
+    from rl.stats import paired_decision, read_eval_items
+    from schemas.errors import EvalDataError
 
     t, b = _binary_pairs(6, 120)
     treatment = {f"gsm8k/test/{k}": float(v) for k, v in enumerate(t)}

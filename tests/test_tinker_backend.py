@@ -16,7 +16,7 @@ import tinker
 from tinker import types
 
 from fakes.fake_tinker_server import FakeTinkerServer
-from gs1.errors import UserError
+from schemas.errors import UserError
 from rl.backends.tinker_backend import make_tinker_service_client, probe_service
 from rl.sampling import sample_bounded, submit_all
 

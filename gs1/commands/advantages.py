@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from gs1.commands.argtypes import positive_float, positive_int
-from gs1.errors import UserError
+from schemas.errors import UserError
 
 ESTIMATORS = ("grpo", "gs1_kernel", "batch_mean", "rloo")
 REQUIRED_COLUMNS = ("step", "prompt_id", "reward", "prompt_num_tokens", "prompt_mean_logprob")
@@ -50,6 +50,7 @@ def _numeric(table: pa.Table, name: str, path) -> np.ndarray:
 
 def compute(table: pa.Table, estimator: str, *, bandwidth: float | None = None, window: int | None = None, path="rollouts") -> pa.Table:
     """The output table for `estimator` over a checked rollout table (UserError on bad input)."""
+    # lazy: start-up time
     from rl.estimators import batch_mean_advantages, grpo_advantages, gs1_kernel_log, rloo_advantages, step_batches
     from rl.kernels import prompt_features
 
@@ -109,7 +110,7 @@ def compute(table: pa.Table, estimator: str, *, bandwidth: float | None = None, 
 
 
 def run(args) -> int:
-    from schemas.io import read_parquet, write_parquet_atomic
+    from schemas.io import read_parquet, write_parquet_atomic  # lazy: start-up time
 
     if args.estimator != "gs1_kernel" and (args.bandwidth is not None or args.window is not None):
         raise UserError(f"--bandwidth and --window apply only to --estimator gs1_kernel, not {args.estimator}")

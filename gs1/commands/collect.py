@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gs1.errors import UserError
+from schemas.errors import UserError
 
 
 def register(subparsers) -> None:
@@ -35,7 +35,7 @@ def register(subparsers) -> None:
 
 def default_renderer(base_model: str) -> str:
     try:
-        from tinker_cookbook.model_info import get_recommended_renderer_name
+        from tinker_cookbook.model_info import get_recommended_renderer_name  # lazy: start-up time
 
         return get_recommended_renderer_name(base_model)
     except Exception:  # the cookbook raises several types for an unknown model
@@ -43,7 +43,7 @@ def default_renderer(base_model: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rl.collect import CollectSettings, run_collection
+    from rl.hillclimb.collect import CollectSettings, run_collection  # lazy: start-up time
     from schemas.io import write_parquet_atomic
 
     if args.out.suffix != ".parquet":
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     )
     table = run_collection(settings, data_dir=args.data_dir, embed=not args.no_embedding)
     write_parquet_atomic(table, args.out)
-    import numpy as np
+    import numpy as np  # lazy: start-up time
 
     reward = np.asarray(table.column("reward").to_pylist())
     print(f"wrote {args.out}: {table.num_rows} rollouts, {args.n_prompts} prompts x {args.k}, "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from gs1.commands.argtypes import checked, finite_float
-from gs1.errors import UserError
+from schemas.errors import EvalDataError, UserError
 
 
 # one-sided level; the bootstrap CI is at 1 - 2 alpha
@@ -34,7 +34,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from rl.stats import EvalDataError, paired_decision
+    from rl.stats import paired_decision  # lazy: start-up time
 
     try:
         report = paired_decision(args.treatment, args.baseline, alpha=args.alpha, margin=args.margin)

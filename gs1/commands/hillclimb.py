@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from gs1.errors import UserError
+from schemas.errors import UserError
 
 DEFAULT_BATCH = 64
 DEFAULT_WINDOW = 256
@@ -35,7 +35,7 @@ def register(subparsers) -> None:
 
 def spec_settings(path: Path | None):
     """(batch_size, window, spec KernelRecipe) from a spec file, or the pinned defaults."""
-    from rl.hillclimb import KernelRecipe, spec_recipe
+    from rl.hillclimb.climb import KernelRecipe, spec_recipe  # lazy: start-up time
 
     if path is None:
         return DEFAULT_BATCH, DEFAULT_WINDOW, spec_recipe(window=DEFAULT_WINDOW)
@@ -77,15 +77,15 @@ def spec_settings(path: Path | None):
 
 
 def hc_families():
-    from rl.hillclimb import FAMILIES
+    from rl.hillclimb.climb import FAMILIES  # lazy: start-up time
 
     return FAMILIES
 
 
 def run(args: argparse.Namespace) -> int:
-    from rl import hillclimb as hc
-    from rl import hillclimb_report as report
-    from rl.hillclimb_data import load_log
+    from rl.hillclimb import climb as hc  # lazy: start-up time
+    from rl.hillclimb import report
+    from rl.hillclimb.data import load_log
 
     if args.budget < 1:
         raise UserError("--budget must be at least 1")

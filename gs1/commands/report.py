@@ -20,7 +20,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from gs1.report import write_report
+    from gs1.report import write_report  # lazy: start-up time
 
     result = write_report(args.run_dir, out_dir=args.out)
     print(result["html"])

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
 
-from gs1.errors import UserError
+from schemas.errors import UserError
 
 DEMO_SPEC = "specs/demo_local.json"
 
@@ -30,7 +31,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from schemas.spec import load_spec
+    from schemas.spec import load_spec  # lazy: start-up time
 
     spec_path = Path(args.spec) if args.spec else default_spec()
     load_spec(spec_path)  # SpecError (a UserError) -> one line per problem, exit 2
@@ -38,17 +39,17 @@ def run(args: argparse.Namespace) -> int:
     if data_dir and not Path(data_dir).is_dir():
         raise UserError(f"--data-dir {data_dir}: no such directory")
     if args.backend == "tinker":
-        from rl.backends.tinker_backend import make_tinker_service_client
+        from rl.backends.tinker_backend import make_tinker_service_client  # lazy: start-up time
 
         make_tinker_service_client()  # probe the service and the key now: one clear line, exit 2
 
-    from tasks.spec import run_dir_for
+    from tasks.spec import run_dir_for  # lazy: start-up time
 
     run_dir = Path(args.run_dir) if args.run_dir else run_dir_for(spec_path)
     run_dir.mkdir(parents=True, exist_ok=True)
     print(f"gs1: running {spec_path} on the {args.backend} backend; run directory {run_dir}", flush=True)
 
-    from flows.experiment import experiment_in
+    from flows.experiment import experiment_in  # lazy: start-up time
     from tasks.common import GateFailed
 
     _quiet_gate_tracebacks(GateFailed)
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     state = experiment_in(run_dir)(
         spec_path=str(spec_path.resolve()), run_dir=str(run_dir.resolve()), backend=args.backend,
         data_dir=str(Path(data_dir).resolve()) if data_dir else None, return_state=True,
-    )  # fmt: skip
+    )
     if state.is_completed():
         decision = state.result()
         print(
@@ -80,7 +81,6 @@ def _quiet_gate_tracebacks(gate_error: type) -> None:
     but the message already carries every metric. Drop the traceback on this terminal only (the
     root logger's console handlers, where Prefect's run loggers propagate); the copy sent to the
     Prefect server keeps it."""
-    import logging
 
     class NoGateTraceback(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:

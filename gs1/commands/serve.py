@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 
-from gs1.errors import UserError
+from schemas.errors import UserError
 
 DEPLOYMENT = "gs1"
 
 
 def build_deployments(spec_path: str = "specs/demo_local.json") -> list:
     """The deployments `gs1 serve` offers: the experiment (spec + overrides) and log collection."""
-    from flows.collect import collect_logs
+    from flows.collect import collect_logs  # lazy: start-up time
     from flows.deployment import gs1_run
 
     return [
@@ -20,7 +20,7 @@ def build_deployments(spec_path: str = "specs/demo_local.json") -> list:
             name=DEPLOYMENT, parameters={"spec_path": spec_path},
             description="Run a pre-registered GS1 experiment spec end to end (gates, paired decision, report).",
             tags=["gs1"],
-        ),  # fmt: skip
+        ),
         collect_logs.to_deployment(
             name=DEPLOYMENT, description="Sample N prompts x K rollouts and log rewards and kernel features.", tags=["gs1"]
         ),
@@ -36,14 +36,14 @@ def register(subparsers) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     if not os.environ.get("PREFECT_API_URL"):
-        from prefect.settings import PREFECT_API_URL
+        from prefect.settings import PREFECT_API_URL  # lazy: start-up time
 
         if not PREFECT_API_URL.value():
             raise UserError(
                 "no Prefect server: start one with `prefect server start` and set "
                 "PREFECT_API_URL=http://127.0.0.1:4200/api (see README, 'Prefect UI')"
             )
-    from prefect import serve as prefect_serve
+    from prefect import serve as prefect_serve  # lazy: start-up time
 
     prefect_serve(*build_deployments(args.spec), limit=args.limit)
     return 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from gs1.errors import UserError
+from schemas.errors import UserError
 
 
 def register(subparsers) -> None:
@@ -38,6 +38,7 @@ def _weighted(crit) -> str:
 
 
 def summary(spec, path: str) -> str:
+    # lazy: start-up time
     from schemas.spec import baseline_arm, resolve_base_model_path, resolve_renderer_name, spec_hash, treatment_arm
 
     treatment, baseline = treatment_arm(spec), baseline_arm(spec)
@@ -99,7 +100,7 @@ def summary(spec, path: str) -> str:
 
 
 def run(args) -> int:
-    from schemas.spec import SpecError, load_spec
+    from schemas.spec import SpecError, load_spec  # lazy: start-up time
 
     try:
         spec = load_spec(args.spec)

@@ -3,7 +3,7 @@
     python results/issue7/collect_h200.py --base-model-path /root/m/model.gguf --out DIR \
         --data-dir GSM8K_DIR --envs gsm8k rg_basic_arithmetic ... [--n-prompts 128 --k 10]
 
-Same as one `gs1 collect` per env (rl.collect.run_collection), but the local engine and its
+Same as one `gs1 collect` per env (rl.hillclimb.collect.run_collection), but the local engine and its
 dequantised weights are built once and shared by every env. Envs run in the given order; one
 whose collection fails is reported and skipped; none is started after --deadline-s seconds.
 """
@@ -35,7 +35,7 @@ def main() -> int:
     import numpy as np
 
     from rl.backends import make_service_client
-    from rl.collect import CollectSettings, run_collection
+    from rl.hillclimb.collect import CollectSettings, run_collection
     from schemas.io import write_parquet_atomic
 
     t0 = time.perf_counter()

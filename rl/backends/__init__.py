@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gs1.errors import UserError
+from schemas.errors import UserError
 
 BACKENDS = ("local", "tinker")
 

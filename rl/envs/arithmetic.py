@@ -46,7 +46,7 @@ ALL_CLASSES = tuple((da, db) for da in DIGIT_RANGES for db in DIGIT_RANGES)
 
 
 def generate_pairs(seed: int, n_train: int, n_test: int,
-                   classes: tuple[tuple[int, int], ...] = ALL_CLASSES) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:  # fmt: skip
+                   classes: tuple[tuple[int, int], ...] = ALL_CLASSES) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """Deterministic, disjoint (train, test) operand pairs; see the module docstring."""
     rng = np.random.default_rng(seed)
     classes = [tuple(c) for c in classes]
@@ -78,7 +78,7 @@ class ArithmeticEnv(CookbookProblemEnv):
 
     def __init__(self, data_dir=None, *, seed: int = 0, n_train: int = 4096, n_test: int = 500,
                  operand_digits: list[list[int]] | None = None, system_prompt: str | None = None,
-                 fewshot: bool = True):  # fmt: skip
+                 fewshot: bool = True):
         """`operand_digits` restricts the digit classes (e.g. [[1, 1], [1, 2]]); `system_prompt`
         opens the conversation (a small model may need its own); `fewshot` keeps the cookbook's
         one-shot example."""

@@ -16,8 +16,8 @@ import json
 import os
 from pathlib import Path
 
-from gs1.errors import UserError
 from rl.envs.base import CookbookProblemEnv, Problem, make_prompt_id
+from schemas.errors import UserError
 
 HF_PATH = "openai/gsm8k"
 HF_CONFIG = "main"

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from tinker_cookbook.rl.problem_env import ProblemEnv
 
-from gs1.errors import UserError
 from rl.envs.base import CookbookProblemEnv, Problem, make_prompt_id
+from schemas.errors import UserError
 
 # env name -> (reasoning-gym dataset name, generator config)
 REASONING_GYM_ENVS: dict[str, tuple[str, dict]] = {

@@ -6,7 +6,7 @@ current batch plus the most recent earlier rollouts, `window` in all; each featu
 the window's mean and population std (the rollout itself included); the baseline of rollout i is
 a weighted mean of the other window rewards, falling back to the window mean without i when the
 kernel mass is below `min_mass`, and to i's own reward when it has no neighbour. Each baseline is
-judged by G_eff (rl/geff.py) against the prompt's other samples, which the window never sees.
+judged by G_eff (rl/hillclimb/geff.py) against the prompt's other samples, which the window never sees.
 
 Prompts are split by a seeded hash into a search half and an evaluation half, simulated as two
 separate streams: the search only ever scores candidates on the search stream; the evaluation
@@ -38,12 +38,13 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from rl import geff
-from rl.hillclimb_data import EMBEDDING, RolloutLog, Stream, make_streams
+from rl.hillclimb import geff
+from rl.hillclimb.data import EMBEDDING, RolloutLog, Stream, make_streams
 from rl.kernels import FEATURE_NAMES, KERNEL_FAMILIES, knn_k, standardize
 
 FAMILIES = ("gaussian", "laplace", "knn", "constant", "ridge")
@@ -401,8 +402,6 @@ def search(
     one feature's scale, each scored over the family's whole bandwidth grid, taking the best
     improving move until none improves; finally the subset grid at the other windows.
     """
-    import time
-
     t0 = time.perf_counter()
     s = _Search(stream, batch_size, budget, min_mass)
     names = list(stream.features)

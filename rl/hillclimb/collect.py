@@ -28,6 +28,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pyarrow as pa
 from tinker import types
+from tinker_cookbook import renderers
+
+from rl.backends import make_service_client
+from rl.envs import get_env
+from schemas.errors import UserError
 
 VALUE_CONTINUATION = "This is easy."
 MIN_K = 8
@@ -71,7 +76,7 @@ def local_prompt_embedder(sampling_client) -> Callable[[list[list[int]]], np.nda
     snapshot = getattr(sampling_client, "_snapshot", None)
     if engine is None or snapshot is None or not hasattr(engine, "run_with"):
         return None
-    import torch
+    import torch  # here, not at the top: only the local engine has hidden states, and torch is slow to import
 
     def embed_all(prompts_P: list[list[int]]) -> np.ndarray:
         def run():
@@ -167,8 +172,6 @@ def pick_problems(env, split: str, n_prompts: int, seed: int) -> list:
 
 def make_env(name: str, data_dir=None):
     """`rl.envs.get_env` (the reasoning-gym envs are registered there)."""
-    from rl.envs import get_env
-
     return get_env(name, data_dir)
 
 
@@ -178,10 +181,6 @@ def run_collection(settings: CollectSettings, service=None, data_dir=None, embed
     `service`: a backend service client (`rl.backends.make_service_client`); built from
     `settings.backend` when None.
     """
-    from tinker_cookbook import renderers
-
-    from gs1.errors import UserError
-
     if settings.k < MIN_K:
         raise UserError(f"--k must be at least {MIN_K} (got {settings.k})")
     if settings.n_prompts < 1:
@@ -191,8 +190,6 @@ def run_collection(settings: CollectSettings, service=None, data_dir=None, embed
     if len(problems) < settings.n_prompts:
         raise UserError(f"{settings.env}/{settings.split} has only {len(problems)} problems")
     if service is None:
-        from rl.backends import make_service_client
-
         service = make_service_client(settings.backend)
     sampler = service.create_sampling_client(base_model=settings.base_model_path or settings.base_model).result()
     tokenizer = sampler.get_tokenizer()

@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from gs1.errors import UserError
+from rl.hillclimb.geff import HeldOut, held_out_stats
+from schemas.errors import UserError
 from schemas.io import read_parquet
-from rl.geff import HeldOut
 
 EMBEDDING = "embedding"
 MIN_SAMPLES_PER_PROMPT = 3  # the drawn rollout plus 2 held-out samples (a held-out variance)
@@ -184,7 +184,6 @@ def make_stream(log: RolloutLog, mask_P: np.ndarray, seed: int, name: str) -> St
     others[np.arange(N), drawn_N] = np.nan
     # left-pack the held-out samples (NaN last) for held_out_stats
     others = np.take_along_axis(others, np.argsort(np.isnan(others), axis=1, kind="stable"), axis=1)[:, : K - 1]
-    from rl.geff import held_out_stats  # local: keeps the module import graph flat
 
     held = held_out_stats(others)
     sigma2 = held_out_stats(r_N_K).var_P

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from matplotlib.figure import Figure  # no pyplot: no global figure state, no GUI backend
 
-from rl.hillclimb import HillclimbReport, KernelRecipe, TransferReport
+from rl.hillclimb.climb import HillclimbReport, KernelRecipe, TransferReport
 from schemas.io import write_bytes_atomic, write_json_atomic, write_parquet_atomic, write_text_atomic
 
 CANDIDATES_SCHEMA = pa.schema(
@@ -90,7 +91,7 @@ def summary_markdown(report: HillclimbReport) -> str:
             f"{s.seconds:.1f} s ({60 * len(s.candidates) / max(s.seconds, 1e-9):.0f}/min).",
             "",
             "G_eff = mean per-prompt reward variance / noise-corrected mean (b - p)^2, with p from the prompt's "
-            "samples other than the drawn one (rl/geff.py). GRPO rows: the mean of G samples of the prompt, "
+            "samples other than the drawn one (rl/hillclimb/geff.py). GRPO rows: the mean of G samples of the prompt, "
             "judged against its remaining samples. Bias = mean(b - p); corr = Pearson(b, p).",
             "",
             _md_table(cols, rows),
@@ -126,24 +127,17 @@ def unrestricted_fragment(report: HillclimbReport) -> dict:
 
 
 def _save_png(fig, path: Path) -> None:
-    """Write the figure atomically (bytes, then temp file + rename) and free it."""
-    import matplotlib.pyplot as plt
-
+    """Write the figure atomically (bytes, then temp file + rename)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
     write_bytes_atomic(path, buf.getvalue())
 
 
 def plot_sweep(report: HillclimbReport, path: Path) -> None:
     """G_eff against bandwidth (k for knn, lambda for ridge) per family, with reference lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     families = list(dict.fromkeys(r["family"] for r in report.sweep_rows))
-    fig, axes = plt.subplots(1, max(len(families), 1), figsize=(4.2 * max(len(families), 1), 3.6), squeeze=False)
+    fig = Figure(figsize=(4.2 * max(len(families), 1), 3.6))
+    axes = fig.subplots(1, max(len(families), 1), squeeze=False)
     refs = {r["method"]: r["eval_g_eff"] for r in report.summary_rows}
     for ax, fam in zip(axes[0], families):
         pts = [r for r in report.sweep_rows if r["family"] == fam]
@@ -247,17 +241,13 @@ def transfer_markdown(tr: TransferReport) -> str:
 
 
 def plot_transfer(tr: TransferReport, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     n = len(tr.names)
     panels = [
         ("unrestricted winners", np.vstack([tr.g_eff, tr.own_best[None, :]])),
         ("arm winners (kernel.json)", np.vstack([tr.g_eff_arm, np.diag(tr.g_eff_arm)[None, :]])),
     ]
-    fig, axes = plt.subplots(1, 2, figsize=(2 * (1.4 * n + 2.5), 1.1 * (n + 1) + 1.2), squeeze=False)
+    fig = Figure(figsize=(2 * (1.4 * n + 2.5), 1.1 * (n + 1) + 1.2))
+    axes = fig.subplots(1, 2, squeeze=False)
     for ax, (title, mat) in zip(axes[0], panels):
         # log colour scale: G_eff spans orders of magnitude (a near-constant-reward column is huge)
         shown = np.where(np.isfinite(mat) & (mat > 0), np.log10(np.where(mat > 0, mat, 1.0)), np.nan)

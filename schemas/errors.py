@@ -1,0 +1,58 @@
+"""Every exception type of the project, at the bottom layer so that every package imports down to it.
+
+- `UserError`: bad input from the user; the CLI prints `gs1: error: <message>` and exits 2.
+  `SpecError` is the one for an invalid spec file.
+- `EvalDataError`: eval files that cannot be paired (the `decide` command turns it into a UserError).
+- `SampleRequestError`: a sample request that still failed after its retries.
+
+(`GateFailed`, raised by the Prefect gate tasks, lives with them in `tasks/common.py`: no lower
+layer raises or catches it.)
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input from the user (spec, data files, CLI arguments, service, key).
+
+    The CLI prints `gs1: error: <message>` on one line and exits 2, with no traceback.
+    """
+
+
+class SpecError(UserError):
+    """An invalid spec: `problems` holds one `field.path: reason` line each."""
+
+    def __init__(self, problems: list[str], source: str | None = None):
+        self.problems = list(problems)
+        self.source = source
+        head = f"{source}: " if source else ""
+        n = len(self.problems)
+        super().__init__(f"{head}invalid spec ({n} problem{'s' if n != 1 else ''}): " + "; ".join(self.problems))
+
+
+class EvalDataError(ValueError):
+    """Eval files that cannot be paired (missing file or field, duplicate or differing items).
+    The message is one line naming the file and what is wrong."""
+
+
+class SampleRequestError(RuntimeError):
+    """A sample request still failed after its retries; `index` is its position in the input."""
+
+    def __init__(self, index: int, attempts: int, cause: BaseException) -> None:
+        super().__init__(
+            f"sample request {index} failed after {attempts} attempt(s): "
+            f"{type(cause).__name__}: {cause}"
+        )
+        self.index = index
+        self.attempts = attempts
+
+    def __reduce__(self):
+        # Picklable across processes (Prefect results) without the unpicklable cause.
+        return (_rebuild_sample_request_error, (self.index, self.attempts, str(self)))
+
+
+def _rebuild_sample_request_error(index: int, attempts: int, message: str) -> SampleRequestError:
+    err = SampleRequestError.__new__(SampleRequestError)
+    RuntimeError.__init__(err, message)
+    err.index, err.attempts = index, attempts
+    return err

@@ -1,0 +1,59 @@
+"""The names a spec may use: gate metrics and envs (with each env's options).
+
+The spec validator (`schemas.spec`) checks against these; the library takes them from here
+(`rl.gates`, `rl.envs`), so a name is added in one place and the schema never imports the library.
+(Advantage estimator and kernel names are the kernel-spec change's: `rl.estimators`, `rl.kernels`.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+# The activation gate's metrics (rl.gates.compute_gate_metrics), the names `gates[].metric` may take.
+GATE_METRICS = (
+    "executed_group_size_treatment",
+    "executed_group_size_baseline",
+    "pilot_mean_reward",
+    "kernel_effective_neighbors_p10",
+    "frac_nonzero_advantage_treatment",
+    "baseline_reward_corr",
+)
+
+# ---------------------------------------------------------------------------------------------
+# envs: `dataset.name` selects one (rl.envs.get_env); `dataset.options` are its keyword options
+
+# reasoning-gym generators (rl/envs/reasoning_gym_env.py holds their configs)
+REASONING_GYM_ENV_NAMES = ("rg_basic_arithmetic", "rg_chain_sum", "rg_gsm_symbolic", "rg_countdown", "rg_lcm")
+_REASONING_GYM_OPTIONS = ("seed", "n_train", "n_test", "config")
+
+# name -> the keyword options its constructor takes (None: any); tests/test_envs.py checks these
+# against the constructors' signatures
+_ENV_OPTIONS: dict[str, tuple[str, ...] | None] = {
+    "gsm8k": (),
+    "arithmetic": ("seed", "n_train", "n_test", "operand_digits", "system_prompt", "fewshot"),
+    **dict.fromkeys(REASONING_GYM_ENV_NAMES, _REASONING_GYM_OPTIONS),
+}
+ENV_NAMES = tuple(_ENV_OPTIONS)  # the built-in benchmarks
+
+
+def declare_env(name: str, options: tuple[str, ...] | None) -> None:
+    """Let a spec name env `name` with these keyword options (None: any); `rl.envs.register_env` calls it."""
+    _ENV_OPTIONS[name] = None if options is None else tuple(options)
+
+
+def env_names() -> tuple[str, ...]:
+    """Every env a spec's `dataset.name` may take now (built-in and registered)."""
+    return tuple(_ENV_OPTIONS)
+
+
+def env_options(name: str) -> tuple[str, ...] | None:
+    """The keyword options env `name` takes (None: any)."""
+    return _ENV_OPTIONS[name]
+
+
+def unknown_env_options(name: str, options: Mapping) -> list[str]:
+    """The keys of `options` that env `name` does not take as keyword arguments."""
+    accepted = _ENV_OPTIONS[name]
+    if accepted is None:
+        return []
+    return sorted(k for k in options if k not in accepted)
