@@ -1,0 +1,117 @@
+"""The layer rule of docs/contracts.md ("Import rules"), read from the source with `ast`.
+
+Every `import` and `from ... import` of every module of the layered packages counts, at the top
+of the module or inside a function (a lazy import is still a dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# bottom to top: a package may import its own layer and the layers below it, never one above
+LAYERS = ("schemas", "rl", "tasks", "flows", "gs1")
+# outside packages a layer must not import (the library runs and is tested without Prefect)
+FORBIDDEN = {"schemas": {"prefect"}, "rl": {"prefect"}}
+# sub-packages that only their own layer's callers above may import (nothing else in `rl`)
+LEAVES = {"rl.hillclimb": "rl"}
+
+# (importing module, imported module) pairs that still point up, each with who removes it. An
+# entry that no longer occurs fails the test too, so this list only shrinks.
+ALLOWED_UPWARD = {
+    ("schemas.spec", "rl.kernels"),  # moved by the kernel-spec change (schemas/kernel.py)
+    ("schemas.spec", "rl.estimators"),  # moved by the kernel-spec change (ADVANTAGE_ESTIMATORS to schemas/)
+    ("tasks.gates", "gs1.report"),  # gate-row wording: moved by the report split (issue 12, item 2)
+    ("tasks.report", "gs1.report"),  # the report as data + templates: moved by the report split
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_local_module(dotted: str) -> bool:
+    path = ROOT.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module `path` imports, anywhere in it: `from a import b` is a.b when that is a module
+    of this repository, else a."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against the importing module's package
+                parts = package.split(".")
+                anchor = parts[: len(parts) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if is_local_module(f"{base}.{alias.name}") else base)
+    return found
+
+
+def layered_modules() -> list[Path]:
+    return sorted(p for layer in LAYERS for p in (ROOT / layer).rglob("*.py") if ".venv" not in p.parts)
+
+
+def layer_of(module: str) -> int | None:
+    top = module.split(".")[0]
+    return LAYERS.index(top) if top in LAYERS else None
+
+
+def upward_imports() -> set[tuple[str, str]]:
+    """(importer, imported) pairs where the imported module sits on a higher layer."""
+    pairs = set()
+    for path in layered_modules():
+        importer = module_name(path)
+        for imported in imported_modules(path):
+            if layer_of(imported) is not None and layer_of(imported) > layer_of(importer):
+                pairs.add((importer, imported))
+    return pairs
+
+
+def test_the_rule_reads_real_imports():
+    # the reader sees top-level, function-level and relative imports (else the rule checks nothing)
+    assert {"pydantic", "schemas.errors", "rl.kernels"} <= imported_modules(ROOT / "schemas/spec.py")
+    assert "rl.hillclimb.geff" in imported_modules(ROOT / "rl/hillclimb/climb.py")  # from rl.hillclimb import geff
+    assert "torch" in imported_modules(ROOT / "rl/hillclimb/collect.py")  # imported inside a function
+    assert "gs1.commands" in imported_modules(ROOT / "gs1/cli.py")
+    assert len(layered_modules()) > 40
+
+
+def test_every_import_points_down():
+    upward = upward_imports()
+    unexpected = sorted(upward - ALLOWED_UPWARD)
+    assert not unexpected, "imports from a lower layer up to a higher one:\n" + "\n".join(f"{a} -> {b}" for a, b in unexpected)
+    stale = sorted(ALLOWED_UPWARD - upward)
+    assert not stale, "allowed upward imports that are gone (delete them from ALLOWED_UPWARD): " + str(stale)
+
+
+def test_schemas_and_rl_never_import_prefect():
+    bad = [
+        (module_name(p), m)
+        for p in layered_modules()
+        for m in imported_modules(p)
+        if m.split(".")[0] in FORBIDDEN.get(module_name(p).split(".")[0], ())
+    ]
+    assert not bad, bad
+
+
+def test_hillclimb_is_a_leaf_of_rl():
+    """Nothing else in the library depends on the offline hill-climb; tasks and the CLI may."""
+    for leaf, layer in LEAVES.items():
+        users = sorted(
+            module_name(p)
+            for p in layered_modules()
+            if module_name(p).split(".")[0] == layer and not module_name(p).startswith(leaf)
+            and any(m == leaf or m.startswith(leaf + ".") for m in imported_modules(p))
+        )
+        assert not users, f"{leaf} is imported by {users}"
