@@ -12,9 +12,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # bottom to top: a package may import its own layer and the layers below it, never one above
-LAYERS = ("schemas", "rl", "tasks", "flows", "gs1")
+# (`report/`, the run report split out of gs1/report.py, sits beside the library once it lands)
+LAYERS = (("schemas",), ("rl", "report"), ("tasks",), ("flows",), ("gs1",))
 # outside packages a layer must not import (the library runs and is tested without Prefect)
-FORBIDDEN = {"schemas": {"prefect"}, "rl": {"prefect"}}
+FORBIDDEN = {"schemas": {"prefect"}, "rl": {"prefect"}, "report": {"prefect"}}
 # sub-packages that only their own layer's callers above may import (nothing else in `rl`)
 LEAVES = {"rl.hillclimb": "rl"}
 
@@ -28,20 +29,20 @@ ALLOWED_UPWARD = {
 }
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def is_local_module(dotted: str) -> bool:
-    path = ROOT.joinpath(*dotted.split("."))
+def is_local_module(dotted: str, root: Path = ROOT) -> bool:
+    path = root.joinpath(*dotted.split("."))
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
-def imported_modules(path: Path) -> set[str]:
+def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
     """Every module `path` imports, anywhere in it: `from a import b` is a.b when that is a module
     of this repository, else a."""
-    name = module_name(path)
+    name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -54,25 +55,25 @@ def imported_modules(path: Path) -> set[str]:
                 anchor = parts[: len(parts) - (node.level - 1)]
                 base = ".".join([*anchor, base] if base else anchor)
             for alias in node.names:
-                found.add(f"{base}.{alias.name}" if is_local_module(f"{base}.{alias.name}") else base)
+                found.add(f"{base}.{alias.name}" if is_local_module(f"{base}.{alias.name}", root) else base)
     return found
 
 
-def layered_modules() -> list[Path]:
-    return sorted(p for layer in LAYERS for p in (ROOT / layer).rglob("*.py") if ".venv" not in p.parts)
+def layered_modules(root: Path = ROOT) -> list[Path]:
+    return sorted(p for layer in LAYERS for package in layer for p in (root / package).rglob("*.py"))
 
 
 def layer_of(module: str) -> int | None:
     top = module.split(".")[0]
-    return LAYERS.index(top) if top in LAYERS else None
+    return next((i for i, layer in enumerate(LAYERS) if top in layer), None)
 
 
-def upward_imports() -> set[tuple[str, str]]:
+def upward_imports(root: Path = ROOT) -> set[tuple[str, str]]:
     """(importer, imported) pairs where the imported module sits on a higher layer."""
     pairs = set()
-    for path in layered_modules():
-        importer = module_name(path)
-        for imported in imported_modules(path):
+    for path in layered_modules(root):
+        importer = module_name(path, root)
+        for imported in imported_modules(path, root):
             if layer_of(imported) is not None and layer_of(imported) > layer_of(importer):
                 pairs.add((importer, imported))
     return pairs
@@ -85,6 +86,28 @@ def test_the_rule_reads_real_imports():
     assert "torch" in imported_modules(ROOT / "rl/hillclimb/collect.py")  # imported inside a function
     assert "gs1.commands" in imported_modules(ROOT / "gs1/cli.py")
     assert len(layered_modules()) > 40
+
+
+def test_an_upward_import_is_found_wherever_it_hides(tmp_path):
+    files = {
+        "schemas/__init__.py": "",
+        "schemas/names.py": "def late():\n    from rl import envs\n",  # function-level, upward
+        "rl/__init__.py": "",
+        "rl/envs/__init__.py": "from . import base\nfrom ..stats import mean\n",  # relative, downward
+        "rl/envs/base.py": "import tasks.common as common\n",  # upward two layers
+        "rl/stats.py": "import numpy\nfrom schemas.names import late\n",
+        "tasks/__init__.py": "",
+        "tasks/common.py": "from gs1 import cli\n",  # upward
+        "gs1/__init__.py": "",
+        "gs1/cli.py": "from tasks.common import x\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert imported_modules(tmp_path / "rl/envs/__init__.py", tmp_path) == {"rl.envs.base", "rl.stats"}
+    assert upward_imports(tmp_path) == {
+        ("schemas.names", "rl.envs"), ("rl.envs.base", "tasks.common"), ("tasks.common", "gs1.cli")
+    }
 
 
 def test_every_import_points_down():
