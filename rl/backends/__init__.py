@@ -21,13 +21,13 @@ BACKENDS = ("local", "tinker")
 
 def make_service_client(backend: str, **kw: Any):
     if backend == "local":
-        from rl.backends.local import LocalServiceClient
+        from rl.backends.local import LocalServiceClient  # lazy: torch and transformers are slow to import
 
         kw.pop("base_url", None)
         kw.pop("api_key", None)
         return LocalServiceClient(**kw)
     if backend == "tinker":
-        from rl.backends.tinker_backend import make_tinker_service_client
+        from rl.backends.tinker_backend import make_tinker_service_client  # lazy: only the hosted path needs it
 
         return make_tinker_service_client(**kw)
     raise UserError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")

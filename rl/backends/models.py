@@ -13,10 +13,12 @@ Bad input raises `schemas.errors.UserError` with one line naming what is wrong.
 from __future__ import annotations
 
 import copy
-
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from schemas.errors import UserError
 
@@ -110,8 +112,6 @@ def load_tokenizer(src: ModelSource):
 
 
 def _load_tokenizer(src: ModelSource):
-    from transformers import AutoTokenizer
-
     try:
         return AutoTokenizer.from_pretrained(src.path, **_kw(src))
     except (OSError, ValueError) as e:
@@ -129,9 +129,6 @@ def load_causal_lm(src: ModelSource, dtype, device):
     tensors, so every fresh training client of a run (preflight, pilot, arms) starts in a moment.
     Only LoRA adapters are trained, so sharing the base tensors is safe.
     """
-    import torch
-    from transformers import AutoModelForCausalLM
-
     key = (src.path, src.gguf_file, str(dtype), str(device))
     if key in _BASE_WEIGHTS:
         config, state, buffers = _BASE_WEIGHTS[key]
@@ -150,9 +147,6 @@ def load_causal_lm(src: ModelSource, dtype, device):
 
 
 def _load_causal_lm(src: ModelSource, dtype, device):
-    import torch
-    from transformers import AutoModelForCausalLM
-
     try:
         model = AutoModelForCausalLM.from_pretrained(
             src.path, dtype=dtype if not src.gguf_file else torch.float32, **_kw(src)

@@ -71,7 +71,7 @@ def seeded_order(n: int, seed: int) -> list[int]:
     This is how the cookbook's RL datasets (e.g. `Gsm8kDataset`) order their train split, so a
     problem list put in this order matches the cookbook's order for the same file rows.
     """
-    import datasets
+    import datasets  # here, not at the top: every env module imports base, and datasets is slow to import
 
     return list(datasets.Dataset.from_dict({"i": list(range(n))}).shuffle(seed=seed)["i"])
 
@@ -92,7 +92,7 @@ def run_coroutine(coro: Coroutine[Any, Any, T]) -> T:
 
 def response_text(renderer, response_tokens: Sequence[int]) -> str:
     """The text content of a sampled response as the renderer parses it (stop token stripped)."""
-    from tinker_cookbook import renderers
+    from tinker_cookbook import renderers  # here: the renderers are slow to import and base is always imported
 
     message, _termination = renderer.parse_response(list(response_tokens))
     return renderers.get_text_content(message)

@@ -16,6 +16,10 @@ import json
 import os
 from pathlib import Path
 
+import datasets
+from tinker_cookbook.recipes.math_rl.math_env import MathEnv, extract_gsm8k_final_answer, safe_grade
+from tinker_cookbook.recipes.math_rl.math_grading import extract_boxed
+
 from rl.envs.base import CookbookProblemEnv, Problem, make_prompt_id
 from schemas.errors import UserError
 
@@ -48,8 +52,6 @@ def _read_jsonl_split(path: Path) -> list[dict]:
 
 
 def _hub_split(split: str) -> list[dict]:
-    import datasets
-
     try:
         ds = datasets.load_dataset(HF_PATH, HF_CONFIG, split=split)
     except Exception as e:  # offline, no cache, hub error: all end the same way for the user
@@ -75,8 +77,6 @@ class Gsm8kEnv(CookbookProblemEnv):
         return str(self.data_dir) if self.data_dir is not None else f"hf:{HF_PATH}/{HF_CONFIG}"
 
     def _load_split(self, split: str) -> list[Problem]:
-        from tinker_cookbook.recipes.math_rl.math_env import extract_gsm8k_final_answer
-
         if self.data_dir is not None:
             path = self.data_dir / f"{split}.jsonl"
             rows = _read_jsonl_split(path)
@@ -94,15 +94,11 @@ class Gsm8kEnv(CookbookProblemEnv):
         return problems
 
     def cookbook_env(self, renderer, problem: Problem):
-        from tinker_cookbook.recipes.math_rl.math_env import MathEnv
-
         return MathEnv(
             problem.question, problem.answer, renderer, convo_prefix=MathEnv.standard_fewshot_prefix()
         )
 
     def extract_answer(self, text: str) -> str | None:
-        from tinker_cookbook.recipes.math_rl.math_grading import extract_boxed
-
         try:
             return extract_boxed(text)
         except ValueError:
@@ -111,6 +107,4 @@ class Gsm8kEnv(CookbookProblemEnv):
     def answer_is_correct(self, extracted: str, problem: Problem) -> bool:
         # safe_grade bounds sympy with a worker-thread timeout (cookbook 0.5.8), so it is safe to
         # call from any thread, not only the main one.
-        from tinker_cookbook.recipes.math_rl.math_env import safe_grade
-
         return bool(safe_grade(extracted, problem.answer))

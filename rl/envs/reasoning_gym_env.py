@@ -16,6 +16,8 @@ Prompt ids: `rg_<generator>/<split>/<index>`.
 
 from __future__ import annotations
 
+import reasoning_gym
+from reasoning_gym.utils import SYSTEM_PROMPTS, extract_answer
 from tinker_cookbook.rl.problem_env import ProblemEnv
 
 from rl.envs.base import CookbookProblemEnv, Problem, make_prompt_id
@@ -35,8 +37,6 @@ DEFAULT_N_TRAIN = {"countdown": 512}
 
 
 def _system_prompt() -> str:
-    from reasoning_gym.utils import SYSTEM_PROMPTS
-
     return SYSTEM_PROMPTS["default"]
 
 
@@ -61,8 +61,6 @@ class ScoredProblemEnv(ProblemEnv):
 
 
 def extract(text: str) -> str | None:
-    from reasoning_gym.utils import extract_answer
-
     return extract_answer(text)
 
 
@@ -96,8 +94,6 @@ class ReasoningGymEnv(CookbookProblemEnv):
         self._generated_items: dict[str, list[dict]] = {}
 
     def _dataset(self, split: str):
-        import reasoning_gym
-
         if split not in self._datasets:
             if split == "train":
                 size, seed = self.n_train, self.seed
