@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from rl.estimators import gs1_kernel_log, gs1_kernel_step
+from schemas.kernel import KernelSpec
 
 
 def _data(rows: int, seed: int = 0):
@@ -40,13 +41,13 @@ def main() -> None:
 
     rewards_R, features_R_F = _data(256)
     step_s = _best_of(
-        lambda: gs1_kernel_step(rewards_R[192:], features_R_F[192:], rewards_R[:192], features_R_F[:192], window=256),
+        lambda: gs1_kernel_step(rewards_R[192:], features_R_F[192:], rewards_R[:192], features_R_F[:192], kernel=KernelSpec(window=256)),
         args.repeats,
     )
 
     rewards_L, features_L_F = _data(args.log_rows, seed=1)
     steps_L = np.arange(args.log_rows) // 64
-    log_s = _best_of(lambda: gs1_kernel_log(steps_L, rewards_L, features_L_F, window=256), max(1, args.repeats // 10))
+    log_s = _best_of(lambda: gs1_kernel_log(steps_L, rewards_L, features_L_F, KernelSpec(window=256)), max(1, args.repeats // 10))
 
     rows = [
         ("gs1_kernel_step", "B=64, window=256", f"{step_s * 1e3:.3f} ms"),

@@ -1,7 +1,8 @@
 """The experiment flow: only wiring. Stages and what they write are in `tasks/`.
 
-validate spec -> correctness preflight -> offline unit checks -> pilot -> activation gate
--> [bandwidth calibration] -> feasibility -> full runs (arms in parallel) -> eval -> decision -> report
+validate spec -> correctness preflight -> offline unit checks -> pilot -> audit (pilot) ->
+activation gate -> [bandwidth calibration: pilot -> audit -> gate] -> feasibility -> full runs
+(arms in parallel) -> audit (train) -> eval -> decision -> report
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from pathlib import Path
 
 from prefect import Flow, flow, get_run_logger
 
+from schemas.layout import RunLayout
 from tasks.arms import eval_items, pilot_rollouts, trained_arm
 from tasks.common import GateFailed
-from tasks.gates import activation_gate, feasibility, offline_unit_checks, paired_decision_record
+from tasks.gates import activation_gate, audit_gate, feasibility, offline_unit_checks, paired_decision_record
 from tasks.preflight import correctness_preflight
 from tasks.report import run_report
 from tasks.spec import calibrated_plan, validated_plan
@@ -21,7 +23,6 @@ from tasks.spec import calibrated_plan, validated_plan
 CALIBRATION_BANDWIDTHS = (0.5, 1.0)
 CALIBRATED_METRIC = "kernel_effective_neighbors_p10"
 CALIBRATION_WALL_LIMIT_S = 600  # the spec's cap: at most 2 pilot steps and 10 wall minutes
-STAGE_RESULTS = ".stage-results"  # under the run dir: the stage cache lives and dies with the run
 
 
 @flow(name="gs1-experiment")
@@ -30,43 +31,46 @@ def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: s
     stopped = None
     try:
         plan = validated_plan(spec_path, run_dir)
-        run = plan["run"]
-        correctness_preflight(plan["arms"], run, plan["preflight"], run_dir, backend, data_dir)
+        run = plan.run
+        piloted = (plan.treatment, plan.baseline)  # the arms a pilot runs, in its logs' order
+        correctness_preflight(plan.arms, run, plan.preflight, run_dir, backend, data_dir)
         offline_unit_checks(run_dir)
 
-        pilot = pilot_rollouts(plan["arms"], plan["pilot"], run, run_dir, backend, data_dir)
+        pilot = pilot_rollouts(plan.arms, plan.pilot, run, run_dir, backend, data_dir)
+        audit_gate(piloted, [pilot.treatment, pilot.baseline], run_dir, stage="pilot")
         try:
-            activation_gate(plan["checks"], pilot["treatment"], pilot["baseline"], pilot["heldout"],
-                            plan["pilot"]["steps"], str(Path(run_dir) / "gate"))
+            activation_gate(plan.checks, pilot.treatment, pilot.baseline, pilot.heldout, plan.pilot.steps, run_dir)
         except GateFailed as failed:
             if CALIBRATED_METRIC not in {r["metric"] for r in failed.failing}:
                 raise
             # Calibration: re-pilot with the other pre-registered bandwidth (the failed pilot's logs
-            # stay in pilot/), gate it, and record the revised spec before anything else runs.
-            treatment = next(a for a in plan["arms"] if a["name"] == run["treatment"])
-            bandwidth = next(h for h in CALIBRATION_BANDWIDTHS if h != treatment["kernel"]["bandwidth"])
+            # stay in pilot/), audit and gate it, and record the revised spec before anything else runs.
+            bandwidth = next(h for h in CALIBRATION_BANDWIDTHS if h != plan.treatment.kernel.bandwidth)
             get_run_logger().warning(
                 f"{failed}; the spec pre-registers one calibration for {CALIBRATED_METRIC}: re-piloting at "
-                f"bandwidth {bandwidth} (at most {plan['pilot']['steps']} steps, "
+                f"bandwidth {bandwidth} (at most {plan.pilot.steps} steps, "
                 f"{CALIBRATION_WALL_LIMIT_S // 60} minutes); the run continues only if that gate passes")
-            pilot = pilot_rollouts(plan["arms"], plan["pilot"], run, run_dir, backend, data_dir,
+            pilot = pilot_rollouts(plan.arms, plan.pilot, run, run_dir, backend, data_dir,
                                    stage="calibration", bandwidth=bandwidth, wall_limit_s=CALIBRATION_WALL_LIMIT_S)
-            activation_gate(plan["checks"], pilot["treatment"], pilot["baseline"], pilot["heldout"],
-                            plan["pilot"]["steps"], str(Path(run_dir) / "calibration" / "gate"))
+            calibrated = (plan.treatment.with_kernel_bandwidth(bandwidth), plan.baseline)
+            audit_gate(calibrated, [pilot.treatment, pilot.baseline], run_dir, stage="calibration")
+            activation_gate(plan.checks, pilot.treatment, pilot.baseline, pilot.heldout, plan.pilot.steps, run_dir,
+                            stage="calibration")
             plan = calibrated_plan(plan, spec_path, bandwidth, run_dir)
 
-        feasibility(pilot["timings"], plan["arms"][0]["steps"], plan["n_eval"], plan["budget"], backend,
-                    str(Path(run_dir) / "feasibility"))
+        feasibility(pilot.timings, plan.steps, plan.n_eval, plan.budget, backend, str(RunLayout(run_dir).feasibility_dir))
 
-        trained = {arm["name"]: trained_arm.submit(arm, run, run_dir, backend, data_dir) for arm in plan["arms"]}
+        trained = {arm.name: trained_arm.submit(arm, run, run_dir, backend, data_dir) for arm in plan.arms}
+        trained = {name: future.result() for name, future in trained.items()}
+        audit_gate(plan.arms, [trained[arm.name].rollouts for arm in plan.arms], run_dir, stage="train")
         evals = {
-            arm["name"]: eval_items.submit(trained[arm["name"]], arm, run, plan["n_eval"], run_dir, backend, data_dir)
-            for arm in plan["arms"]
+            arm.name: eval_items.submit(trained[arm.name], arm, run, plan.n_eval, run_dir, backend, data_dir)
+            for arm in plan.arms
         }
         evals = {name: future.result() for name, future in evals.items()}
         decision = paired_decision_record(
-            evals[run["treatment"]]["jsonl"], evals[run["baseline"]]["jsonl"], plan["decision"],
-            {"treatment": run["treatment"], "baseline": run["baseline"]}, str(Path(run_dir) / "decision"),
+            evals[run.treatment].jsonl, evals[run.baseline].jsonl, plan.decision,
+            {"treatment": run.treatment, "baseline": run.baseline}, str(RunLayout(run_dir).decision_dir),
         )
     except BaseException as exc:
         stopped = str(exc) or type(exc).__name__
@@ -80,4 +84,4 @@ def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: s
 def experiment_in(run_dir: str | Path) -> Flow:
     """The experiment flow with every stage's persisted result under `<run_dir>/.stage-results/`:
     deleting a run directory deletes its cache, and no run reads another's stored results."""
-    return experiment.with_options(result_storage=Path(run_dir).resolve() / STAGE_RESULTS)
+    return experiment.with_options(result_storage=RunLayout(Path(run_dir).resolve()).stage_results)

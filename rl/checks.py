@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rl.estimators import gs1_kernel_step, grpo_advantages
+from schemas.kernel import KernelSpec
 
 HUGE_BANDWIDTH = 1e8  # w_ij = exp(-d^2 / 2e16) rounds to 1 for any window of z-scores
 TINY_BANDWIDTH = 1e-3
@@ -45,7 +46,7 @@ def _synthetic_step(seed: int, B: int = 64, H: int = 192):
 def check_forced_activation(seed: int = 0) -> CheckResult:
     """Heterogeneous phi with the pinned kernel (h = 0.5) gives a non-constant baseline."""
     rewards_B, features_B_F, history_R, history_F = _synthetic_step(seed)
-    out = gs1_kernel_step(rewards_B, features_B_F, history_R, history_F, bandwidth=0.5, window=256)
+    out = gs1_kernel_step(rewards_B, features_B_F, history_R, history_F, kernel=KernelSpec(bandwidth=0.5, window=256))
     spread = float(np.ptp(out.baseline))
     loo = _loo_window_mean(rewards_B, history_R, 256)
     distance_from_window_mean = float(np.max(np.abs(out.baseline - loo)))
@@ -68,7 +69,7 @@ def check_forced_nonactivation(seed: int = 0, tol: float = 1e-12) -> CheckResult
     rewards_B, features_B_F, history_R, history_F = _synthetic_step(seed)
     max_diff = 0.0
     for window in (256, 100, 32):  # history reaching back, partly, and not at all (window < B)
-        out = gs1_kernel_step(rewards_B, features_B_F, history_R, history_F, bandwidth=HUGE_BANDWIDTH, window=window)
+        out = gs1_kernel_step(rewards_B, features_B_F, history_R, history_F, kernel=KernelSpec(bandwidth=HUGE_BANDWIDTH, window=window))
         max_diff = max(max_diff, float(np.max(np.abs(out.baseline - _loo_window_mean(rewards_B, history_R, window)))))
     return CheckResult("forced_nonactivation", bool(max_diff <= tol), {"max_abs_diff": max_diff, "tol": tol})
 
@@ -77,7 +78,7 @@ def check_fallback_path(seed: int = 0, tol: float = 1e-12) -> CheckResult:
     """Distinct prompts with a tiny bandwidth: every mass < min_mass, so b_i falls back to the
     leave-one-out window mean; and a rollout alone in its window gets advantage 0."""
     rewards_B, features_B_F, history_R, history_F = _synthetic_step(seed)
-    out = gs1_kernel_step(rewards_B, features_B_F, history_R, history_F, bandwidth=TINY_BANDWIDTH)
+    out = gs1_kernel_step(rewards_B, features_B_F, history_R, history_F, kernel=KernelSpec(bandwidth=TINY_BANDWIDTH))
     max_diff = float(np.max(np.abs(out.baseline - _loo_window_mean(rewards_B, history_R, 256))))
     lone = gs1_kernel_step(np.array([0.7]), np.array([[5.0, -1.0]]))
     passed = bool(out.fallback.all() and max_diff <= tol and lone.advantage[0] == 0.0 and lone.baseline[0] == 0.7)
@@ -155,22 +156,21 @@ def _reference_cases(seed: int):
     ]:
         rewards_B, features_B = draw(B, ties, constant)
         rewards_H, features_H = draw(H, ties, constant)
-        cases.append((rewards_B, features_B, rewards_H, features_H, {"bandwidth": h, "window": window, "min_mass": 1e-3}))
+        cases.append((rewards_B, features_B, rewards_H, features_H, KernelSpec(bandwidth=h, window=window, min_mass=1e-3)))
     return cases
 
 
 def check_kernel_against_reference(reference_fn: Callable, seed: int = 0, tol: float = 1e-12) -> CheckResult:
     """Production gs1_kernel_step agrees with an independent reference on random windows.
 
-    `reference_fn(rewards_B, features_B_F, history_rewards_H, history_features_H_F, *, bandwidth,
-    window, min_mass)` returns a mapping of sequences: baseline, advantage, kernel_mass,
+    `reference_fn(rewards_B, features_B_F, history_rewards_H, history_features_H_F, kernel)` returns a mapping of sequences: baseline, advantage, kernel_mass,
     effective_neighbors, fallback. Tolerance: |a - b| <= tol * max(1, |b|).
     """
     worst = 0.0
     fallback_mismatches = 0
     for rewards_B, features_B, rewards_H, features_H, kernel in _reference_cases(seed):
-        ours = gs1_kernel_step(rewards_B, features_B, rewards_H, features_H, **kernel)
-        ref = reference_fn(rewards_B.tolist(), features_B.tolist(), rewards_H.tolist(), features_H.tolist(), **kernel)
+        ours = gs1_kernel_step(rewards_B, features_B, rewards_H, features_H, kernel=kernel)
+        ref = reference_fn(rewards_B.tolist(), features_B.tolist(), rewards_H.tolist(), features_H.tolist(), kernel)
         for key in ("baseline", "advantage", "kernel_mass", "effective_neighbors"):
             expected = np.asarray(ref[key], dtype=np.float64)
             error = np.abs(getattr(ours, key) - expected) / np.maximum(1.0, np.abs(expected))

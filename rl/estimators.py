@@ -9,7 +9,9 @@ pinned in DESIGN.md ("Spec semantics pinned here"):
 - rloo: b_i = mean reward of the other rollouts of i's group; a group of one gets advantage 0.
 - gs1_kernel: b_i = kernel-weighted mean reward over a window of rollouts without i (below).
 
-The RL loop calls `advantages_for_step` once per step with the spec's `advantage` name.
+The RL loop calls `advantages_for_step` once per step: a pure function of the step's batch and,
+for gs1_kernel, the arm's `KernelSpec` and the `KernelWindow` of earlier rollouts. The loop alone
+advances the window (`KernelWindow.extended`), once per step.
 """
 
 from __future__ import annotations
@@ -20,32 +22,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from rl.kernels import (
-    KERNEL_FAMILIES,
     effective_neighbors,
     kernel_weights,
-    knn_k,
+    prompt_features,
     scaled_sq_distances,
     squared_distances,
     standardize,
 )
+from schemas.arm import estimator_id
+from schemas.kernel import KernelSpec
 
-# Spec `advantage` name -> estimator id.
-ADVANTAGE_ESTIMATORS = {
-    "group_mean": "grpo",
-    "kernel_cross_prompt_baseline": "gs1_kernel",
-    "batch_mean": "batch_mean",
-    "leave_one_out": "rloo",
-}
-
-# The user's pinned kernel (docs/contracts.md "Kernel config").
-DEFAULT_KERNEL = {
-    "family": "gaussian",
-    "features": ["log_prompt_num_tokens", "prompt_mean_logprob"],
-    "scales": None,
-    "bandwidth": 0.5,
-    "window": 256,
-    "min_mass": 1e-3,
-}
+PINNED_KERNEL = KernelSpec()  # the user's pre-registered kernel (schemas/kernel.py holds the defaults)
 
 
 # ---------------------------------------------------------------------------- group baselines
@@ -125,32 +112,15 @@ def _features(features_R_F, n: int, name: str) -> np.ndarray:
     return features_R_F
 
 
-def _check_kernel_params(bandwidth: float, window: int, min_mass: float, family: str = "gaussian") -> None:
-    if family not in KERNEL_FAMILIES:
-        raise ValueError(f"unknown kernel family {family!r}; known: {', '.join(KERNEL_FAMILIES)}")
-    if not bandwidth > 0:
-        raise ValueError(f"bandwidth must be > 0, got {bandwidth}")
-    if family == "knn":
-        knn_k(bandwidth)
-    if int(window) != window or window < 1:
-        raise ValueError(f"window must be an integer >= 1, got {window}")
-    if not min_mass >= 0:
-        raise ValueError(f"min_mass must be >= 0, got {min_mass}")
-
-
 def gs1_kernel_step(
     rewards_B,
     features_B_F,
     history_rewards_H=(),
     history_features_H_F=None,
     *,
-    bandwidth: float = 0.5,
-    window: int = 256,
-    min_mass: float = 1e-3,
-    family: str = "gaussian",
-    scales=None,
+    kernel: KernelSpec = PINNED_KERNEL,
 ) -> KernelAdvantages:
-    """GS1 kernel baselines for one step's batch of B rollouts.
+    """GS1 kernel baselines for one step's batch of B rollouts under `kernel`.
 
     The window is the whole current batch plus the most recent max(0, window - B) history
     rollouts (history is the earlier rollouts, oldest first). When window < B the window is the
@@ -168,7 +138,6 @@ def gs1_kernel_step(
     Returns per-rollout baseline, advantage r - b, kernel mass, effective neighbours
     (sum w)^2 / sum w^2 and the fallback flag (mass < min_mass).
     """
-    _check_kernel_params(bandwidth, window, min_mass, family)
     rewards_B = _rewards(rewards_B)
     B = rewards_B.shape[0]
     features_B_F = _features(features_B_F, B, "features_B_F")
@@ -185,24 +154,26 @@ def gs1_kernel_step(
         empty = np.zeros(0)
         return KernelAdvantages(empty, empty, empty, empty, np.zeros(0, dtype=bool))
 
-    n_history = min(H, max(0, int(window) - B))
+    if features_B_F.shape[1] != len(kernel.features):
+        raise ValueError(f"features_B_F must have {len(kernel.features)} columns (one per kernel feature)")
+    n_history = min(H, max(0, kernel.window - B))
     rewards_W = np.concatenate([history_rewards_H[H - n_history :], rewards_B])
     features_W_F = np.concatenate([history_features_H_F[H - n_history :], features_B_F], axis=0)
     W = rewards_W.shape[0]
 
     self_B = (np.arange(B), n_history + np.arange(B))
-    if family == "gaussian":  # the pinned kernel's original arithmetic, unchanged
-        z_W_F = standardize(features_W_F, scales)
+    if kernel.family == "gaussian":  # the pinned kernel's original arithmetic, unchanged
+        z_W_F = standardize(features_W_F, kernel.scales)
         z_B_F = z_W_F[n_history:]
-        w_B_W = kernel_weights(squared_distances(z_B_F, z_W_F), bandwidth, family)
+        w_B_W = kernel_weights(squared_distances(z_B_F, z_W_F), kernel.bandwidth, kernel.family)
         w_B_W[self_B] = 0.0  # leave self out
     else:  # laplace, knn: distances built as rl/hillclimb.py builds them; self is no neighbour
-        sq_dist_B_W = scaled_sq_distances(features_W_F, n_history + np.arange(B), scales)
+        sq_dist_B_W = scaled_sq_distances(features_W_F, n_history + np.arange(B), kernel.scales)
         sq_dist_B_W[self_B] = np.inf
-        w_B_W = kernel_weights(sq_dist_B_W, bandwidth, family)
+        w_B_W = kernel_weights(sq_dist_B_W, kernel.bandwidth, kernel.family)
 
     mass_B = w_B_W.sum(axis=1)
-    fallback_B = mass_B < min_mass
+    fallback_B = mass_B < kernel.min_mass
     kernel_mean_B = (w_B_W @ rewards_W) / np.where(fallback_B, 1.0, mass_B)
     loo_mean_B = (rewards_W.sum() - rewards_B) / max(W - 1, 1)
     baseline_B = np.where(fallback_B, loo_mean_B, kernel_mean_B)
@@ -235,19 +206,18 @@ def step_batches(steps_R) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(starts, stops)]
 
 
-def gs1_kernel_log(steps_R, rewards_R, features_R_F, **kernel) -> KernelAdvantages:
+def gs1_kernel_log(steps_R, rewards_R, features_R_F, kernel: KernelSpec = PINNED_KERNEL) -> KernelAdvantages:
     """GS1 kernel baselines over a whole rollout log (rows in rollout order).
 
-    Consecutive rows of one step form its batch; the history of a step is every earlier row.
-    `kernel` takes gs1_kernel_step's keyword arguments (bandwidth, window, min_mass, family,
-    scales).
+    Consecutive rows of one step form its batch; the history of a step is every earlier row, read
+    straight from the log (not through a `KernelWindow`: this is the loop's offline cross-check).
     """
     rewards_R = _rewards(rewards_R)
     features_R_F = _features(features_R_F, rewards_R.shape[0], "features_R_F")
     if len(steps_R) != rewards_R.shape[0]:
         raise ValueError("steps and rewards must have the same length")
     batches = step_batches(steps_R)
-    window = int(kernel.get("window", 256))
+    window = kernel.window
     out = {k: np.zeros(rewards_R.shape[0]) for k in ("baseline", "advantage", "kernel_mass", "effective_neighbors")}
     fallback_R = np.zeros(rewards_R.shape[0], dtype=bool)
     for start, stop in batches:
@@ -257,7 +227,7 @@ def gs1_kernel_log(steps_R, rewards_R, features_R_F, **kernel) -> KernelAdvantag
             features_R_F[start:stop],
             rewards_R[history_start:start],
             features_R_F[history_start:start],
-            **kernel,
+            kernel=kernel,
         )
         for k, column in out.items():
             column[start:stop] = getattr(step, k)
@@ -265,39 +235,57 @@ def gs1_kernel_log(steps_R, rewards_R, features_R_F, **kernel) -> KernelAdvantag
     return KernelAdvantages(fallback=fallback_R, **out)
 
 
+@dataclass(frozen=True, eq=False)
 class KernelWindow:
-    """The training loop's kernel history: the most recent earlier rollouts, oldest first.
+    """The kernel's history: the most recent earlier rollouts, oldest first. Immutable.
 
-    Compute a step with `history()` and then `append` that step's rewards and features.
-    Holds at most `window` rollouts (a step never uses more than window - 1 history rows).
+    The RL loop owns it: a step's advantages are computed against a window, and the loop then
+    moves on to `window.extended(step rewards, step features)`, the window of the next step. It
+    keeps at most `size` rollouts (a step never draws on more than size - 1 history rows).
     """
 
-    def __init__(self, window: int = 256):
-        if int(window) != window or window < 1:
-            raise ValueError(f"window must be an integer >= 1, got {window}")
-        self.window = int(window)
-        self._rewards_H = np.zeros(0)
-        self._features_H_F: np.ndarray | None = None
+    size: int
+    rewards_H: np.ndarray
+    features_H_F: np.ndarray | None  # None before the first step
+
+    @classmethod
+    def empty(cls, size: int) -> KernelWindow:
+        if int(size) != size or size < 1:
+            raise ValueError(f"window must be an integer >= 1, got {size}")
+        return cls(int(size), np.zeros(0), None)
 
     def __len__(self) -> int:
-        return self._rewards_H.shape[0]
+        return self.rewards_H.shape[0]
 
-    def history(self) -> tuple[np.ndarray, np.ndarray | None]:
-        """(history_rewards_H, history_features_H_F); features None before the first append."""
-        return self._rewards_H, self._features_H_F
-
-    def append(self, rewards_B, features_B_F) -> None:
+    def extended(self, rewards_B, features_B_F) -> KernelWindow:
+        """The window after one more step: its rollouts appended, the oldest beyond `size` dropped."""
         rewards_B = _rewards(rewards_B)
         features_B_F = _features(features_B_F, rewards_B.shape[0], "features_B_F")
-        if self._features_H_F is None:
-            self._features_H_F = np.zeros((0, features_B_F.shape[1]))
-        elif features_B_F.shape[1] != self._features_H_F.shape[1]:
+        features_H_F = np.zeros((0, features_B_F.shape[1])) if self.features_H_F is None else self.features_H_F
+        if features_B_F.shape[1] != features_H_F.shape[1]:
             raise ValueError("features must keep the same number of columns across steps")
-        self._rewards_H = np.concatenate([self._rewards_H, rewards_B])[-self.window :]
-        self._features_H_F = np.concatenate([self._features_H_F, features_B_F], axis=0)[-self.window :]
+        return KernelWindow(
+            self.size,
+            np.concatenate([self.rewards_H, rewards_B])[-self.size :],
+            np.concatenate([features_H_F, features_B_F], axis=0)[-self.size :],
+        )
 
 
 # ---------------------------------------------------------------------------- dispatch
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One step's rollouts as an estimator sees them, in rollout order (float64 / int arrays)."""
+
+    rewards_B: np.ndarray
+    group_ids_B: np.ndarray
+    prompt_num_tokens_B: np.ndarray
+    prompt_mean_logprob_B: np.ndarray
+
+    def kernel_features(self, kernel: KernelSpec) -> np.ndarray:
+        """features_B_F: the kernel's prompt features, one column per name, in its order."""
+        return prompt_features(self.prompt_num_tokens_B, self.prompt_mean_logprob_B, kernel.features)
 
 
 @dataclass(frozen=True)
@@ -311,67 +299,30 @@ class StepAdvantages:
     fallback: np.ndarray | None = None
 
 
-def estimator_id(advantage_name: str) -> str:
-    """Spec advantage name (or an estimator id itself) -> estimator id; unknown -> ValueError."""
-    if advantage_name in ADVANTAGE_ESTIMATORS:
-        return ADVANTAGE_ESTIMATORS[advantage_name]
-    if advantage_name in ADVANTAGE_ESTIMATORS.values():
-        return advantage_name
-    known = ", ".join(sorted(ADVANTAGE_ESTIMATORS))
-    raise ValueError(f"unknown advantage estimator {advantage_name!r}; known: {known}")
-
-
-def kernel_params(kernel: dict | None = None) -> dict:
-    """A kernel config (docs/contracts.md) -> gs1_kernel_step keyword arguments.
-
-    Missing (or None) keys take the pinned defaults; "features" names the columns the caller built
-    with `rl.kernels.prompt_features` and is not a step argument.
-    """
-    config = {**DEFAULT_KERNEL, **{k: v for k, v in (kernel or {}).items() if v is not None}}
-    unknown = set(config) - set(DEFAULT_KERNEL)
-    if unknown:
-        raise ValueError(f"unknown kernel config key(s): {', '.join(sorted(unknown))}")
-    params = {k: config[k] for k in ("bandwidth", "window", "min_mass", "family", "scales")}
-    _check_kernel_params(params["bandwidth"], params["window"], params["min_mass"], params["family"])
-    if params["scales"] is not None and len(params["scales"]) != len(config["features"]):
-        raise ValueError("kernel scales need one entry per feature")
-    return params
-
-
 def advantages_for_step(
     advantage_name: str,
+    batch: StepBatch,
     *,
-    rewards_B,
-    group_ids_B,
-    features_B_F=None,
-    window_state: KernelWindow | None = None,
-    kernel: dict | None = None,
+    kernel: KernelSpec | None = None,
+    window: KernelWindow | None = None,
 ) -> StepAdvantages:
-    """One step's advantages for the spec's `advantage` name (see ADVANTAGE_ESTIMATORS).
+    """One step's advantages for the spec's `advantage` name (schemas.arm.ADVANTAGE_ESTIMATORS).
 
-    For gs1_kernel, `features_B_F` and `window_state` are required; the step is computed against
-    the window's history and then appended to it. `kernel` is the arm's kernel config.
+    Pure: it reads `window` (gs1_kernel only; the earlier rollouts) and changes nothing.
     """
     estimator = estimator_id(advantage_name)
     if estimator == "grpo":
-        return StepAdvantages(*grpo_advantages(rewards_B, group_ids_B))
+        return StepAdvantages(*grpo_advantages(batch.rewards_B, batch.group_ids_B))
     if estimator == "rloo":
-        return StepAdvantages(*rloo_advantages(rewards_B, group_ids_B))
+        return StepAdvantages(*rloo_advantages(batch.rewards_B, batch.group_ids_B))
     if estimator == "batch_mean":
-        return StepAdvantages(*batch_mean_advantages(rewards_B))
+        return StepAdvantages(*batch_mean_advantages(batch.rewards_B))
     # gs1_kernel
-    if features_B_F is None or window_state is None:
-        raise ValueError("gs1_kernel needs features_B_F and a KernelWindow window_state")
-    params = kernel_params(kernel)
-    if params["window"] != window_state.window:
-        raise ValueError(f"kernel window {params['window']} != window_state.window {window_state.window}")
-    features_B_F = np.asarray(features_B_F, dtype=np.float64)
-    n_features = len((kernel or {}).get("features") or DEFAULT_KERNEL["features"])
-    if features_B_F.ndim != 2 or features_B_F.shape[1] != n_features:
-        raise ValueError(f"features_B_F must have {n_features} columns (one per kernel feature)")
-    history_rewards_H, history_features_H_F = window_state.history()
-    step = gs1_kernel_step(rewards_B, features_B_F, history_rewards_H, history_features_H_F, **params)
-    window_state.append(rewards_B, features_B_F)
+    if kernel is None or window is None:
+        raise ValueError("gs1_kernel needs the arm's KernelSpec and a KernelWindow")
+    if window.size != kernel.window:
+        raise ValueError(f"kernel window {kernel.window} != KernelWindow size {window.size}")
+    step = gs1_kernel_step(batch.rewards_B, batch.kernel_features(kernel), window.rewards_H, window.features_H_F, kernel=kernel)
     return StepAdvantages(
         baseline=step.baseline,
         advantage=step.advantage,

@@ -22,9 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-# Names a kernel config may list under "features", in the order the spec pins them.
-FEATURE_NAMES = ("log_prompt_num_tokens", "prompt_mean_logprob")
-KERNEL_FAMILIES = ("gaussian", "laplace", "knn")
+from schemas.kernel import FEATURE_NAMES, KERNEL_FAMILIES
 
 
 def prompt_features(
@@ -57,6 +55,24 @@ def prompt_features(
     if not np.all(np.isfinite(features_R_F)):
         raise ValueError("prompt features must be finite")
     return features_R_F
+
+
+def prompt_mean_logprob(prompt_logprobs_T: Sequence[float | None], prompt_length: int) -> float:
+    """The kernel feature `prompt_mean_logprob`: the sampler's mean logprob over prompt tokens 2..n.
+
+    The SDK returns one entry per prompt token, the first None (nothing predicts it). A server
+    that leaves that None out (n - 1 entries) gives the same tokens 2..n; any other length is an
+    error, never a silently shifted mean.
+    """
+    values = list(prompt_logprobs_T)
+    if len(values) == prompt_length:
+        values = values[1:]
+    elif len(values) != prompt_length - 1:
+        raise ValueError(f"prompt logprobs: {len(values)} entries for a prompt of {prompt_length} tokens "
+                         f"(expected {prompt_length}, the first None)")
+    if not values or any(v is None for v in values):
+        raise ValueError(f"prompt logprobs: tokens 2..{prompt_length} need a logprob each")
+    return float(np.mean(np.asarray(values, dtype=np.float64)))
 
 
 def standardize(features_W_F: np.ndarray, scales_F=None) -> np.ndarray:

@@ -9,9 +9,13 @@ dimensions in their names:
 
 The loop never knows which backend it talks to: `service_client` is the real `tinker`
 ServiceClient or the embedded local engine, both returning futures of real `tinker.types`.
-Per-step logs go to `<arm_dir>/steps/step-NNNNN.{rollouts,metrics}.parquet`; because the
-kernel window is rebuilt from those logs and the sampling seeds are a pure function of
-(seed, step, prompt), a run resumed from a `save_state` checkpoint replays the same steps.
+The loop alone owns the kernel window: `step_advantages` (the arm's advantage step, the function
+the correctness preflight drives) computes a step's advantages against the window of earlier
+rollouts and hands back the window of the next step, into which this step's rollouts entered
+exactly once. Per-step logs go to `<arm_dir>/steps/step-NNNNN.{rollouts,metrics}.parquet`;
+because the window is rebuilt from those logs through the same `advance_window`, and the sampling
+seeds are a pure function of (seed, step, prompt), a run resumed from a `save_state` checkpoint
+replays the same steps.
 """
 
 from __future__ import annotations
@@ -27,42 +31,19 @@ from tinker import types
 from tinker.types.tensor_data import TensorData
 
 from rl.envs.base import Env, Problem
-from rl.estimators import KernelWindow, advantages_for_step
-from rl.kernels import prompt_features
-
-
-@dataclass(frozen=True)
-class ArmConfig:
-    """Everything that defines one training arm (taken from the spec)."""
-
-    name: str
-    advantage: str  # a spec advantage name, see rl.estimators.ADVANTAGE_ESTIMATORS
-    group_size: int
-    groups_per_batch: int
-    lr: float
-    seed: int
-    steps: int
-    lora_rank: int
-    base_model: str
-    base_model_path: str | None = None
-    max_tokens: int = 512
-    temperature: float = 1.0
-    kernel: dict | None = None
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-
-    @property
-    def batch_size(self) -> int:
-        return self.group_size * self.groups_per_batch
+from rl.estimators import KernelWindow, StepAdvantages, StepBatch, advantages_for_step
+from rl.kernels import prompt_mean_logprob
+from schemas.arm import ArmConfig
 
 
 @dataclass
 class StepLog:
-    """What one step produced: one row per rollout, one row of step metrics."""
+    """What one step produced: one row per rollout, one row of step metrics, and the kernel window
+    the next step sees (None for a non-kernel arm)."""
 
     rollouts: dict[str, list]
     metrics: dict[str, float]
+    next_window: KernelWindow | None = None
 
 
 @dataclass
@@ -78,12 +59,6 @@ def sampling_seed(seed: int, step: int, group: int) -> int:
     """A sampling seed that depends only on (arm seed, step, prompt index): resume replays it."""
     digest = hashlib.sha256(f"{seed}:{step}:{group}".encode()).digest()
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
-
-
-def prompt_mean_logprob(prompt_logprobs_T: Sequence[float | None]) -> float:
-    """Mean of the sampler's logprobs over prompt tokens 2..n (the first token has none)."""
-    values = [lp for lp in prompt_logprobs_T[1:] if lp is not None]
-    return float(np.mean(values)) if values else 0.0
 
 
 def rollout_datum(prompt: types.ModelInput, tokens_T: list[int], logprobs_T: list[float], advantage: float) -> types.Datum:
@@ -114,6 +89,38 @@ def step_problems(order: Sequence[Problem], arm: ArmConfig, step: int) -> list[P
     return [order[(start + p) % len(order)] for p in range(arm.groups_per_batch)]
 
 
+def new_window(arm: ArmConfig) -> KernelWindow | None:
+    """The empty window of an arm's first step; None for an arm whose estimator has no window."""
+    return None if arm.kernel is None else KernelWindow.empty(arm.kernel.window)
+
+
+def advance_window(arm: ArmConfig, window: KernelWindow | None, batch: StepBatch) -> KernelWindow | None:
+    """The window after `batch`'s step: the one place a step's rollouts enter the window."""
+    return None if window is None else window.extended(batch.rewards_B, batch.kernel_features(arm.kernel))
+
+
+def step_advantages(arm: ArmConfig, batch: StepBatch, window: KernelWindow | None) -> tuple[StepAdvantages, KernelWindow | None]:
+    """The arm's advantage step as training runs it: this step's advantages against the window of
+    earlier rollouts (estimator dispatch on the arm's spec), and the window of the next step."""
+    advantages = advantages_for_step(arm.advantage, batch, kernel=arm.kernel, window=window)
+    return advantages, advance_window(arm, window, batch)
+
+
+def batch_of(rows) -> StepBatch:
+    """A step's StepBatch from its rollout rows (a column dict or a rollouts table)."""
+
+    def column(name, dtype):
+        values = rows[name] if isinstance(rows, dict) else rows.column(name).to_pylist()
+        return np.asarray(values, dtype=dtype)
+
+    return StepBatch(
+        rewards_B=column("reward", np.float64),
+        group_ids_B=column("group_id", np.int64),
+        prompt_num_tokens_B=column("prompt_num_tokens", np.float64),
+        prompt_mean_logprob_B=column("prompt_mean_logprob", np.float64),
+    )
+
+
 def run_step(
     step: int,
     arm: ArmConfig,
@@ -125,7 +132,7 @@ def run_step(
     window: KernelWindow | None,
     heldout: HeldoutRequest | None = None,
 ) -> StepLog:
-    """One training step of `arm`; updates `window` with this step's rollouts."""
+    """One training step of `arm` against `window`; the log carries the next step's window."""
     t_start = time.time()
     sampling_client = training_client.save_weights_and_get_sampling_client()
     problems_P = step_problems(order, arm, step)
@@ -175,7 +182,7 @@ def run_step(
     rows: dict[str, list] = {c: [] for c in ROLLOUT_COLUMNS}
     for p, (problem, prompt, sample_future) in enumerate(zip(problems_P, prompts_P, sample_futures_P)):
         response = sample_future.result()
-        mean_lp = prompt_mean_logprob(response.prompt_logprobs)
+        mean_lp = prompt_mean_logprob(response.prompt_logprobs, prompt.length)
         for g, sequence in enumerate(response.sequences):
             reward = float(env.reward(renderer, problem, list(sequence.tokens)))
             rewards_B.append(reward)
@@ -197,19 +204,7 @@ def run_step(
     t_sampled = time.time()
 
     # Advantages: the only part that differs between arms.
-    features_B_F = prompt_features(
-        np.asarray(rows["prompt_num_tokens"], dtype=np.float64),
-        np.asarray(rows["prompt_mean_logprob"], dtype=np.float64),
-        **({"names": tuple(arm.kernel["features"])} if arm.kernel and arm.kernel.get("features") else {}),
-    )
-    advantages = advantages_for_step(
-        arm.advantage,
-        rewards_B=np.asarray(rewards_B, dtype=np.float64),
-        group_ids_B=np.asarray(group_ids_B),
-        features_B_F=features_B_F,
-        window_state=window,
-        kernel=arm.kernel,
-    )
+    advantages, next_window = step_advantages(arm, batch_of(rows), window)
     rows["baseline"] = [float(b) for b in advantages.baseline]
     rows["advantage"] = [float(a) for a in advantages.advantage]
     for column in ("kernel_mass", "effective_neighbors", "fallback"):
@@ -262,9 +257,7 @@ def run_step(
         "step_seconds": time.time() - t_start,
         "wall_time": time.time(),
     }
-    if window is not None:
-        window.append(np.asarray(rewards_B, dtype=np.float64), features_B_F)
-    return StepLog(rollouts=rows, metrics=metrics)
+    return StepLog(rollouts=rows, metrics=metrics, next_window=next_window)
 
 
 ROLLOUT_COLUMNS = [
@@ -281,24 +274,11 @@ def _decode(renderer, tokens_T) -> str:
 
 
 def window_from_logs(rollout_tables: Sequence[pa.Table], arm: ArmConfig) -> KernelWindow | None:
-    """Rebuild the kernel window from earlier steps' logs (for resume); None for non-kernel arms."""
+    """The window after the logged steps (for resume), advanced step by step as the loop does."""
     window = new_window(arm)
-    if window is None:
-        return None
     for table in rollout_tables:
-        features = prompt_features(
-            np.asarray(table.column("prompt_num_tokens").to_pylist(), dtype=np.float64),
-            np.asarray(table.column("prompt_mean_logprob").to_pylist(), dtype=np.float64),
-            **({"names": tuple(arm.kernel["features"])} if arm.kernel and arm.kernel.get("features") else {}),
-        )
-        window.append(np.asarray(table.column("reward").to_pylist(), dtype=np.float64), features)
+        window = advance_window(arm, window, batch_of(table))
     return window
-
-
-def new_window(arm: ArmConfig) -> KernelWindow | None:
-    if arm.advantage != "kernel_cross_prompt_baseline":
-        return None
-    return KernelWindow((arm.kernel or {}).get("window", 256))
 
 
 def train_arm(
@@ -313,13 +293,15 @@ def train_arm(
     on_step: Callable[[StepLog], None],
     heldout: HeldoutRequest | None = None,
 ) -> None:
-    """Run `steps` of `arm` in order; `on_step` persists each step's log (and checkpoints)."""
+    """Run `steps` of `arm` in order from `window`; `on_step` persists each step's log (and
+    checkpoints). Each step sees the window the previous step handed on."""
     for step in steps:
         log = run_step(
             step, arm, training_client=training_client, env=env, renderer=renderer,
             order=order, window=window, heldout=heldout,
         )  # fmt: skip
         on_step(log)
+        window = log.next_window
 
 
 def eval_rows(
@@ -364,7 +346,7 @@ def eval_rows(
 
 
 __all__ = [
-    "ArmConfig", "HeldoutRequest", "StepLog", "ROLLOUT_COLUMNS", "eval_rows", "new_window",
-    "prompt_mean_logprob", "rollout_datum", "run_step", "sampling_seed", "step_problems",
+    "ArmConfig", "HeldoutRequest", "StepLog", "ROLLOUT_COLUMNS", "advance_window", "batch_of", "eval_rows",
+    "new_window", "rollout_datum", "run_step", "sampling_seed", "step_advantages", "step_problems",
     "train_arm", "window_from_logs",
-]  # fmt: skip
+]

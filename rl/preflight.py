@@ -1,7 +1,11 @@
 """Correctness preflight: does our loop compute what it claims, before any full run?
 
-(a) the production gs1_kernel against the independent float64 reference (advantages, and the
-    loss and LoRA gradient they induce on one fixed batch);
+(s) per arm, the arm's own advantage step (`rl.loop.step_advantages`: estimator dispatch and the
+    window the loop threads from step to step) driven over fixed batches -- at least 4 steps,
+    a window of at least 4 batches -- and every row compared with the independent reference over
+    the same multi-step log (`rl.audit`), for the arm's actual recipe;
+(a) the treatment's advantages on one sampled batch against the reference's: the loss and LoRA
+    gradient they induce;
 (b) the loop with the treatment disabled (group-mean advantages, our datums) against the stock
     tinker-cookbook path (`compute_advantages` + `assemble_training_data`) on the same batch;
 (c) the probe: per arm, a fresh client, one forward_backward with that arm's advantage, one
@@ -26,8 +30,14 @@ from tinker_cookbook.completers import TokensWithLogprobs
 from tinker_cookbook.rl import data_processing
 from tinker_cookbook.rl.types import Trajectory, TrajectoryGroup, Transition
 
-from rl.estimators import advantages_for_step
-from rl.loop import rollout_datum
+from rl.audit import AuditResult, RolloutLog, audit_log, reference_columns
+from rl.estimators import StepBatch
+from rl.kernels import prompt_mean_logprob
+from rl.loop import batch_of, new_window, rollout_datum, sampling_seed, step_advantages
+from schemas.arm import ArmConfig
+
+STEP_CHECK_TOLERANCE = 1e-12
+MIN_CHECK_STEPS = 4
 
 
 @dataclass(frozen=True)
@@ -101,12 +111,74 @@ def loop_datums(rollouts: Sequence[Rollout], advantage_B: Sequence[float]) -> li
     return [rollout_datum(r.prompt, r.tokens, r.logprobs, a) for r, a in zip(rollouts, advantage_B)]
 
 
-def loop_grpo_advantages(rollouts: Sequence[Rollout]) -> np.ndarray:
-    return advantages_for_step(
-        "group_mean",
-        rewards_B=np.asarray([r.reward for r in rollouts], dtype=np.float64),
-        group_ids_B=np.asarray([r.group_id for r in rollouts]),
-    ).advantage
+def sampled_batch(rollouts: Sequence[Rollout], mean_logprobs: Sequence[float]) -> StepBatch:
+    """The sampled fixed batch as one step's StepBatch."""
+    return batch_of({
+        "reward": [r.reward for r in rollouts], "group_id": [r.group_id for r in rollouts],
+        "prompt_num_tokens": [r.prompt.length for r in rollouts], "prompt_mean_logprob": list(mean_logprobs),
+    })
+
+
+def arm_step_advantages(arm: ArmConfig, batch: StepBatch) -> np.ndarray:
+    """The arm's advantages for `batch` as its first training step (an empty window)."""
+    return step_advantages(arm, batch, new_window(arm))[0].advantage
+
+
+def reference_step_advantages(arm: ArmConfig, batch: StepBatch) -> np.ndarray:
+    """The independent reference's advantages for `batch` as the arm's first step."""
+    log = RolloutLog(np.zeros(len(batch.rewards_B), dtype=np.int64), batch.group_ids_B, batch.rewards_B,
+                     batch.prompt_num_tokens_B, batch.prompt_mean_logprob_B, logged={})
+    return reference_columns(arm, log)[0]["advantage"]
+
+
+def fixed_step_batches(prompt_num_tokens_P: Sequence[int], prompt_mean_logprob_P: Sequence[float], arm: ArmConfig,
+                       seed: int = 0) -> list[StepBatch]:
+    """Fixed batches for the step check, at the arm's group size: at least MIN_CHECK_STEPS steps,
+    batches of at most a quarter of the window (the window holds >= 4 of them), and enough steps
+    for the window to fill and roll over twice. Features are the sampled prompts' own, jittered
+    (every 5th row ties its predecessor); rewards are seeded draws from the env's reward values."""
+    window = arm.kernel.window if arm.kernel is not None else 4 * arm.batch_size
+    prompts_per_step = max(1, min(arm.groups_per_batch, (window // 4) // arm.group_size))
+    batch_size = prompts_per_step * arm.group_size
+    n_steps = max(MIN_CHECK_STEPS, -(-window // batch_size) + 2)
+    rng = np.random.default_rng(seed)
+    n_real = len(prompt_num_tokens_P)
+    batches = []
+    for step in range(n_steps):
+        real_P = [(step * prompts_per_step + p) % n_real for p in range(prompts_per_step)]
+        num_tokens_P = np.asarray([prompt_num_tokens_P[i] for i in real_P]) + rng.integers(0, 40, prompts_per_step)
+        mean_logprob_P = np.asarray([prompt_mean_logprob_P[i] for i in real_P]) + rng.normal(0.0, 0.3, prompts_per_step)
+        for p in range(4, prompts_per_step, 5):
+            num_tokens_P[p], mean_logprob_P[p] = num_tokens_P[p - 1], mean_logprob_P[p - 1]
+        batches.append(StepBatch(
+            rewards_B=rng.choice([0.0, 1.0, -0.1, 0.9], size=batch_size, p=[0.45, 0.45, 0.05, 0.05]),
+            group_ids_B=np.repeat(np.arange(prompts_per_step), arm.group_size),
+            prompt_num_tokens_B=np.repeat(num_tokens_P, arm.group_size).astype(np.float64),
+            prompt_mean_logprob_B=np.repeat(mean_logprob_P, arm.group_size),
+        ))  # fmt: skip
+    return batches
+
+
+def check_arm_steps(arm: ArmConfig, batches: Sequence[StepBatch], tolerance: float = STEP_CHECK_TOLERANCE) -> AuditResult:
+    """Drive the arm's own advantage step over `batches` from an empty window, as training does,
+    and compare every row of the resulting log with the independent reference over that log."""
+    window = new_window(arm)
+    logged: dict[str, list] = {}
+    for batch in batches:
+        advantages, window = step_advantages(arm, batch, window)
+        for column in ("baseline", "advantage", "kernel_mass", "effective_neighbors", "fallback"):
+            values = getattr(advantages, column)
+            if values is not None:
+                logged.setdefault(column, []).extend(np.asarray(values, dtype=np.float64).tolist())
+    log = RolloutLog(
+        step_R=np.concatenate([np.full(len(b.rewards_B), s) for s, b in enumerate(batches)]),
+        group_id_R=np.concatenate([b.group_ids_B for b in batches]),
+        reward_R=np.concatenate([b.rewards_B for b in batches]),
+        prompt_num_tokens_R=np.concatenate([b.prompt_num_tokens_B for b in batches]),
+        prompt_mean_logprob_R=np.concatenate([b.prompt_mean_logprob_B for b in batches]),
+        logged={k: np.asarray(v, dtype=np.float64) for k, v in logged.items()},
+    )
+    return audit_log(arm, log, tolerance=tolerance)
 
 
 def compare_arrays(name: str, ours, reference, *, atol: float, rtol: float, min_cosine: float | None = None) -> Comparison:
@@ -167,8 +239,6 @@ def fixed_batch(sampling_client, *, env, renderer, problems, num_samples: int, m
 
     Returns the rollouts and, per rollout, its prompt's mean logprob (the kernel feature).
     """
-    from rl.loop import prompt_mean_logprob, sampling_seed
-
     prompts_P = [env.build_prompt(renderer, p) for p in problems]
     stop = env.stop_sequences(renderer)
     logprob_futures_P = [sampling_client.compute_logprobs(prompt) for prompt in prompts_P]
@@ -182,7 +252,7 @@ def fixed_batch(sampling_client, *, env, renderer, problems, num_samples: int, m
     ]
     rollouts, mean_logprobs = [], []
     for p, (problem, prompt, lp_future, future) in enumerate(zip(problems, prompts_P, logprob_futures_P, sample_futures_P)):
-        mean_lp = prompt_mean_logprob(lp_future.result())
+        mean_lp = prompt_mean_logprob(lp_future.result(), prompt.length)
         for sequence in future.result().sequences:
             tokens = list(sequence.tokens)
             rollouts.append(Rollout(prompt, tokens, list(sequence.logprobs or []), float(env.reward(renderer, problem, tokens)), p))
@@ -208,3 +278,69 @@ def with_varied_rewards(rollouts: Sequence[Rollout], seed: int = 0) -> tuple[lis
         if len(idx) > 1:
             rewards[idx[0]], rewards[idx[1]] = 0.0, 1.0
     return [Rollout(r.prompt, r.tokens, r.logprobs, float(x), r.group_id) for r, x in zip(rollouts, rewards)], "seeded (env rewards had no variation)"
+
+
+@dataclass(frozen=True)
+class PreflightOutcome:
+    comparisons: list[Comparison]
+    step_checks: list[AuditResult]
+    fixed_batch: dict  # what the fixed batch was: prompts, samples per prompt, rewards and their source
+
+
+def step_check_comparison(result: AuditResult) -> Comparison:
+    """A step check as a preflight comparison row (the worst row and the first mismatches in its details)."""
+    details = {
+        "arm": result.arm, "estimator": result.estimator, "reference": result.reference, "rows": result.rows,
+        "steps": result.steps, "tolerance": result.tolerance, "max_abs_diff": max(result.max_abs_diff.values(), default=0.0),
+        "mismatches": result.n_mismatches,
+        "first_mismatches": [m.__dict__ for m in result.mismatches[:5]],
+    }  # fmt: skip
+    return Comparison(f"step_check_{result.arm}", result.passed, details)
+
+
+def correctness_checks(arms: Sequence[ArmConfig], baseline: ArmConfig, treatment: ArmConfig, *, fresh_client: Callable,
+                       sampling_client, env, renderer, problems, num_samples: int, max_tokens: int,
+                       tolerances: dict) -> PreflightOutcome:
+    """Every check of the correctness preflight; `fresh_client(arm)` opens a fresh training client."""
+    rollouts, mean_logprobs = fixed_batch(
+        sampling_client, env=env, renderer=renderer, problems=problems, num_samples=num_samples,
+        max_tokens=max_tokens, temperature=baseline.temperature,
+    )  # fmt: skip
+    rollouts, rewards_source = with_varied_rewards(rollouts)
+    batch = sampled_batch(rollouts, mean_logprobs)
+    comparisons: list[Comparison] = []
+
+    # (s) each arm's own advantage step over fixed multi-step batches vs the reference on that log.
+    prompt_num_tokens_P = [r.prompt.length for r in rollouts]
+    step_checks = [check_arm_steps(arm, fixed_step_batches(prompt_num_tokens_P, mean_logprobs, arm)) for arm in arms]
+    comparisons += [step_check_comparison(result) for result in step_checks]
+
+    # (a) the treatment's advantages on the sampled batch vs the reference's: loss and LoRA gradient.
+    treatment_advantage = arm_step_advantages(treatment, batch)
+    comparisons += compare_loss_and_gradient(
+        "reference", lambda: fresh_client(baseline), loop_datums(rollouts, treatment_advantage),
+        loop_datums(rollouts, reference_step_advantages(treatment, batch)), tolerances,
+    )  # fmt: skip
+
+    # (b) the baseline arm's step on the sampled batch, our datums, vs the stock cookbook path.
+    baseline_advantage = arm_step_advantages(baseline, batch)
+    comparisons += compare_loss_and_gradient(
+        "baseline", lambda: fresh_client(baseline), loop_datums(rollouts, baseline_advantage), cookbook_grpo_datums(rollouts),
+        tolerances,
+    )  # fmt: skip
+
+    # (c) the probe, per arm: a fresh client, that arm's advantage, one optim step, finite loss.
+    for arm, advantage in ((baseline, baseline_advantage), (treatment, treatment_advantage)):
+        result = probe(fresh_client(arm), loop_datums(rollouts, advantage), arm.lr)
+        comparisons.append(Comparison(f"probe_{arm.name}", result.passed, result.details))
+
+    # (d) restoration: both arms start from the same base LoRA init within the seed.
+    datums = loop_datums(rollouts, baseline_advantage)
+    losses = [fresh_client(arm).forward(datums, loss_fn="importance_sampling").result().metrics["loss:sum"]
+              for arm in (baseline, treatment)]
+    lt = tolerances["baseline_loss"]
+    comparisons.append(compare_arrays("restoration_loss", [losses[1]], [losses[0]], atol=lt["atol"], rtol=lt["rtol"]))
+
+    fixed = {"prompts": [p.id for p in problems], "samples_per_prompt": num_samples,
+             "rewards": [r.reward for r in rollouts], "rewards_source": rewards_source}
+    return PreflightOutcome(comparisons, step_checks, fixed)

@@ -11,7 +11,7 @@ import importlib
 
 _EXPORTS = {
     "ExperimentSpec": "schemas.spec",
-    "KernelConfig": "schemas.spec",
+    "KernelSpec": "schemas.kernel",
     "SpecError": "schemas.spec",
     "load_spec": "schemas.spec",
     "parse_spec": "schemas.spec",

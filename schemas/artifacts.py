@@ -140,8 +140,20 @@ HELDOUT = _schema(
     _req("reward", pa.float64()),
 )
 
+# One row per logged value the audit could not reproduce (rl.audit): where, and both values.
+AUDIT_MISMATCHES = _schema(
+    "audit_mismatches",
+    _req("arm", pa.string()),
+    _req("step", pa.int64()),  # -1: the column as a whole (missing, or of the wrong length)
+    _req("row", pa.int64()),  # row of the arm's rollouts.parquet (0-based, rollout order)
+    _req("column", pa.string()),  # baseline, advantage, kernel_mass, effective_neighbors, fallback
+    _req("logged", pa.float64()),
+    _req("recomputed", pa.float64()),
+)
+
 SCHEMAS: dict[str, pa.Schema] = {
-    s.metadata[NAME_KEY].decode(): s for s in (ROLLOUTS, STEP_METRICS, EVAL_ITEMS, GATE_REPORT, DECISION, HELDOUT, CHECKPOINTS)
+    s.metadata[NAME_KEY].decode(): s
+    for s in (ROLLOUTS, STEP_METRICS, EVAL_ITEMS, GATE_REPORT, DECISION, HELDOUT, CHECKPOINTS, AUDIT_MISMATCHES)
 }
 
 

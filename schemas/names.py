@@ -2,7 +2,7 @@
 
 The spec validator (`schemas.spec`) checks against these; the library takes them from here
 (`rl.gates`, `rl.envs`), so a name is added in one place and the schema never imports the library.
-(Advantage estimator and kernel names are the kernel-spec change's: `rl.estimators`, `rl.kernels`.)
+(The advantage estimator names are `schemas.arm`'s, the kernel's names `schemas.kernel`'s.)
 """
 
 from __future__ import annotations

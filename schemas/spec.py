@@ -14,7 +14,7 @@ Optional fields this project adds (defaults make the user's spec valid as it is)
   (see `resolve_base_model_path`). None means `base_model` is used as it is.
 - `pilot`: `{steps: 2, heldout_prompts: 64, heldout_samples: 8}`: the activation pilot's length
   and the held-out per-prompt reward estimate behind the `baseline_reward_corr` gate.
-- `arms[].kernel`: a `KernelConfig` (docs/contracts.md); defaults are the user's pinned kernel.
+- `arms[].kernel`: a `schemas.kernel.KernelSpec`; its defaults are the user's pinned kernel.
 
 Problems are reported as `field.path: reason` lines (`load_spec` raises `SpecError`).
 """
@@ -30,10 +30,11 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from schemas.arm import ADVANTAGE_ESTIMATORS
 from schemas.errors import SpecError, UserError
+from schemas.kernel import KernelSpec
 from schemas.names import GATE_METRICS, env_names, unknown_env_options
-from rl.kernels import FEATURE_NAMES as KERNEL_FEATURES  # the features the training loop logs
-from rl.kernels import KERNEL_FAMILIES  # gaussian, laplace, knn (knn: k = round(bandwidth))
+from schemas.problems import FieldProblems
 
 # ---------------------------------------------------------------------------------------------
 # names the validators check against
@@ -46,18 +47,6 @@ OPTIMIZERS = ("adam", "adamw")  # both backends run Adam(W) with AdamParams
 ROLES = ("treatment", "baseline")
 
 
-def _advantage_estimators() -> dict[str, str]:
-    from rl.estimators import ADVANTAGE_ESTIMATORS
-
-    return ADVANTAGE_ESTIMATORS
-
-
-class _Problems(ValueError):
-    """Several problems found by one model-level check, each at a path relative to the model."""
-
-    def __init__(self, problems: list[tuple[str, str]]):
-        self.problems = problems
-        super().__init__("; ".join(f"{p}: {m}" if p else m for p, m in problems))
 
 
 class Record(BaseModel):
@@ -91,57 +80,14 @@ NonEmpty = _bound(lambda v: len(v) > 0, "must not be empty")
 # ---------------------------------------------------------------------------------------------
 
 
-class KernelConfig(Record):
-    """The GS1 kernel baseline (docs/contracts.md); the defaults are the user's pinned kernel."""
-
-    family: str = "gaussian"
-    features: list[str] = Field(default_factory=lambda: list(KERNEL_FEATURES))
-    scales: list[float] | None = None  # per-feature scale after z-scoring; None = 1 each
-    bandwidth: Annotated[float, Positive] = 0.5
-    window: Annotated[int, AtLeast2] = 256  # rollouts in the window, current batch included
-    min_mass: Annotated[float, NonNegative] = 1e-3  # sum_j w_ij below this -> window-mean fallback
-
-    @field_validator("family")
-    @classmethod
-    def _family(cls, v):
-        if v not in KERNEL_FAMILIES:
-            raise ValueError(f"unknown kernel family {v!r} (known: {', '.join(KERNEL_FAMILIES)})")
-        return v
-
-    @field_validator("features")
-    @classmethod
-    def _features(cls, v):
-        if not v:
-            raise ValueError("must name at least one feature")
-        unknown = [f for f in v if f not in KERNEL_FEATURES]
-        if unknown:
-            raise ValueError(f"unknown feature(s) {unknown} (known: {', '.join(KERNEL_FEATURES)})")
-        if len(set(v)) != len(v):
-            raise ValueError("duplicate feature")
-        return v
-
-    @model_validator(mode="after")
-    def _scales(self):
-        if self.family == "knn" and not round(self.bandwidth) >= 1:
-            raise _Problems([("bandwidth", f"knn takes k = round(bandwidth) >= 1, got {self.bandwidth}")])
-        if self.scales is not None:
-            problems = []
-            if len(self.scales) != len(self.features):
-                problems.append(("scales", f"has {len(self.scales)} entries for {len(self.features)} features"))
-            problems += [(f"scales.{i}", "must be > 0") for i, s in enumerate(self.scales) if not s > 0]
-            if problems:
-                raise _Problems(problems)
-        return self
-
-
 class Arm(Record):
     name: str
-    advantage: str  # a key of rl.estimators.ADVANTAGE_ESTIMATORS
+    advantage: str  # a key of schemas.arm.ADVANTAGE_ESTIMATORS
     group_size: Annotated[int, AtLeast1]  # rollouts per prompt
     groups_per_batch: Annotated[int, AtLeast1]  # prompts per step
     lr: Annotated[float, Positive]
     seed: int = 0
-    kernel: KernelConfig = Field(default_factory=KernelConfig)  # read by the gs1_kernel estimator
+    kernel: KernelSpec = Field(default_factory=KernelSpec)  # read by the gs1_kernel estimator
 
     @field_validator("name")
     @classmethod
@@ -153,14 +99,14 @@ class Arm(Record):
     @field_validator("advantage")
     @classmethod
     def _advantage(cls, v):
-        known = _advantage_estimators()
+        known = ADVANTAGE_ESTIMATORS
         if v not in known:
             raise ValueError(f"no estimator implements {v!r} (known: {', '.join(known)})")
         return v
 
     @property
     def estimator(self) -> str:
-        return _advantage_estimators()[self.advantage]
+        return ADVANTAGE_ESTIMATORS[self.advantage]
 
     @property
     def batch_shape(self) -> str:
@@ -191,13 +137,13 @@ class GateCheck(Record):
     @model_validator(mode="after")
     def _bounds(self):
         if self.one_of is None and self.min is None and self.max is None:
-            raise _Problems([("", "needs one_of, min or max")])
+            raise FieldProblems([("", "needs one_of, min or max")])
         if self.one_of is not None and (self.min is not None or self.max is not None):
-            raise _Problems([("", "use one_of or min/max, not both")])
+            raise FieldProblems([("", "use one_of or min/max, not both")])
         if self.one_of is not None and not self.one_of:
-            raise _Problems([("one_of", "must not be empty")])
+            raise FieldProblems([("one_of", "must not be empty")])
         if self.min is not None and self.max is not None and self.min > self.max:
-            raise _Problems([("min", f"must be <= max ({self.min} > {self.max})")])
+            raise FieldProblems([("min", f"must be <= max ({self.min} > {self.max})")])
         return self
 
 
@@ -253,7 +199,7 @@ class Criterion(Record):
     def _margin(self):
         lo, hi = self.difference_range()
         if not lo < self.margin < hi:
-            raise _Problems([("margin", f"{self.margin} lies outside ({lo:g}, {hi:g}), the range of the weighted difference for bounds {list(self.bounds)}")])
+            raise FieldProblems([("margin", f"{self.margin} lies outside ({lo:g}, {hi:g}), the range of the weighted difference for bounds {list(self.bounds)}")])
         return self
 
 
@@ -284,7 +230,7 @@ class DecisionRule(Record):
         if len(set(self.seeds)) != len(self.seeds):
             problems.append(("seeds", "duplicate seed"))
         if problems:
-            raise _Problems(problems)
+            raise FieldProblems(problems)
         return self
 
 
@@ -566,7 +512,7 @@ class ExperimentSpec(Record):
             except UserError as e:
                 problems.append(("renderer", str(e)))
         if problems:
-            raise _Problems(problems)
+            raise FieldProblems(problems)
         return self
 
     def arm(self, name: str) -> Arm:
@@ -727,7 +673,7 @@ def spec_problems(err: ValidationError) -> list[str]:
     for e in err.errors(include_url=False):
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         cause = (e.get("ctx") or {}).get("error")
-        if isinstance(cause, _Problems):
+        if isinstance(cause, FieldProblems):
             for rel, msg in cause.problems:
                 path = _format_loc(loc + tuple(rel.split("."))) if rel else _format_loc(loc)
                 lines.append(f"{path or '(spec)'}: {msg}")

@@ -19,28 +19,28 @@ from prefect.context import TaskRunContext
 from tinker_cookbook import model_info, renderers
 
 from rl.envs import get_env
-from rl.loop import ArmConfig, HeldoutRequest, StepLog, eval_rows, new_window, train_arm, window_from_logs
+from rl.loop import HeldoutRequest, StepLog, eval_rows, new_window, train_arm, window_from_logs
+from schemas.arm import ArmConfig
 from schemas.artifacts import read_artifact, write_artifact
 from schemas.io import write_json_atomic, write_jsonl_atomic
+from schemas.layout import PilotStage, RunLayout
+from schemas.plan import EvalResult, PilotLogs, RunContext, TrainedArm
+from schemas.spec import Pilot
 from tasks.common import GateFailed, service_client, stage_cache
 
 
-def env_for(run: dict, data_dir: str | None):
-    return get_env(run["env"], data_dir=data_dir, **run.get("env_options", {}))
+def env_for(run: RunContext, data_dir: str | None):
+    return get_env(run.env, data_dir=data_dir, **run.env_options)
 
 
-def arm_config(arm: dict, **overrides) -> ArmConfig:
-    return ArmConfig(**{**arm, **overrides})
-
-
-def renderer_for(run: dict, tokenizer):
+def renderer_for(run: RunContext, tokenizer):
     """A renderer with its own tokenizer: arms run in parallel threads, and a Hugging Face fast
     tokenizer shared across threads fails with 'Already borrowed'."""
-    name = run["renderer"] or model_info.get_recommended_renderer_name(run["base_model"])
+    name = run.renderer or model_info.get_recommended_renderer_name(run.base_model)
     return renderers.get_renderer(name, copy.deepcopy(tokenizer))
 
 
-def open_arm(run: dict, arm: ArmConfig, backend: str):
+def open_arm(run: RunContext, arm: ArmConfig, backend: str):
     """A fresh LoRA training client for `arm` (same base model, rank and seed for every arm)."""
     service = service_client(backend)
     kwargs = {"base_model_path": arm.base_model_path} if backend == "local" and arm.base_model_path else {}
@@ -124,9 +124,9 @@ def _progress_reporter(arm: ArmConfig, total: int, first_step: int, label: str):
 
 
 @task(name="pilot rollouts", task_run_name="pilot rollouts ({stage})", cache_policy=stage_cache(), persist_result=True)
-def pilot_rollouts(arms: list[dict], pilot: dict, run: dict, run_dir: str, backend: str,
-                   data_dir: str | None, stage: str = "pilot", bandwidth: float | None = None,
-                   wall_limit_s: float | None = None) -> dict:
+def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, run_dir: str, backend: str,
+                   data_dir: str | None, stage: PilotStage = "pilot", bandwidth: float | None = None,
+                   wall_limit_s: float | None = None) -> PilotLogs:
     """The 2-step treatment pilot (+ held-out samples) and one baseline step, with timings.
 
     `bandwidth` overrides the treatment kernel's (the pre-registered calibration), whose cap of
@@ -135,22 +135,22 @@ def pilot_rollouts(arms: list[dict], pilot: dict, run: dict, run_dir: str, backe
     started = time.time()
     env = env_for(run, data_dir)
     order = env.train_order(seed=0)
-    out = Path(run_dir) / stage
+    layout = RunLayout(run_dir)
+    out = layout.pilot_dir(stage)
     timings: dict = {"setup_seconds": {}, "step_seconds": {}}
     paths: dict = {"dir": str(out)}
-    for arm_dict in arms:
-        arm = arm_config(arm_dict)
-        is_treatment = arm.name == run["treatment"]
-        if is_treatment and bandwidth is not None:
-            arm = arm_config(arm_dict, kernel={**arm.kernel, "bandwidth": bandwidth})
-        if arm.name not in (run["treatment"], run["baseline"]):
+    for arm in arms:
+        is_treatment = arm.name == run.treatment
+        if arm.name not in (run.treatment, run.baseline):
             continue
+        if is_treatment and bandwidth is not None:
+            arm = arm.with_kernel_bandwidth(bandwidth)
         t0 = time.time()
         training_client, renderer = open_arm(run, arm, backend)
         timings["setup_seconds"][arm.name] = time.time() - t0
-        arm_dir = out / arm.name
-        n_steps = pilot["steps"] if is_treatment else 1
-        heldout = HeldoutRequest(pilot["heldout_prompts"], pilot["heldout_samples"]) if is_treatment else None
+        arm_dir = layout.pilot_arm_dir(stage, arm.name)
+        n_steps = pilot.steps if is_treatment else 1
+        heldout = HeldoutRequest(pilot.heldout_prompts, pilot.heldout_samples) if is_treatment else None
         step_seconds: list[float] = []
 
         def on_step(log: StepLog, arm_dir=arm_dir, step_seconds=step_seconds):
@@ -166,7 +166,7 @@ def pilot_rollouts(arms: list[dict], pilot: dict, run: dict, run_dir: str, backe
             paths["heldout"] = str(write_artifact("heldout", heldout.rows, out / "heldout.parquet"))
             # Eval timing for feasibility: a few greedy test items on the pilot policy.
             sampler = training_client.save_weights_and_get_sampling_client()
-            problems = env.test_problems()[: pilot.get("eval_timing_items", 16)]
+            problems = env.test_problems()[: getattr(pilot, "eval_timing_items", None) or 16]
             t0 = time.time()
             eval_rows(sampler, env=env, renderer=renderer, problems=problems, arm_name=arm.name, max_tokens=arm.max_tokens)
             timings["eval_seconds_per_item"] = (time.time() - t0) / len(problems)
@@ -176,7 +176,7 @@ def pilot_rollouts(arms: list[dict], pilot: dict, run: dict, run_dir: str, backe
     if wall_limit_s is not None and timings["wall_seconds"] > wall_limit_s:
         raise GateFailed(f"{stage}_wall_time", [{"gate": stage, "metric": f"{stage}_wall_minutes",
                          "value": timings["wall_seconds"] / 60, "op": "max", "bound": str(wall_limit_s / 60), "passed": False}])
-    return paths
+    return PilotLogs(**paths)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,20 +184,19 @@ def pilot_rollouts(arms: list[dict], pilot: dict, run: dict, run_dir: str, backe
 
 
 @task(name="trained arm", cache_policy=stage_cache(), persist_result=True)
-def trained_arm(arm_dict: dict, run: dict, run_dir: str, backend: str, data_dir: str | None,
-                checkpoint_every: int = 5) -> dict:
+def trained_arm(arm: ArmConfig, run: RunContext, run_dir: str, backend: str, data_dir: str | None,
+                checkpoint_every: int = 5) -> TrainedArm:
     """Train one arm for the spec's steps; resume from the last checkpoint if there is one."""
-    return train_with_checkpoints(arm_dict, run, run_dir, backend, data_dir, checkpoint_every)
+    return train_with_checkpoints(arm, run, run_dir, backend, data_dir, checkpoint_every)
 
 
-def train_with_checkpoints(arm_dict: dict, run: dict, run_dir: str, backend: str, data_dir: str | None,
-                           checkpoint_every: int = 5) -> dict:
+def train_with_checkpoints(arm: ArmConfig, run: RunContext, run_dir: str, backend: str, data_dir: str | None,
+                           checkpoint_every: int = 5) -> TrainedArm:
     """The training stage's body (callable without Prefect): per-step logs, a `save_state`
     checkpoint every `checkpoint_every` steps, and resume from the last one after a crash."""
-    arm = arm_config(arm_dict)
     env = env_for(run, data_dir)
     order = env.train_order(seed=0)
-    arm_dir = Path(run_dir) / "train" / arm.name
+    arm_dir = RunLayout(run_dir).train_arm_dir(arm.name)
     training_client, renderer = open_arm(run, arm, backend)
 
     checkpoints_path = arm_dir / "checkpoints.parquet"
@@ -226,8 +225,8 @@ def train_with_checkpoints(arm_dict: dict, run: dict, run_dir: str, backend: str
               steps=range(first_step, arm.steps), window=window, on_step=on_step)
     rollouts_path, metrics_path = merge_step_logs(arm_dir)
     sampler_path = training_client.save_weights_for_sampler(f"{Path(run_dir).name}-{arm.name}-final").result().path
-    final = {"arm": arm.name, "sampler_path": sampler_path, "rollouts": str(rollouts_path), "metrics": str(metrics_path)}
-    write_json_atomic(arm_dir / "final.json", final)
+    final = TrainedArm(arm=arm.name, sampler_path=sampler_path, rollouts=str(rollouts_path), metrics=str(metrics_path))
+    write_json_atomic(arm_dir / "final.json", final.model_dump())
     return final
 
 
@@ -236,16 +235,15 @@ def train_with_checkpoints(arm_dict: dict, run: dict, run_dir: str, backend: str
 
 
 @task(name="eval items", cache_policy=stage_cache(), persist_result=True)
-def eval_items(trained: dict, arm_dict: dict, run: dict, n_eval: int, run_dir: str, backend: str,
-               data_dir: str | None) -> dict:
+def eval_items(trained: TrainedArm, arm: ArmConfig, run: RunContext, n_eval: int, run_dir: str, backend: str,
+               data_dir: str | None) -> EvalResult:
     """Greedy-decode every eval item with the arm's final weights; write eval.jsonl + Parquet."""
     env = env_for(run, data_dir)
-    arm = arm_config(arm_dict)
-    sampler = service_client(backend).create_sampling_client(model_path=trained["sampler_path"])
+    sampler = service_client(backend).create_sampling_client(model_path=trained.sampler_path)
     renderer = renderer_for(run, sampler.get_tokenizer())
     problems = env.test_problems()[:n_eval]
     rows = eval_rows(sampler, env=env, renderer=renderer, problems=problems, arm_name=arm.name, max_tokens=arm.max_tokens)
-    out = Path(run_dir) / "eval" / arm.name
+    out = RunLayout(run_dir).eval_arm_dir(arm.name)
     jsonl = write_jsonl_atomic(out / "eval.jsonl", [{"item_id": r["item_id"], "correct": r["correct"]} for r in rows])
     parquet = write_artifact("eval_items", rows, out / "eval.parquet")
     accuracy = sum(r["correct"] for r in rows) / len(rows)
@@ -254,4 +252,4 @@ def eval_items(trained: dict, arm_dict: dict, run: dict, n_eval: int, run_dir: s
         table=[{"arm": arm.name, "items": len(rows), "accuracy": round(accuracy, 4)}],
         description=f"Eval of {arm.name}",
     )
-    return {"arm": arm.name, "jsonl": str(jsonl), "parquet": str(parquet), "accuracy": accuracy}
+    return EvalResult(arm=arm.name, jsonl=str(jsonl), parquet=str(parquet), accuracy=accuracy)

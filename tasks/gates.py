@@ -14,11 +14,16 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from gs1.report import failing_text, fmt, needs_text
 from rl.checks import run_offline_checks
-from rl.reference_gs1 import gs1_kernel_reference
+from rl.audit import RolloutLog, audit_log
+from rl.reference import gs1_kernel_reference
 from rl.feasibility import PilotTimings, project_full_run
 from rl.gates import compute_gate_metrics, evaluate_checks
 from rl.stats import paired_decision
+from schemas.arm import ArmConfig
 from schemas.artifacts import DECISION, read_artifact, write_artifact
+from schemas.layout import AuditStage, PilotStage, RunLayout
+from schemas.plan import DecisionPlan
+from schemas.spec import Budget, GateCheck
 from schemas.io import write_json_atomic, write_text_atomic
 from tasks.common import GateFailed, stage_cache
 
@@ -31,30 +36,27 @@ def _gate_rows(gate: str, results) -> list[dict]:
     ]
 
 
-def _is_calibration(out_dir: str | Path) -> bool:
-    """The flow gates the calibration's pilot under `<run_dir>/calibration/gate` (the last two
-    parts only: a run directory that is itself under some `calibration/` folder is not one)."""
-    return Path(out_dir).parts[-2:] == ("calibration", "gate")
-
-
-def record_gate(gate: str, rows: list[dict], out_dir: Path) -> None:
+def record_gate(gate: str, rows: list[dict], out_dir: Path, stage: str | None = None,
+                table: list[dict] | None = None) -> None:  # fmt: skip
     """Write the gate report (Parquet + table artifact); raise GateFailed if any check failed.
 
-    The artifact reads as the report's gate tables do: metric, value, what it needs, PASS/FAIL;
-    its key names the stage (a calibration's gate is `calibration-activation-gate`)."""
+    `stage` names the stage a gate judges when it judges more than one, told by the caller (never
+    read from a path): the artifact key is then `<stage>-<gate>` (`calibration-activation-gate`,
+    `train-audit`) and the failure `<gate> (<stage>)`. The artifact reads as the report's gate
+    tables do: metric, value, what it needs, PASS/FAIL -- or `table`, when the gate has a better one."""
     rows = [{"observed": None, **r} for r in rows]
     write_artifact("gate_report", rows, out_dir / "gate_report.parquet")
-    stage = "calibration-" if _is_calibration(out_dir) else ""
+    prefix = f"{stage}-" if stage else ""
     failing = [r for r in rows if not r["passed"]]
     create_table_artifact(
-        key=stage + gate.replace("_", "-").lower(),
-        table=[{"metric": r["metric"], "value": fmt(r["value"]), "needs": needs_text(r),
-                "result": "PASS" if r["passed"] else "FAIL"} for r in rows],
-        description=(f"{stage.replace('-', ' ')}{gate}: "
+        key=(prefix + gate).replace("_", "-").lower(),
+        table=table or [{"metric": r["metric"], "value": fmt(r["value"]), "needs": needs_text(r),
+                         "result": "PASS" if r["passed"] else "FAIL"} for r in rows],
+        description=(f"{prefix.replace('-', ' ')}{gate}: "
                      + (f"FAILED on {failing_text(rows)}" if failing else f"passed, {len(rows)} checks")),
-    )
+    )  # fmt: skip
     if failing:
-        raise GateFailed(gate + (" (calibration)" if stage else ""), rows)
+        raise GateFailed(gate + (f" ({stage})" if prefix else ""), rows)
 
 
 @task(name="offline unit checks", cache_policy=stage_cache(), persist_result=True)
@@ -66,34 +68,71 @@ def offline_unit_checks(run_dir: str) -> list[dict]:
          "bound": "1", "passed": bool(r.passed)}
         for r in results
     ]  # fmt: skip
-    write_json_atomic(Path(run_dir) / "unit_checks" / "details.json", [{"name": r.name, **r.details} for r in results])
-    record_gate("offline_unit_checks", rows, Path(run_dir) / "unit_checks")
+    out = RunLayout(run_dir).unit_checks_dir
+    write_json_atomic(out / "details.json", [{"name": r.name, **r.details} for r in results])
+    record_gate("offline_unit_checks", rows, out)
     return rows
 
 
 def _gate_run_name() -> str:
     from prefect.runtime import task_run
 
-    return "calibration gate" if _is_calibration(task_run.parameters.get("out_dir", "")) else "activation gate"
+    return "calibration gate" if task_run.parameters.get("stage") == "calibration" else "activation gate"
 
 
 @task(name="activation gate", task_run_name=_gate_run_name,
       cache_policy=stage_cache("treatment_path", "baseline_path", "heldout_path"), persist_result=True)
-def activation_gate(checks: list[dict], treatment_path: str, baseline_path: str, heldout_path: str,
-                    n_pilot_steps: int, out_dir: str) -> dict:  # fmt: skip
-    """Every check of the spec's activation_gate on the pilot's logs."""
+def activation_gate(checks: tuple[GateCheck, ...], treatment_path: str, baseline_path: str, heldout_path: str,
+                    n_pilot_steps: int, run_dir: str, stage: PilotStage = "pilot") -> dict:  # fmt: skip
+    """Every check of the spec's activation_gate on the logs of the pilot stage `stage`."""
     metrics = compute_gate_metrics(
         read_artifact("rollouts", treatment_path),
         read_artifact("rollouts", baseline_path),
         read_artifact("heldout", heldout_path),
         n_pilot_steps=n_pilot_steps,
     )
-    record_gate("activation_gate", _gate_rows("activation_gate", evaluate_checks(checks, metrics)), Path(out_dir))
+    rows = _gate_rows("activation_gate", evaluate_checks(checks, metrics))
+    record_gate("activation_gate", rows, RunLayout(run_dir).gate_dir(stage), stage=None if stage == "pilot" else stage)
     return metrics
 
 
+def _audit_run_name() -> str:
+    from prefect.runtime import task_run
+
+    return f"audit {task_run.parameters.get('stage', '')}".strip()
+
+
+@task(name="audit", task_run_name=_audit_run_name, cache_policy=stage_cache("rollout_paths"), persist_result=True)
+def audit_gate(arms: tuple[ArmConfig, ...], rollout_paths: list[str], run_dir: str, stage: AuditStage) -> list[dict]:
+    """Recompute every logged advantage of each arm from its own rollout log with the independent
+    reference (rl.audit); a row beyond tolerance fails the run before its logs are used."""
+    results = [audit_log(arm, RolloutLog.from_table(read_artifact("rollouts", path))) for arm, path in zip(arms, rollout_paths)]
+    out = RunLayout(run_dir).audit_dir(stage)
+    mismatches = [m.__dict__ for r in results for m in r.mismatches]
+    write_artifact("audit_mismatches", mismatches, out / "mismatches.parquet")
+    rows = [
+        {"gate": "audit", "metric": f"{r.arm}.max_abs_diff", "value": max(r.max_abs_diff.values(), default=float("nan")),
+         "op": "max", "bound": r.tolerance, "passed": r.passed,
+         "observed": json.dumps({"arm": r.arm, "estimator": r.estimator, "reference": r.reference, "rows": r.rows,
+                                 "steps": r.steps, "mismatches": r.n_mismatches, "max_abs_diff": r.max_abs_diff})}
+        for r in results
+    ]  # fmt: skip
+    table = [
+        {"arm": m["arm"], "step": m["step"], "row": m["row"], "column": m["column"], "logged": fmt(m["logged"], 12),
+         "recomputed": fmt(m["recomputed"], 12)}
+        for m in mismatches
+    ] or [
+        {"arm": r.arm, "estimator": r.estimator, "reference": r.reference, "rows": r.rows, "steps": r.steps,
+         "max |logged - recomputed|": fmt(max(r.max_abs_diff.values(), default=float("nan"))), "needs": r.tolerance,
+         "result": "PASS" if r.passed else "FAIL"}
+        for r in results
+    ]  # fmt: skip
+    record_gate("audit", rows, out, stage=stage, table=table)
+    return rows
+
+
 @task(name="feasibility", cache_policy=stage_cache("timings_path"), persist_result=True)
-def feasibility(timings_path: str, steps: int, n_eval: int, budget: dict, backend: str, out_dir: str,
+def feasibility(timings_path: str, steps: int, n_eval: int, budget: Budget, backend: str, out_dir: str,
                 recovery_reserve: float = 0.25) -> dict:  # fmt: skip
     """Project the full run from the pilot's timings; over budget is a gate failure."""
     timings = json.loads(Path(timings_path).read_text())
@@ -104,17 +143,17 @@ def feasibility(timings_path: str, steps: int, n_eval: int, budget: dict, backen
         gpus=_gpus(backend),
     )
     projection = project_full_run(
-        measured, steps=steps, n_eval=n_eval, budget_gpu_hours=budget["gpu_hours"],
-        budget_wall_minutes=budget["max_wall_minutes"], arms_in_parallel=True, recovery_reserve=recovery_reserve,
+        measured, steps=steps, n_eval=n_eval, budget_gpu_hours=budget.gpu_hours,
+        budget_wall_minutes=budget.max_wall_minutes, arms_in_parallel=True, recovery_reserve=recovery_reserve,
     )  # fmt: skip
     record = {"source": str(timings_path), "measurements": timings, **projection.as_record()}
     write_json_atomic(Path(out_dir) / "feasibility.json", record)
     write_json_atomic(Path(out_dir) / "spec_with_feasibility.json", spec_with_feasibility(Path(out_dir).parent, record))
     rows = [
         {"gate": "feasibility", "metric": "projected_wall_minutes", "value": projection.wall_seconds / 60,
-         "op": "max", "bound": str(budget["max_wall_minutes"]), "passed": projection.wall_seconds <= projection.budget_wall_seconds},
+         "op": "max", "bound": str(budget.max_wall_minutes), "passed": projection.wall_seconds <= projection.budget_wall_seconds},
         {"gate": "feasibility", "metric": "projected_gpu_hours", "value": projection.gpu_hours,
-         "op": "max", "bound": str(budget["gpu_hours"]), "passed": projection.gpu_hours <= budget["gpu_hours"]},
+         "op": "max", "bound": str(budget.gpu_hours), "passed": projection.gpu_hours <= budget.gpu_hours},
     ]  # fmt: skip
     record_gate("feasibility", rows, Path(out_dir))
     return record
@@ -149,12 +188,12 @@ def _gpus(backend: str) -> int:
 
 
 @task(name="paired decision", cache_policy=stage_cache("treatment_eval", "baseline_eval"), persist_result=True)
-def paired_decision_record(treatment_eval: str, baseline_eval: str, decision: dict, names: dict, out_dir: str) -> dict:
+def paired_decision_record(treatment_eval: str, baseline_eval: str, decision: DecisionPlan, names: dict, out_dir: str) -> dict:
     """Paired Hoeffding (+ McNemar, bootstrap) on the two arms' per-item correctness."""
     record = paired_decision(
-        treatment_eval, baseline_eval, alpha=decision["alpha"], margin=decision["margin"], bounds=tuple(decision["bounds"])
+        treatment_eval, baseline_eval, alpha=decision.alpha, margin=decision.margin, bounds=tuple(decision.bounds)
     )
-    record = {**record, "criterion": decision["criterion"], "treatment": names["treatment"], "baseline": names["baseline"]}
+    record = {**record, "criterion": decision.criterion, "treatment": names["treatment"], "baseline": names["baseline"]}
     out = Path(out_dir)
     write_json_atomic(out / "decision.json", record)
     write_artifact("decision", [{c: record.get(c) for c in DECISION.names}], out / "decision.parquet")

@@ -12,7 +12,10 @@ from pathlib import Path
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
+from schemas.arm import ArmConfig
 from schemas.io import write_json_atomic
+from schemas.layout import RunLayout
+from schemas.plan import DecisionPlan, RunContext, RunPlan
 from schemas.spec import ExperimentSpec, baseline_arm, load_spec, spec_hash, treatment_arm
 from tasks.common import stage_cache
 
@@ -25,76 +28,55 @@ def run_dir_for(spec_path: str | Path, runs_root: str | Path = "runs") -> Path:
     return Path(runs_root) / f"{slug(spec.title)}-{spec_hash(spec_path)}"
 
 
-def plan_from_spec(spec: ExperimentSpec) -> dict:
-    """The run plan: every stage's inputs, as plain JSON."""
-    arms = []
-    for arm in spec.arms:
-        kernel = arm.kernel.model_dump() if getattr(arm, "kernel", None) is not None else None
-        if arm.advantage == "kernel_cross_prompt_baseline" and kernel is None:
-            from schemas.spec import KernelConfig
-
-            kernel = KernelConfig().model_dump()
-        arms.append(
-            {
-                "name": arm.name,
-                "advantage": arm.advantage,
-                "group_size": arm.group_size,
-                "groups_per_batch": arm.groups_per_batch,
-                "lr": arm.lr,
-                "seed": arm.seed,
-                "steps": spec.steps,
-                "lora_rank": spec.lora_rank,
-                "base_model": spec.base_model,
-                "base_model_path": spec.base_model_path,
-                "max_tokens": spec.sampling.max_tokens,
-                "temperature": spec.sampling.temperature,
-                "kernel": kernel,
-            }
+def plan_from_spec(spec: ExperimentSpec) -> RunPlan:
+    """The run plan: every stage's inputs, typed. A kernel arm holds its validated KernelSpec."""
+    arms = tuple(
+        ArmConfig(
+            name=arm.name, advantage=arm.advantage, group_size=arm.group_size, groups_per_batch=arm.groups_per_batch,
+            lr=arm.lr, seed=arm.seed, steps=spec.steps, lora_rank=spec.lora_rank, base_model=spec.base_model,
+            base_model_path=spec.base_model_path, max_tokens=spec.sampling.max_tokens,
+            temperature=spec.sampling.temperature, kernel=arm.kernel if arm.estimator == "gs1_kernel" else None,
         )
+        for arm in spec.arms
+    )
     criterion = spec.decision_rule.criteria[0]
-    return {
-        "title": spec.title,
-        # What every arm-running stage needs, and nothing a gate bound could change.
-        "run": {
-            "env": spec.dataset.name,
-            "env_options": dict(spec.dataset.options),
-            "renderer": spec.renderer,
-            "base_model": spec.base_model,
-            "treatment": treatment_arm(spec).name,
-            "baseline": baseline_arm(spec).name,
-        },
-        "arms": arms,
-        "pilot": spec.pilot.model_dump(),
-        "checks": [c.model_dump(exclude_none=True) for c in spec.activation_gate.checks],
-        "n_eval": spec.eval.n_examples,
-        "decision": {
-            "alpha": spec.decision_rule.alpha,
-            "margin": criterion.margin,
-            "bounds": list(criterion.bounds),
-            "criterion": criterion.id,
-            "method": spec.decision_rule.method,
-        },
-        "budget": {"gpu_hours": spec.budget.gpu_hours, "max_wall_minutes": spec.budget.max_wall_minutes},
-        "preflight": spec.correctness_preflight.model_dump(),
-    }
+    return RunPlan(
+        title=spec.title,
+        run=RunContext(
+            env=spec.dataset.name, env_options=dict(spec.dataset.options), renderer=spec.renderer,
+            base_model=spec.base_model, treatment=treatment_arm(spec).name, baseline=baseline_arm(spec).name,
+        ),
+        arms=arms,
+        pilot=spec.pilot,
+        checks=tuple(spec.activation_gate.checks),
+        n_eval=spec.eval.n_examples,
+        decision=DecisionPlan(
+            alpha=spec.decision_rule.alpha, margin=criterion.margin, bounds=tuple(criterion.bounds),
+            criterion=criterion.id, method=spec.decision_rule.method,
+        ),
+        budget=spec.budget,
+        preflight=spec.correctness_preflight,
+    )
 
 
 @task(name="validate spec", cache_policy=stage_cache("spec_path"), persist_result=True)
-def validated_plan(spec_path: str, run_dir: str) -> dict:
+def validated_plan(spec_path: str, run_dir: str) -> RunPlan:
     """Validate the spec (SpecError stops the flow) and write `spec/{spec,plan}.json`."""
     spec = load_spec(spec_path)
     plan = plan_from_spec(spec)
-    out = Path(run_dir) / "spec"
-    write_json_atomic(out / "spec.json", json.loads(Path(spec_path).read_text()))
-    write_json_atomic(out / "plan.json", plan)
+    layout = RunLayout(run_dir)
+    write_json_atomic(layout.spec_json, json.loads(Path(spec_path).read_text()))
+    write_json_atomic(layout.plan_json, plan.model_dump(mode="json"))
     arms = "\n".join(
-        f"| {a['name']} | {a['advantage']} | {a['groups_per_batch']} x {a['group_size']} | {a['lr']:g} |" for a in plan["arms"]
+        f"| {a.name} | {a.advantage}{'' if a.kernel is None else ' (' + a.kernel.label() + ')'} | "
+        f"{a.groups_per_batch} x {a.group_size} | {a.lr:g} |"
+        for a in plan.arms
     )
     create_markdown_artifact(
         key="spec",
         markdown=(
-            f"# {spec.title}\n\nmodel `{spec.base_model}`, {spec.steps} steps, env `{plan['run']['env']}`, "
-            f"{plan['n_eval']} eval items\n\n| arm | advantage | prompts x rollouts | lr |\n|---|---|---|---|\n{arms}\n"
+            f"# {spec.title}\n\nmodel `{spec.base_model}`, {spec.steps} steps, env `{plan.run.env}`, "
+            f"{plan.n_eval} eval items\n\n| arm | advantage | prompts x rollouts | lr |\n|---|---|---|---|\n{arms}\n"
         ),
         description="The validated spec",
     )
@@ -102,10 +84,10 @@ def validated_plan(spec_path: str, run_dir: str) -> dict:
 
 
 @task(name="calibrated spec", cache_policy=stage_cache("spec_path"), persist_result=True)
-def calibrated_plan(plan: dict, spec_path: str, bandwidth: float, run_dir: str) -> dict:
+def calibrated_plan(plan: RunPlan, spec_path: str, bandwidth: float, run_dir: str) -> RunPlan:
     """Record the revised spec (treatment bandwidth from the calibration) before any full run."""
     spec_json = json.loads(Path(spec_path).read_text())
-    treatment = plan["run"]["treatment"]
+    treatment = plan.run.treatment
     for arm in spec_json["arms"]:
         if arm["name"] == treatment:
             arm["kernel"] = {**(arm.get("kernel") or {}), "bandwidth": bandwidth}
@@ -116,18 +98,14 @@ def calibrated_plan(plan: dict, spec_path: str, bandwidth: float, run_dir: str) 
             "chosen_on": "pilot training prompts only",
         }
     )
-    out = Path(run_dir) / "calibration"
-    write_json_atomic(out / "revised_spec.json", spec_json)
+    revised = write_json_atomic(RunLayout(run_dir).revised_spec_json, spec_json)
     create_markdown_artifact(
         key="revised-spec",
         markdown=f"# Revised spec\n\nCalibration chose bandwidth **{bandwidth}** for `{treatment}`.\n\n"
         f"```json\n{json.dumps(spec_json['revisions'], indent=2)}\n```\n",
         description="Revised spec from the pre-registered bandwidth calibration",
     )
-    arms = [
-        {**a, "kernel": {**a["kernel"], "bandwidth": bandwidth}} if a["name"] == treatment else a for a in plan["arms"]
-    ]
-    return {**plan, "arms": arms, "revised_spec": str(out / "revised_spec.json")}
+    return plan.calibrated(bandwidth, str(revised))
 
 
 @task(name="spec with overrides", cache_policy=stage_cache("spec_path"), persist_result=True)

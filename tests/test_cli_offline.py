@@ -11,7 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from rl.reference_gs1 import gs1_kernel_log_reference
+from rl.reference import gs1_kernel_log_reference
+from schemas.kernel import KernelSpec
 
 from gs1.cli import main
 
@@ -47,8 +48,7 @@ def test_advantages_gs1_kernel_matches_reference(tmp_path, capsys):
     assert out.schema.field("baseline").type == pa.float64() and out.schema.field("fallback").type == pa.bool_()
     assert out.select(table.column_names).equals(table)
     features = [[math.log(n), m] for n, m in zip(table.column("prompt_num_tokens").to_pylist(), table.column("prompt_mean_logprob").to_pylist())]
-    ref = gs1_kernel_log_reference(table.column("step").to_pylist(), table.column("reward").to_pylist(), features,
-                                   bandwidth=1.0, window=40, min_mass=1e-3)
+    ref = gs1_kernel_log_reference(table.column("step").to_pylist(), table.column("reward").to_pylist(), features, KernelSpec(bandwidth=1.0, window=40, min_mass=1e-3))
     for key in ("baseline", "advantage", "kernel_mass", "effective_neighbors"):
         np.testing.assert_allclose(out.column(key).to_numpy(), ref[key], rtol=1e-12, atol=1e-12)
     assert out.column("fallback").to_pylist() == ref["fallback"]

@@ -8,26 +8,28 @@ import numpy as np
 import pytest
 import tinker
 import torch
-from rl.reference_gs1 import gs1_kernel_log_reference, gs1_kernel_reference
 from tinker_cookbook.completers import TokensWithLogprobs
 from tinker_cookbook.rl.data_processing import compute_advantages
 from tinker_cookbook.rl.types import Trajectory, TrajectoryGroup, Transition
 
+from pydantic import ValidationError
+
 from rl import checks
 from rl.estimators import (
-    ADVANTAGE_ESTIMATORS,
     KernelWindow,
+    StepBatch,
     advantages_for_step,
     batch_mean_advantages,
-    estimator_id,
     flash_reinforce_coefficients,
     grpo_advantages,
     gs1_kernel_log,
     gs1_kernel_step,
-    kernel_params,
     rloo_advantages,
 )
-from rl.kernels import effective_neighbors, prompt_features, standardize
+from rl.kernels import effective_neighbors, prompt_features, prompt_mean_logprob, standardize
+from rl.reference import gs1_kernel_log_reference, gs1_kernel_reference
+from schemas.arm import ADVANTAGE_ESTIMATORS, estimator_id
+from schemas.kernel import KernelSpec
 
 KEYS = ("baseline", "advantage", "kernel_mass", "effective_neighbors")
 
@@ -151,10 +153,9 @@ def test_gs1_kernel_step_matches_reference(case, seed):
     rng = np.random.default_rng(seed)
     rewards_B, features_B = _draw(rng, B, ties=ties, constant=constant)
     rewards_H, features_H = _draw(rng, H, ties=ties, constant=constant)
-    ours = gs1_kernel_step(rewards_B, features_B, rewards_H, features_H, bandwidth=h, window=window)
+    ours = gs1_kernel_step(rewards_B, features_B, rewards_H, features_H, kernel=KernelSpec(bandwidth=h, window=window))
     ref = gs1_kernel_reference(
-        rewards_B.tolist(), features_B.tolist(), rewards_H.tolist(), features_H.tolist(), bandwidth=h, window=window, min_mass=1e-3
-    )
+        rewards_B.tolist(), features_B.tolist(), rewards_H.tolist(), features_H.tolist(), KernelSpec(bandwidth=h, window=window, min_mass=1e-3))
     _assert_matches(ours, ref)
 
 
@@ -162,13 +163,11 @@ def test_gs1_kernel_step_matches_reference_with_scales_and_min_mass():
     rng = np.random.default_rng(7)
     rewards_B, features_B = _draw(rng, 20)
     rewards_H, features_H = _draw(rng, 70)
-    for scales in ([1.0, 1.0], [2.0, 0.5], [0.0, 1.0]):
+    for scales in ([1.0, 1.0], [2.0, 0.5], [0.25, 1.0]):
         for min_mass in (0.0, 1e-3, 0.5):
-            ours = gs1_kernel_step(rewards_B, features_B, rewards_H, features_H, bandwidth=0.3, window=64, min_mass=min_mass, scales=scales)
+            ours = gs1_kernel_step(rewards_B, features_B, rewards_H, features_H, kernel=KernelSpec(bandwidth=0.3, window=64, min_mass=min_mass, scales=scales))
             ref = gs1_kernel_reference(
-                rewards_B.tolist(), features_B.tolist(), rewards_H.tolist(), features_H.tolist(),
-                bandwidth=0.3, window=64, min_mass=min_mass, scales=scales,
-            )
+                rewards_B.tolist(), features_B.tolist(), rewards_H.tolist(), features_H.tolist(), KernelSpec(bandwidth=0.3, window=64, min_mass=min_mass, scales=scales))
             _assert_matches(ours, ref)
 
 
@@ -185,11 +184,9 @@ def test_laplace_and_knn_steps_match_reference(family, case, seed):
     rng = np.random.default_rng(100 + seed)
     rewards_B, features_B = _draw(rng, B, ties=ties, constant=constant)
     rewards_H, features_H = _draw(rng, H, ties=ties, constant=constant)
-    ours = gs1_kernel_step(rewards_B, features_B, rewards_H, features_H, bandwidth=bandwidth, window=window, family=family)
+    ours = gs1_kernel_step(rewards_B, features_B, rewards_H, features_H, kernel=KernelSpec(bandwidth=bandwidth, window=window, family=family))
     ref = gs1_kernel_reference(
-        rewards_B.tolist(), features_B.tolist(), rewards_H.tolist(), features_H.tolist(),
-        bandwidth=bandwidth, window=window, min_mass=1e-3, family=family,
-    )
+        rewards_B.tolist(), features_B.tolist(), rewards_H.tolist(), features_H.tolist(), KernelSpec(bandwidth=bandwidth, window=window, min_mass=1e-3, family=family))
     _assert_matches(ours, ref)
     if family == "knn" and B + min(H, max(0, window - B)) > 1:
         n_window = B + min(H, max(0, window - B))
@@ -201,15 +198,12 @@ def test_laplace_and_knn_with_scales_and_min_mass_match_reference(family):
     rng = np.random.default_rng(8)
     rewards_B, features_B = _draw(rng, 20)
     rewards_H, features_H = _draw(rng, 70)
-    for scales in ([1.0, 1.0], [2.0, 0.5], [0.0, 1.0]):
+    for scales in ([1.0, 1.0], [2.0, 0.5], [0.25, 1.0]):
         for min_mass in (0.0, 1e-3, 0.5, 4.0):  # knn mass is k: min_mass 4 > k = 3 forces the fallback
             bandwidth = 3.4 if family == "knn" else 0.3  # knn: k = round(3.4) = 3
-            ours = gs1_kernel_step(rewards_B, features_B, rewards_H, features_H, bandwidth=bandwidth, window=64,
-                                   min_mass=min_mass, scales=scales, family=family)
+            ours = gs1_kernel_step(rewards_B, features_B, rewards_H, features_H, kernel=KernelSpec(bandwidth=bandwidth, window=64, min_mass=min_mass, scales=scales, family=family))
             ref = gs1_kernel_reference(
-                rewards_B.tolist(), features_B.tolist(), rewards_H.tolist(), features_H.tolist(),
-                bandwidth=bandwidth, window=64, min_mass=min_mass, scales=scales, family=family,
-            )
+                rewards_B.tolist(), features_B.tolist(), rewards_H.tolist(), features_H.tolist(), KernelSpec(bandwidth=bandwidth, window=64, min_mass=min_mass, scales=scales, family=family))
             _assert_matches(ours, ref)
             if family == "knn":
                 assert np.all(ours.fallback == (min_mass > 3))
@@ -219,16 +213,16 @@ def test_knn_ties_go_to_the_older_rollout():
     # window: history [a, b] then batch [c, d]; a, b and d share one feature value, c is far away
     features_H = np.array([[1.0, 0.0], [1.0, 0.0]])
     features_B = np.array([[5.0, 3.0], [1.0, 0.0]])
-    out = gs1_kernel_step([0.0, 1.0], features_B, [0.3, 0.7], features_H, bandwidth=1, window=4, family="knn")
+    out = gs1_kernel_step([0.0, 1.0], features_B, [0.3, 0.7], features_H, kernel=KernelSpec(bandwidth=1, window=4, family="knn"))
     assert out.baseline[1] == 0.3  # d's nearest: a and b tie at distance 0; a (older) wins
-    out2 = gs1_kernel_step([0.0, 1.0], features_B, [0.3, 0.7], features_H, bandwidth=2, window=4, family="knn")
+    out2 = gs1_kernel_step([0.0, 1.0], features_B, [0.3, 0.7], features_H, kernel=KernelSpec(bandwidth=2, window=4, family="knn"))
     assert out2.baseline[1] == pytest.approx(0.5)  # a and b
     assert out2.baseline[0] == pytest.approx(0.5)  # c: a and b tie with d; the two oldest win
 
 
 def test_laplace_weights_are_exp_minus_distance_over_h():
     features = np.array([[0.0, 0.0], [1.0, 0.0], [3.0, 0.0]])
-    out = gs1_kernel_step([1.0, 0.0, 0.0], features, bandwidth=0.7, window=3, family="laplace")
+    out = gs1_kernel_step([1.0, 0.0, 0.0], features, kernel=KernelSpec(bandwidth=0.7, window=3, family="laplace"))
     z = (features[:, 0] - features[:, 0].mean()) / features[:, 0].std()
     w01, w02 = math.exp(-abs(z[0] - z[1]) / 0.7), math.exp(-abs(z[0] - z[2]) / 0.7)
     assert out.kernel_mass[0] == pytest.approx(w01 + w02, rel=1e-12)
@@ -243,32 +237,48 @@ def test_gs1_kernel_log_matches_reference_over_multi_step_logs(seed, window):
     batch_sizes = [int(rng.integers(1, 40)) for _ in range(12)]
     steps = np.repeat(np.arange(len(batch_sizes)) * 3 + 5, batch_sizes)  # non-contiguous step numbers
     rewards, features = _draw(rng, len(steps), ties=seed == 1)
-    ours = gs1_kernel_log(steps, rewards, features, bandwidth=0.5, window=window)
-    ref = gs1_kernel_log_reference(steps.tolist(), rewards.tolist(), features.tolist(), bandwidth=0.5, window=window, min_mass=1e-3)
+    ours = gs1_kernel_log(steps, rewards, features, KernelSpec(bandwidth=0.5, window=window))
+    ref = gs1_kernel_log_reference(steps.tolist(), rewards.tolist(), features.tolist(), KernelSpec(bandwidth=0.5, window=window, min_mass=1e-3))
     _assert_matches(ours, ref)
+
+
+def _batch(rewards_B, features_B_F, group_ids_B=None):
+    """A StepBatch whose kernel features are `features_B_F` (log tokens, mean logprob)."""
+    return StepBatch(np.asarray(rewards_B, dtype=np.float64),
+                     np.arange(len(rewards_B)) if group_ids_B is None else np.asarray(group_ids_B),
+                     np.exp(np.asarray(features_B_F)[:, 0]), np.asarray(features_B_F)[:, 1])
 
 
 def test_kernel_window_and_dispatcher_reproduce_the_log():
     rng = np.random.default_rng(11)
     steps = np.repeat(np.arange(9), 64)
     rewards, features = _draw(rng, len(steps))
-    state = KernelWindow(256)
+    window = KernelWindow.empty(256)
     columns = {k: [] for k in (*KEYS, "fallback")}
     for step in range(9):
         rows = steps == step
-        out = advantages_for_step(
-            "kernel_cross_prompt_baseline",
-            rewards_B=rewards[rows],
-            group_ids_B=np.arange(64),
-            features_B_F=features[rows],
-            window_state=state,
-        )
+        batch = _batch(rewards[rows], features[rows])
+        out = advantages_for_step("kernel_cross_prompt_baseline", batch, kernel=KernelSpec(), window=window)
+        again = advantages_for_step("kernel_cross_prompt_baseline", batch, kernel=KernelSpec(), window=window)
+        np.testing.assert_array_equal(again.baseline, out.baseline)  # computing a step changes no state
+        window = window.extended(batch.rewards_B, batch.kernel_features(KernelSpec()))
         for k in columns:
             columns[k].append(getattr(out, k))
-    assert len(state) == 256
+    assert len(window) == 256
     log = gs1_kernel_log(steps, rewards, features)
     for k in columns:
-        np.testing.assert_array_equal(np.concatenate(columns[k]), getattr(log, k))
+        np.testing.assert_allclose(np.concatenate(columns[k]), getattr(log, k), rtol=1e-13, atol=1e-13)
+
+
+def test_kernel_window_keeps_the_most_recent_rollouts_once_each():
+    window = KernelWindow.empty(5)
+    for step in range(4):
+        window2 = window.extended([float(step)] * 2, [[step, -step]] * 2)
+        assert len(window) == min(5, 2 * step)  # the old window is untouched
+        window = window2
+    np.testing.assert_array_equal(window.rewards_H, [1.0, 2.0, 2.0, 3.0, 3.0])
+    with pytest.raises(ValueError, match="columns"):
+        window.extended([1.0], [[1.0]])
 
 
 def test_step_rows_must_be_consecutive():
@@ -290,7 +300,7 @@ def test_forced_nonactivation_huge_bandwidth_is_leave_one_out_window_mean():
     rng = np.random.default_rng(5)
     rewards_B, features_B = _draw(rng, 64)
     rewards_H, features_H = _draw(rng, 400)
-    out = gs1_kernel_step(rewards_B, features_B, rewards_H, features_H, bandwidth=1e9, window=256)
+    out = gs1_kernel_step(rewards_B, features_B, rewards_H, features_H, kernel=KernelSpec(bandwidth=1e9, window=256))
     window_rewards = list(rewards_H[-192:]) + list(rewards_B)
     for b in range(64):
         others = window_rewards[:192 + b] + window_rewards[192 + b + 1:]
@@ -305,7 +315,7 @@ def test_fallback_path_uses_window_mean_and_flags_it():
     # Two far-apart clusters of 3: h tiny -> every rollout's mass is ~0 except its own cluster's.
     features = np.array([[0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [9.0, 1.0], [12.0, 1.0], [15.0, 1.0]])
     rewards = np.array([1.0, 0.0, 1.0, 0.0, 1.0, 1.0])
-    out = gs1_kernel_step(rewards, features, bandwidth=0.01)
+    out = gs1_kernel_step(rewards, features, kernel=KernelSpec(bandwidth=0.01))
     np.testing.assert_array_equal(out.fallback, [False, False, False, True, True, True])
     np.testing.assert_allclose(out.baseline[:3], [0.5, 1.0, 0.5], atol=1e-15)  # ties: weight 1
     np.testing.assert_allclose(out.baseline[3:], (rewards.sum() - rewards[3:]) / 5, atol=1e-15)
@@ -315,7 +325,7 @@ def test_lone_rollout_gets_zero_advantage():
     out = gs1_kernel_step([0.25], [[3.0, -1.0]])
     assert out.baseline[0] == 0.25 and out.advantage[0] == 0.0
     assert out.kernel_mass[0] == 0.0 and out.effective_neighbors[0] == 0.0 and out.fallback[0]
-    out = gs1_kernel_step([0.25], [[3.0, -1.0]], [1.0, 0.0], [[1.0, 1.0], [2.0, 2.0]], window=1)
+    out = gs1_kernel_step([0.25], [[3.0, -1.0]], [1.0, 0.0], [[1.0, 1.0], [2.0, 2.0]], kernel=KernelSpec(window=1))
     assert out.advantage[0] == 0.0  # window 1: the history is out of reach
 
 
@@ -323,8 +333,8 @@ def test_window_smaller_than_batch_ignores_history():
     rng = np.random.default_rng(2)
     rewards_B, features_B = _draw(rng, 30)
     rewards_H, features_H = _draw(rng, 50)
-    with_history = gs1_kernel_step(rewards_B, features_B, rewards_H, features_H, window=10)
-    alone = gs1_kernel_step(rewards_B, features_B, window=10)
+    with_history = gs1_kernel_step(rewards_B, features_B, rewards_H, features_H, kernel=KernelSpec(window=10))
+    alone = gs1_kernel_step(rewards_B, features_B, kernel=KernelSpec(window=10))
     np.testing.assert_array_equal(with_history.baseline, alone.baseline)
 
 
@@ -340,15 +350,15 @@ def test_effective_neighbors_formula():
         assert abs(out.effective_neighbors[i] - sum(w_i) ** 2 / sum(x * x for x in w_i)) < 1e-12
 
 
-def test_zero_scale_drops_a_feature_and_constant_feature_adds_no_distance():
+def test_single_feature_kernel_and_constant_feature_adds_no_distance():
     rng = np.random.default_rng(4)
     rewards, features = _draw(rng, 30)
-    dropped = gs1_kernel_step(rewards, features, scales=[1.0, 0.0])
-    one_feature = gs1_kernel_step(rewards, features[:, :1])
-    np.testing.assert_allclose(dropped.baseline, one_feature.baseline, atol=1e-14)
+    one_feature = gs1_kernel_step(rewards, features[:, :1], kernel=KernelSpec(features=("log_prompt_num_tokens",)))
     constant = features.copy()
     constant[:, 1] = 0.1
     np.testing.assert_allclose(gs1_kernel_step(rewards, constant).baseline, one_feature.baseline, atol=1e-14)
+    with pytest.raises(ValueError, match="columns"):
+        gs1_kernel_step(rewards, features[:, :1])  # two features named, one given
 
 
 def test_standardize_constant_column_is_exactly_zero():
@@ -373,6 +383,7 @@ def test_prompt_features():
 def test_dispatcher_covers_every_registered_estimator():
     rewards = np.array([1.0, 0.0, 1.0, 1.0])
     groups = np.array([0, 0, 1, 1])
+    batch = _batch(rewards, np.eye(4)[:, :2] + 1.0, groups)
     expected = {
         "grpo": grpo_advantages(rewards, groups)[1],
         "rloo": rloo_advantages(rewards, groups)[1],
@@ -381,44 +392,41 @@ def test_dispatcher_covers_every_registered_estimator():
     for name, estimator in ADVANTAGE_ESTIMATORS.items():
         assert estimator_id(name) == estimator
         if estimator == "gs1_kernel":
-            out = advantages_for_step(name, rewards_B=rewards, group_ids_B=groups, features_B_F=np.eye(4)[:, :2],
-                                      window_state=KernelWindow(8), kernel={"window": 8, "scales": None})
+            out = advantages_for_step(name, batch, kernel=KernelSpec(window=8), window=KernelWindow.empty(8))
             assert out.kernel_mass is not None and out.fallback.dtype == bool
         else:
-            out = advantages_for_step(name, rewards_B=rewards, group_ids_B=groups)
+            out = advantages_for_step(name, batch)
             np.testing.assert_array_equal(out.advantage, expected[estimator])
             assert out.kernel_mass is None
     with pytest.raises(ValueError, match="unknown advantage"):
-        advantages_for_step("ppo", rewards_B=rewards, group_ids_B=groups)
-    with pytest.raises(ValueError, match="window_state"):
-        advantages_for_step("kernel_cross_prompt_baseline", rewards_B=rewards, group_ids_B=groups, features_B_F=np.ones((4, 2)))
-    for kernel in ({"window": 16}, None):  # the kernel's window (default 256) must be the state's
-        with pytest.raises(ValueError, match="window"):
-            advantages_for_step(
-                "kernel_cross_prompt_baseline", rewards_B=rewards, group_ids_B=groups, features_B_F=np.ones((4, 2)),
-                window_state=KernelWindow(8), kernel=kernel,
-            )
-    with pytest.raises(ValueError, match="columns"):
-        advantages_for_step(
-            "kernel_cross_prompt_baseline", rewards_B=rewards, group_ids_B=groups, features_B_F=np.ones((4, 2)),
-            window_state=KernelWindow(256), kernel={"features": ["prompt_mean_logprob"]},
-        )
+        advantages_for_step("ppo", batch)
+    with pytest.raises(ValueError, match="KernelWindow"):
+        advantages_for_step("kernel_cross_prompt_baseline", batch, kernel=KernelSpec())
+    with pytest.raises(ValueError, match="window"):  # the kernel's window must be the window's size
+        advantages_for_step("kernel_cross_prompt_baseline", batch, kernel=KernelSpec(window=16), window=KernelWindow.empty(8))
 
 
-def test_kernel_params_defaults_and_validation():
-    assert kernel_params(None) == {"bandwidth": 0.5, "window": 256, "min_mass": 1e-3, "family": "gaussian", "scales": None}
-    assert kernel_params({"bandwidth": 1.0})["bandwidth"] == 1.0
-    assert kernel_params({"bandwidth": None, "window": None})["window"] == 256  # None = default
-    for bad in ({"bandwidth": 0}, {"window": 0}, {"colour": 1}, {"scales": [1.0]}):
-        with pytest.raises(ValueError):
-            kernel_params(bad)
-    with pytest.raises(ValueError, match="family"):
-        gs1_kernel_step([1.0, 0.0], np.ones((2, 2)), family="epanechnikov")
-    with pytest.raises(ValueError, match="family"):
-        kernel_params({"family": "ridge"})
-    with pytest.raises(ValueError, match="k >= 1"):
-        kernel_params({"family": "knn", "bandwidth": 0.4})  # rounds to k = 0
-    assert kernel_params({"family": "knn", "bandwidth": 16.0})["family"] == "knn"
+def test_kernel_spec_holds_the_defaults_and_validates_once():
+    pinned = KernelSpec()
+    assert (pinned.family, pinned.features, pinned.scales, pinned.bandwidth, pinned.window, pinned.min_mass) == (
+        "gaussian", ("log_prompt_num_tokens", "prompt_mean_logprob"), None, 0.5, 256, 1e-3)
+    assert KernelSpec(bandwidth=1.0).bandwidth == 1.0
+    for bad in ({"bandwidth": 0}, {"window": 0}, {"colour": 1}, {"scales": [1.0]}, {"family": "ridge"},
+                {"family": "knn", "bandwidth": 0.4}, {"bandwidth": float("inf")}, {"features": []}):
+        with pytest.raises(ValidationError):
+            KernelSpec.model_validate(bad)
+    assert KernelSpec(family="knn", bandwidth=16.0).knn_k == 16
+    with pytest.raises(ValidationError):
+        pinned.bandwidth = 1.0  # frozen: nobody re-defaults or edits it downstream
+    assert pinned.with_bandwidth(1.0).bandwidth == 1.0 and pinned.bandwidth == 0.5
+
+
+def test_prompt_mean_logprob_takes_tokens_2_to_n_and_checks_lengths():
+    assert prompt_mean_logprob([None, -1.0, -3.0], 3) == -2.0
+    assert prompt_mean_logprob([-1.0, -3.0], 3) == -2.0  # a server that leaves out the leading None
+    for bad in ([None, -1.0], [None, -1.0, -2.0, -3.0], [None, None, -1.0]):
+        with pytest.raises(ValueError, match="prompt logprobs"):
+            prompt_mean_logprob(bad, 3)
 
 
 # ---------------------------------------------------------------------------- FlashREINFORCE
@@ -470,12 +478,12 @@ def test_offline_checks_pass_with_the_reference():
 
 
 def test_reference_check_fails_on_a_wrong_reference():
-    def off_by_a_bit(*args, **kwargs):
-        out = gs1_kernel_reference(*args, **kwargs)
+    def off_by_a_bit(*args):
+        out = gs1_kernel_reference(*args)
         return {**out, "baseline": [b + 1e-9 for b in out["baseline"]]}
 
-    def window_mean_only(rewards_B, features_B_F, history_rewards_H, history_features_H_F, **kernel):
-        return gs1_kernel_reference(rewards_B, features_B_F, history_rewards_H, history_features_H_F, **{**kernel, "bandwidth": 1e9})
+    def window_mean_only(rewards_B, features_B_F, history_rewards_H, history_features_H_F, kernel):
+        return gs1_kernel_reference(rewards_B, features_B_F, history_rewards_H, history_features_H_F, kernel.with_bandwidth(1e9))
 
     assert not checks.check_kernel_against_reference(off_by_a_bit).passed
     assert not checks.check_kernel_against_reference(window_mean_only).passed

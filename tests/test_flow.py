@@ -27,7 +27,7 @@ def flow_spec(repo_root: Path, model_dir: Path, **changes) -> dict:
     spec["arms"] = [
         {"name": "grpo_gs8", "advantage": "group_mean", "group_size": 8, "groups_per_batch": 2, "lr": 1e-3, "seed": 0},
         {"name": "gs1_kernel", "advantage": "kernel_cross_prompt_baseline", "group_size": 1, "groups_per_batch": 16,
-         "lr": 1e-3, "seed": 0, "kernel": {"bandwidth": 1.0, "window": 32}},
+         "lr": 1e-3, "seed": 0, "kernel": {"bandwidth": 1.0, "window": 64}},  # W = 4B
     ]
     bounds = {"kernel_effective_neighbors_p10": {"min": 2.0}, **changes.pop("bounds", {})}
     for check in spec["activation_gate"]["checks"]:
@@ -71,6 +71,15 @@ def test_clean_run_reaches_a_paired_decision(prefect_harness, tmp_path, repo_roo
     gate = read_rows("gate_report", run_dir / "gate" / "gate_report.parquet")
     assert gate and all(r["passed"] for r in gate)
     assert (run_dir / "preflight" / "record.json").is_file()
+    # Both arms' logs were audited against the independent references before the gate and the decision.
+    for stage, steps in (("pilot", {"gs1_kernel": 2, "grpo_gs8": 1}), ("train", {"gs1_kernel": 3, "grpo_gs8": 3})):
+        audit = {r["metric"]: r for r in read_rows("gate_report", run_dir / "audit" / stage / "gate_report.parquet")}
+        assert set(audit) == {"gs1_kernel.max_abs_diff", "grpo_gs8.max_abs_diff"}
+        for arm, n_steps in steps.items():
+            observed = json.loads(audit[f"{arm}.max_abs_diff"]["observed"])
+            assert audit[f"{arm}.max_abs_diff"]["passed"] and observed["steps"] == n_steps and observed["mismatches"] == 0
+        assert json.loads(audit["gs1_kernel.max_abs_diff"]["observed"])["reference"] == "rl.reference.gs1_kernel_log_reference"
+        assert "compute_advantages" in json.loads(audit["grpo_gs8.max_abs_diff"]["observed"])["reference"]
     feasibility = json.loads((run_dir / "feasibility" / "feasibility.json").read_text())
     assert feasibility["status"] == "feasible" and feasibility["wall_seconds"] > 0
 
@@ -90,7 +99,7 @@ def test_failing_gate_stops_the_flow_with_the_metric_in_the_state(prefect_harnes
 
 
 def test_preflight_catches_a_broken_estimator(prefect_harness, tmp_path, repo_root, tiny_model_dir, monkeypatch):
-    import tasks.preflight
+    import rl.estimators
     from rl.estimators import KernelAdvantages, gs1_kernel_step
 
     def broken_gs1_kernel_step(rewards_B, features_B_F, *args, **kw):
@@ -100,11 +109,54 @@ def test_preflight_catches_a_broken_estimator(prefect_harness, tmp_path, repo_ro
         baseline = (good.baseline * (n - 1) + np.asarray(rewards_B)) / n
         return KernelAdvantages(baseline, np.asarray(rewards_B) - baseline, good.kernel_mass, good.effective_neighbors, good.fallback)
 
-    monkeypatch.setattr(tasks.preflight, "gs1_kernel_step", broken_gs1_kernel_step)
+    monkeypatch.setattr(rl.estimators, "gs1_kernel_step", broken_gs1_kernel_step)
     state, run_dir = run_flow(tmp_path, flow_spec(repo_root, tiny_model_dir))
     assert state.is_failed()
-    assert "correctness_preflight" in state.message and "reference_advantage" in state.message
+    assert "correctness_preflight" in state.message and "step_check_gs1_kernel" in state.message
     assert not (run_dir / "pilot").exists()
+
+
+def _logging_bug_from_step(monkeypatch, first_step: int):
+    """A loop whose logged baselines drift from what it trained on, from `first_step` on (the
+    advantages it trains with stay right: only an audit of the logs can see it)."""
+    import rl.loop
+
+    run_step = rl.loop.run_step
+
+    def run_step_logging_wrong(step, arm, **kw):
+        log = run_step(step, arm, **kw)
+        if step >= first_step and arm.name == "gs1_kernel":
+            log.rollouts["baseline"] = [b + 0.03 for b in log.rollouts["baseline"]]
+        return log
+
+    monkeypatch.setattr(rl.loop, "run_step", run_step_logging_wrong)
+
+
+def test_audit_of_the_pilot_stops_the_run_before_the_activation_gate(prefect_harness, tmp_path, repo_root, tiny_model_dir,
+                                                                     monkeypatch):
+    _logging_bug_from_step(monkeypatch, first_step=0)
+    state, run_dir = run_flow(tmp_path, flow_spec(repo_root, tiny_model_dir))
+    assert state.is_failed()
+    assert "audit (pilot)" in state.message and "gs1_kernel.max_abs_diff" in state.message
+    mismatches = read_rows("audit_mismatches", run_dir / "audit" / "pilot" / "mismatches.parquet")
+    assert {m["arm"] for m in mismatches} == {"gs1_kernel"} and {m["column"] for m in mismatches} == {"baseline"}
+    assert mismatches[0]["step"] == 0 and mismatches[0]["row"] == 0
+    assert abs(mismatches[0]["logged"] - mismatches[0]["recomputed"] - 0.03) < 1e-9
+    assert not (run_dir / "gate").exists()
+
+
+def test_audit_of_training_stops_the_run_before_the_decision(prefect_harness, tmp_path, repo_root, tiny_model_dir,
+                                                             monkeypatch):
+    _logging_bug_from_step(monkeypatch, first_step=2)  # the pilot (steps 0, 1) is clean
+    state, run_dir = run_flow(tmp_path, flow_spec(repo_root, tiny_model_dir))
+    assert state.is_failed()
+    assert "audit (train)" in state.message
+    assert all(r["passed"] for r in read_rows("gate_report", run_dir / "audit" / "pilot" / "gate_report.parquet"))
+    rows = {r["metric"]: r for r in read_rows("gate_report", run_dir / "audit" / "train" / "gate_report.parquet")}
+    assert rows["grpo_gs8.max_abs_diff"]["passed"] and not rows["gs1_kernel.max_abs_diff"]["passed"]
+    mismatches = read_rows("audit_mismatches", run_dir / "audit" / "train" / "mismatches.parquet")
+    assert mismatches and all(m["step"] == 2 and m["row"] >= 32 for m in mismatches)  # rows of step 2, B = 16
+    assert not (run_dir / "decision").exists() and not (run_dir / "eval").exists()
 
 
 def test_gs1_run_gate_failure_is_one_line_exit_1_without_traceback(prefect_harness, tmp_path, repo_root,

@@ -318,23 +318,23 @@ def test_constant_fragment_is_an_equivalent_gaussian():
 
 
 def _arm_baselines(stream, fragment_kernel, batch_size):
-    """Baselines the training loop's estimator gives the stream's rollouts, step by step."""
-    from rl.estimators import KernelWindow, advantages_for_step
+    """Baselines the training loop's own advantage step gives the stream's rollouts, step by step,
+    the window threaded from step to step as the loop threads it."""
+    from rl.estimators import StepBatch
+    from rl.loop import new_window, step_advantages
+    from schemas.arm import ArmConfig
+    from schemas.kernel import KernelSpec
 
-    features_N_F = np.concatenate([stream.features[f] for f in fragment_kernel["features"]], axis=1)
-    window_state = KernelWindow(fragment_kernel["window"])
-    out = []
+    arm = ArmConfig(name="gs1_kernel", advantage="kernel_cross_prompt_baseline", group_size=1, groups_per_batch=batch_size,
+                    lr=1e-3, seed=0, steps=1, lora_rank=4, base_model="tiny", kernel=KernelSpec.model_validate(fragment_kernel))
+    num_tokens_N = np.exp(stream.features["log_prompt_num_tokens"][:, 0])
+    mean_logprob_N = stream.features["prompt_mean_logprob"][:, 0]
+    window, out = new_window(arm), []
     for start in range(0, stream.n, batch_size):
         stop = min(start + batch_size, stream.n)
-        step = advantages_for_step(
-            "kernel_cross_prompt_baseline",
-            rewards_B=stream.reward_N[start:stop],
-            group_ids_B=np.arange(stop - start),
-            features_B_F=features_N_F[start:stop],
-            window_state=window_state,
-            kernel=fragment_kernel,
-        )
-        out.append(step.baseline)
+        batch = StepBatch(stream.reward_N[start:stop], np.arange(stop - start), num_tokens_N[start:stop], mean_logprob_N[start:stop])
+        advantages, window = step_advantages(arm, batch, window)
+        out.append(advantages.baseline)
     return np.concatenate(out)
 
 
@@ -364,7 +364,7 @@ def test_written_fragment_validates_in_the_arm_and_matches_the_simulation(tmp_pa
     unrestricted = json.loads((out / "winner_unrestricted.json").read_text())
     kernel = fragment["kernel"]
     # the planted signal lives in value_easy / the embedding, which the loop does not log
-    assert not unrestricted["arm_runs_it"] and any("not logged" in n for n in unrestricted["needs"])
+    assert not unrestricted["arm_runs_it"] and any("unknown feature" in n for n in unrestricted["needs"])
     assert kernel["family"] in ("gaussian", "laplace", "knn") and set(kernel["features"]) <= set(hc.SPEC_FEATURES)
     spec = parse_spec(_spec_with_kernel(repo_root, kernel))
     arm = next(a for a in spec.arms if a.advantage == "kernel_cross_prompt_baseline")
@@ -413,4 +413,5 @@ def test_arm_blockers_name_what_the_loop_cannot_run():
     ridge = hc.KernelRecipe("ridge", hc.SPEC_FEATURES, None, 1.0, 256)
     assert any("family 'ridge'" in b for b in ridge.arm_blockers())
     emb = hc.KernelRecipe("knn", ("prompt_mean_logprob", EMBEDDING), None, 8.0, 64)
-    assert emb.arm_blockers() == ["feature(s) embedding not logged by the training loop"]
+    # the arm's own KernelSpec says why (one owner of what a kernel may be)
+    assert emb.arm_blockers() == ["features: unknown feature(s) ['embedding'] (known: log_prompt_num_tokens, prompt_mean_logprob)"]

@@ -11,9 +11,14 @@ from tinker import types
 from fixtures.tiny_model import tiny_model_dir, tiny_service_client  # noqa: F401
 from rl.feasibility import PilotTimings, project_full_run
 from rl.preflight import (
-    Rollout, compare_arrays, compare_loss_and_gradient, cookbook_grpo_datums, loop_datums, loop_grpo_advantages,
-    with_varied_rewards,
-)  # fmt: skip
+    Rollout, arm_step_advantages, check_arm_steps, compare_arrays, compare_loss_and_gradient, cookbook_grpo_datums,
+    fixed_step_batches, loop_datums, sampled_batch, with_varied_rewards,
+)
+from schemas.arm import ArmConfig
+from schemas.kernel import KernelSpec
+
+GRPO_ARM = ArmConfig(name="grpo_gs8", advantage="group_mean", group_size=8, groups_per_batch=8, lr=1e-3, seed=0,
+                     steps=1, lora_rank=4, base_model="tiny")
 
 TOL = {
     "baseline_loss": {"atol": 1e-6, "rtol": 1e-5},
@@ -58,7 +63,8 @@ def test_with_varied_rewards_keeps_a_varied_batch_and_replaces_a_flat_one():
 
 def test_loop_grpo_datums_match_the_cookbook_path_on_the_local_engine(tiny_service_client, tiny_model_dir):
     rollouts = _batch([[0, 1, 1, 0], [1, 0, 0, 0]])
-    ours = loop_datums(rollouts, loop_grpo_advantages(rollouts))
+    batch = sampled_batch(rollouts, [-1.0] * len(rollouts))
+    ours = loop_datums(rollouts, arm_step_advantages(GRPO_ARM, batch))
     stock = cookbook_grpo_datums(rollouts)
     assert [d.model_input.to_ints() for d in ours] == [d.model_input.to_ints() for d in stock]
 
@@ -70,7 +76,7 @@ def test_loop_grpo_datums_match_the_cookbook_path_on_the_local_engine(tiny_servi
     assert all(r.passed for r in results), results
     assert results[1].details["norm"] > 0
     # A wrong advantage (std-normalised GRPO) changes the gradient and is caught.
-    adv = loop_grpo_advantages(rollouts)
+    adv = arm_step_advantages(GRPO_ARM, batch)
     wrong = loop_datums(rollouts, adv / (np.std(adv) + 1e-6))
     assert not all(r.passed for r in compare_loss_and_gradient("baseline", fresh, wrong, stock, TOL))
 

@@ -422,9 +422,9 @@ def test_gate_artifact_reads_like_the_report(tmp_path, prefect_harness):
     @flow
     def gates_flow() -> None:
         run_dir = tmp_path / "calibration" / "run"  # a run dir under a folder so named is not the calibration
-        for out in (run_dir / "gate", run_dir / "calibration" / "gate"):
+        for out, stage in ((run_dir / "gate", None), (run_dir / "calibration" / "gate", "calibration")):
             try:
-                record_gate("activation_gate", rows, out)
+                record_gate("activation_gate", rows, out, stage=stage)  # the stage is told, never read from the path
             except GateFailed:
                 pass
 

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fixtures.tiny_model import tiny_model_dir  # noqa: F401
@@ -23,7 +24,9 @@ TRAIN_SCRIPT = """
 import json, sys, time
 import fixtures.flow_env  # registers the test env
 import tasks.arms
-arm, run, run_dir = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+from schemas.arm import ArmConfig
+from schemas.plan import RunContext
+arm, run, run_dir = ArmConfig.model_validate_json(sys.argv[1]), RunContext.model_validate_json(sys.argv[2]), sys.argv[3]
 park_after = int(sys.argv[4]) if len(sys.argv) > 4 else 0
 write_artifact = tasks.arms.write_artifact
 def write_then_park(kind, rows, path):
@@ -44,8 +47,10 @@ def _arm_and_run(model_dir: Path, steps: int) -> tuple[dict, dict]:
         "name": "gs1_kernel", "advantage": "kernel_cross_prompt_baseline", "group_size": 1, "groups_per_batch": 16,
         "lr": 1e-2, "seed": 0, "steps": steps, "lora_rank": 4, "base_model": str(model_dir), "base_model_path": None,
         "max_tokens": 3, "temperature": 1.0,
+        # W = 4B: from step 4 on the window holds 3 earlier steps, so a step entered twice, or a
+        # resumed window rebuilt differently from the live one, changes the logged baselines.
         "kernel": {"family": "gaussian", "features": ["log_prompt_num_tokens", "prompt_mean_logprob"], "scales": None,
-                   "bandwidth": 1.0, "window": 32, "min_mass": 1e-3},
+                   "bandwidth": 1.0, "window": 64, "min_mass": 1e-3},
     }
     run = {"env": "token_threshold", "env_options": {}, "renderer": "qwen3_instruct", "base_model": str(model_dir),
            "treatment": "gs1_kernel", "baseline": "grpo_gs8"}
@@ -68,30 +73,32 @@ def _step_logs(run_dir: Path, kind: str) -> list[dict]:
 
 
 def test_killed_arm_resumes_from_its_checkpoint_with_identical_logs(tmp_path, tiny_model_dir):
-    arm, run = _arm_and_run(tiny_model_dir, steps=6)
+    arm, run = _arm_and_run(tiny_model_dir, steps=7)
     straight = _start(arm, run, tmp_path / "straight", tmp_path / "cache-a")
     assert straight.wait(timeout=600) == 0, straight.stderr.read().decode()[-2000:]
 
     killed_dir = tmp_path / "killed"
-    proc = _start(arm, run, killed_dir, tmp_path / "cache-b", park_after=2)
+    proc = _start(arm, run, killed_dir, tmp_path / "cache-b", park_after=4)  # the rebuilt window then holds 4 full steps
     checkpoints = killed_dir / "train" / "gs1_kernel" / "checkpoints.parquet"
     deadline = time.time() + 600
     while time.time() < deadline:
-        if checkpoints.exists() and pq.read_table(checkpoints).num_rows >= 2:
+        # one read of the bytes: pq.read_table(path) may open the file twice (footer, then pages)
+        # and meet the next checkpoint's file, renamed into place between the two opens
+        if checkpoints.exists() and pq.read_table(pa.BufferReader(checkpoints.read_bytes())).num_rows >= 4:
             break
         assert proc.poll() is None, "the arm finished before it could be killed"
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     resumed_from = pq.read_table(checkpoints).to_pylist()[-1]["next_step"]
-    assert resumed_from == 2
+    assert resumed_from == 4
     assert not (killed_dir / "train" / "gs1_kernel" / "final.json").exists()
 
     again = _start(arm, run, killed_dir, tmp_path / "cache-b")
     assert again.wait(timeout=600) == 0, again.stderr.read().decode()[-2000:]
     assert json.loads((killed_dir / "train/gs1_kernel/final.json").read_text())["arm"] == "gs1_kernel"
     rollouts = _step_logs(killed_dir, "rollouts")
-    assert sorted({r["step"] for r in rollouts}) == list(range(6))
+    assert sorted({r["step"] for r in rollouts}) == list(range(7))
     assert rollouts == _step_logs(tmp_path / "straight", "rollouts")
     assert _step_logs(killed_dir, "metrics") == _step_logs(tmp_path / "straight", "metrics")
 

@@ -13,9 +13,9 @@ import pytest
 
 from gs1.cli import main
 from schemas.errors import UserError
+from schemas.kernel import KernelSpec
 from schemas.spec import (
     ExperimentSpec,
-    KernelConfig,
     SpecError,
     baseline_arm,
     canonical_json,
@@ -74,10 +74,10 @@ def test_project_defaults_fill_in_for_the_user_spec():
     assert spec.pilot.steps == 2 and spec.pilot.heldout_prompts == 64 and spec.pilot.heldout_samples == 8
     assert spec.renderer is None and spec.base_model_path is None
     for arm in spec.arms:
-        assert arm.kernel == KernelConfig()
+        assert arm.kernel == KernelSpec()
     k = spec.arm("gs1_kernel").kernel
     assert (k.family, k.bandwidth, k.window, k.min_mass, k.scales) == ("gaussian", 0.5, 256, 1e-3, None)
-    assert k.features == ["log_prompt_num_tokens", "prompt_mean_logprob"]
+    assert k.features == ("log_prompt_num_tokens", "prompt_mean_logprob")
     assert spec.arm("gs1_kernel").estimator == "gs1_kernel" and spec.arm("grpo_gs8").estimator == "grpo"
 
 
@@ -178,7 +178,7 @@ def test_laplace_and_knn_kernels_validate(raw, kernel):
 
 
 def test_unknown_advantage_and_gate_metric_name_the_registries(raw):
-    from rl.estimators import ADVANTAGE_ESTIMATORS
+    from schemas.arm import ADVANTAGE_ESTIMATORS
     from rl.gates import GATE_METRICS
 
     raw["arms"][0]["advantage"] = "vibes"

@@ -53,6 +53,7 @@ def compute(table: pa.Table, estimator: str, *, bandwidth: float | None = None, 
     # lazy: start-up time
     from rl.estimators import batch_mean_advantages, grpo_advantages, gs1_kernel_log, rloo_advantages, step_batches
     from rl.kernels import prompt_features
+    from schemas.kernel import KernelSpec
 
     if table.num_rows == 0:
         raise UserError(f"{path}: the rollout table is empty")
@@ -90,12 +91,9 @@ def compute(table: pa.Table, estimator: str, *, bandwidth: float | None = None, 
             raise UserError(f"{path}: column prompt_num_tokens must be > 0")
         if not np.all(np.isfinite(mean_logprob_R)):
             raise UserError(f"{path}: column prompt_mean_logprob has NaN or infinite values")
-        kernel = {}
-        if bandwidth is not None:
-            kernel["bandwidth"] = bandwidth
-        if window is not None:
-            kernel["window"] = window
-        out = gs1_kernel_log(steps_R, rewards_R, prompt_features(num_tokens_R, mean_logprob_R), **kernel)
+        overrides = {"bandwidth": bandwidth, "window": window}
+        kernel = KernelSpec(**{k: v for k, v in overrides.items() if v is not None})
+        out = gs1_kernel_log(steps_R, rewards_R, prompt_features(num_tokens_R, mean_logprob_R, kernel.features), kernel)
         baseline_R, advantage_R = out.baseline, out.advantage
         columns["kernel_mass"] = pa.array(out.kernel_mass, pa.float64())
         columns["effective_neighbors"] = pa.array(out.effective_neighbors, pa.float64())

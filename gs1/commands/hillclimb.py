@@ -10,10 +10,12 @@ import argparse
 import json
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from schemas.errors import UserError
+from schemas.kernel import KernelSpec
 
 DEFAULT_BATCH = 64
-DEFAULT_WINDOW = 256
 KERNEL_ADVANTAGE = "kernel_cross_prompt_baseline"
 
 
@@ -35,10 +37,10 @@ def register(subparsers) -> None:
 
 def spec_settings(path: Path | None):
     """(batch_size, window, spec KernelRecipe) from a spec file, or the pinned defaults."""
-    from rl.hillclimb.climb import KernelRecipe, spec_recipe  # lazy: start-up time
+    from rl.hillclimb.climb import KernelRecipe  # lazy: start-up time
 
     if path is None:
-        return DEFAULT_BATCH, DEFAULT_WINDOW, spec_recipe(window=DEFAULT_WINDOW)
+        return DEFAULT_BATCH, KernelSpec().window, KernelRecipe.from_spec(KernelSpec())
     if not path.is_file():
         raise UserError(f"{path}: no such spec file")
     try:
@@ -55,22 +57,14 @@ def spec_settings(path: Path | None):
         if isinstance(arm, dict) and arm.get("advantage") == KERNEL_ADVANTAGE:
             kernel = arm.get("kernel") or {}
             break
-    if not isinstance(kernel, dict):
-        raise UserError(f"{path}: the gs1_kernel arm's kernel must be an object")
     try:
-        window = int(kernel.get("window", DEFAULT_WINDOW))
-        recipe = KernelRecipe(
-            family=str(kernel.get("family", "gaussian")),
-            features=tuple(kernel.get("features") or ("log_prompt_num_tokens", "prompt_mean_logprob")),
-            scales=None if kernel.get("scales") is None else tuple(float(s) for s in kernel["scales"]),
-            bandwidth=None if kernel.get("bandwidth", 0.5) is None else float(kernel.get("bandwidth", 0.5)),
-            window=window,
-            min_mass=float(kernel.get("min_mass", 1e-3)),
-        )
-    except (TypeError, ValueError):
-        raise UserError(f"{path}: the gs1_kernel arm's kernel object has a malformed field") from None
-    if recipe.family not in hc_families():
-        raise UserError(f"{path}: unknown kernel family {recipe.family!r}")
+        recipe = KernelRecipe.from_spec(KernelSpec.model_validate(kernel))
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        where = ".".join(map(str, first["loc"]))
+        raise UserError(f"{path}: the gs1_kernel arm's kernel{'.' + where if where else ''}: "
+                        f"{first['msg'].removeprefix('Value error, ')}") from None
+    window = recipe.window
     if window < batch:
         raise UserError(f"{path}: kernel window {window} is smaller than batch_size {batch}")
     return batch, window, recipe

@@ -42,10 +42,12 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import ValidationError
 
 from rl.hillclimb import geff
 from rl.hillclimb.data import EMBEDDING, RolloutLog, Stream, make_streams
-from rl.kernels import FEATURE_NAMES, KERNEL_FAMILIES, knn_k, standardize
+from rl.kernels import FEATURE_NAMES, knn_k, standardize
+from schemas.kernel import KernelSpec
 
 FAMILIES = ("gaussian", "laplace", "knn", "constant", "ridge")
 BANDWIDTHS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -73,18 +75,16 @@ class KernelRecipe:
         return 1.0 if self.scales is None else float(self.scales[self.features.index(name)])
 
     def arm_blockers(self) -> list[str]:
-        """Why the gs1_kernel arm cannot run this recipe as is; [] when it can."""
+        """Why the gs1_kernel arm cannot run this recipe as is; [] when it can (the arm's own
+        `KernelSpec` decides)."""
         if self.family == "constant":
             return []  # runs as an equivalent gaussian (to_fragment)
-        out = []
-        if self.family not in KERNEL_FAMILIES:
-            out.append(f"family {self.family!r} is not one the arm runs ({', '.join(KERNEL_FAMILIES)})")
-        missing = [f for f in self.features if f not in SPEC_FEATURES]
-        if missing:
-            out.append(f"feature(s) {', '.join(missing)} not logged by the training loop")
-        if self.family == "knn" and self.bandwidth is not None and round(self.bandwidth) < 1:
-            out.append("knn k < 1")
-        return out
+        try:
+            self.kernel_spec()
+        except ValidationError as e:
+            return [f"{'.'.join(map(str, err['loc'])) or 'kernel'}: {err['msg'].removeprefix('Value error, ')}"
+                    for err in e.errors(include_url=False)]
+        return []
 
     def arm_accepts(self) -> bool:
         return not self.arm_blockers()
@@ -94,7 +94,15 @@ class KernelRecipe:
             # the arm's kernel needs features and a bandwidth: a gaussian with a huge h is the same
             # leave-one-out window mean (DESIGN.md), and is accepted by the pinned-kernel validator
             return KernelRecipe("gaussian", SPEC_FEATURES, None, 1e9, self.window, self.min_mass).to_fragment()
-        return {"kernel": self.kernel_object()}
+        return {"kernel": self.kernel_spec().model_dump(mode="json")}
+
+    @classmethod
+    def from_spec(cls, kernel: KernelSpec) -> KernelRecipe:
+        return cls(kernel.family, tuple(kernel.features), kernel.scales, kernel.bandwidth, kernel.window, kernel.min_mass)
+
+    def kernel_spec(self) -> KernelSpec:
+        """This recipe as the arm's KernelSpec (a ValidationError when the arm cannot run it)."""
+        return KernelSpec.model_validate(self.kernel_object())
 
     def kernel_object(self) -> dict:
         """This recipe as a plain kernel object, family as is (JSON-ready)."""
@@ -116,9 +124,10 @@ class KernelRecipe:
         return f"{self.family}[{feats}]{bw} W={self.window}"
 
 
-def spec_recipe(bandwidth: float = 0.5, window: int = 256, min_mass: float = 1e-3) -> KernelRecipe:
-    """The user's pre-registered kernel (DESIGN.md)."""
-    return KernelRecipe("gaussian", SPEC_FEATURES, None, bandwidth, window, min_mass)
+def spec_recipe(window: int | None = None) -> KernelRecipe:
+    """The user's pre-registered kernel (schemas.kernel.KernelSpec's defaults), at `window` if given."""
+    pinned = KernelSpec()
+    return KernelRecipe.from_spec(pinned if window is None else pinned.model_copy(update={"window": window}))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,6 +1,11 @@
-"""Independent float64 reference of the GS1 kernel baseline: plain Python loops over i and j.
+"""Independent float64 references of the advantage estimators: plain Python loops.
 
-Written from the semantics pinned in DESIGN.md, without numpy and without anything from rl/:
+Written from the semantics pinned in DESIGN.md, without numpy and without anything from rl/ (the
+kernel's recipe comes in whole as a `schemas.kernel.KernelSpec`, and only its fields are read).
+The preflight compares the arm's own step function with these, and the audit recomputes every
+logged row with them. GRPO's reference is the stock cookbook's `compute_advantages` (rl.audit).
+
+GS1 kernel:
 
     window(step)  = the current batch + the most recent max(0, window - B) earlier rollouts
     z             = each feature minus its window mean, over its window population std
@@ -15,12 +20,18 @@ Written from the semantics pinned in DESIGN.md, without numpy and without anythi
                   = r_i                                      when i is alone in its window
     neighbours_i  = (sum_j w_ij)^2 / sum_j w_ij^2            (0 when there is no weight)
 
-`gs1_kernel_reference` has the signature `rl.checks.check_kernel_against_reference` expects.
+Features, built here from the logged columns: log_prompt_num_tokens = log(prompt_num_tokens),
+prompt_mean_logprob as logged.
+
+batch_mean:  b_i = mean reward of i's step (i included).
+rloo:        b_i = mean reward of the other rollouts of i's group in i's step; r_i when alone.
 """
 
 from __future__ import annotations
 
 import math
+
+from schemas.kernel import KernelSpec
 
 
 def _window_z(window_features, scales):
@@ -50,20 +61,11 @@ def _window_z(window_features, scales):
     return z
 
 
-def gs1_kernel_reference(
-    rewards_B,
-    features_B_F,
-    history_rewards_H,
-    history_features_H_F,
-    *,
-    bandwidth=0.5,
-    window=256,
-    min_mass=1e-3,
-    scales=None,
-    family="gaussian",
-):
+def gs1_kernel_reference(rewards_B, features_B_F, history_rewards_H, history_features_H_F, kernel: KernelSpec):
     """One step. Returns a dict of lists: baseline, advantage, kernel_mass, effective_neighbors,
     fallback."""
+    family, bandwidth, window, min_mass = kernel.family, kernel.bandwidth, kernel.window, kernel.min_mass
+    scales = kernel.scales
     batch_size = len(rewards_B)
     n_history = min(len(history_rewards_H), max(0, window - batch_size))
     first_history = len(history_rewards_H) - n_history
@@ -118,18 +120,69 @@ def gs1_kernel_reference(
     return out
 
 
-def gs1_kernel_log_reference(steps, rewards, features, **kernel):
-    """A whole log: each run of equal consecutive steps is a batch; every earlier row is history."""
-    out = {"baseline": [], "advantage": [], "kernel_mass": [], "effective_neighbors": [], "fallback": []}
-    start = 0
+def _step_runs(steps):
+    """[start, stop) of each run of equal consecutive steps."""
+    runs, start = [], 0
     while start < len(steps):
         stop = start
         while stop < len(steps) and steps[stop] == steps[start]:
             stop += 1
-        step_out = gs1_kernel_reference(
-            rewards[start:stop], features[start:stop], rewards[:start], features[:start], **kernel
-        )
+        runs.append((start, stop))
+        start = stop
+    return runs
+
+
+def gs1_kernel_log_reference(steps, rewards, features, kernel: KernelSpec):
+    """A whole log: each run of equal consecutive steps is a batch; every earlier row is history."""
+    out = {"baseline": [], "advantage": [], "kernel_mass": [], "effective_neighbors": [], "fallback": []}
+    for start, stop in _step_runs(steps):
+        step_out = gs1_kernel_reference(rewards[start:stop], features[start:stop], rewards[:start], features[:start], kernel)
         for key in out:
             out[key].extend(step_out[key])
-        start = stop
+    return out
+
+
+def reference_features(prompt_num_tokens, prompt_mean_logprob, kernel: KernelSpec):
+    """Each rollout's kernel features, one per name of `kernel.features`, from the logged columns."""
+    rows = []
+    for num_tokens, mean_logprob in zip(prompt_num_tokens, prompt_mean_logprob):
+        row = []
+        for name in kernel.features:
+            if name == "log_prompt_num_tokens":
+                row.append(math.log(float(num_tokens)))
+            elif name == "prompt_mean_logprob":
+                row.append(float(mean_logprob))
+            else:
+                raise ValueError(f"unknown feature {name!r}")
+        rows.append(row)
+    return rows
+
+
+def batch_mean_log_reference(steps, rewards):
+    """b_i = mean reward of i's step. Returns a dict of lists: baseline, advantage."""
+    out = {"baseline": [], "advantage": []}
+    for start, stop in _step_runs(steps):
+        total = 0.0
+        for r in rewards[start:stop]:
+            total += float(r)
+        mean = total / (stop - start)
+        for r in rewards[start:stop]:
+            out["baseline"].append(mean)
+            out["advantage"].append(float(r) - mean)
+    return out
+
+
+def rloo_log_reference(steps, group_ids, rewards):
+    """b_i = mean reward of the other rollouts of i's group in i's step; a group of one: b_i = r_i."""
+    out = {"baseline": [], "advantage": []}
+    for start, stop in _step_runs(steps):
+        for i in range(start, stop):
+            total, count = 0.0, 0
+            for j in range(start, stop):
+                if j != i and group_ids[j] == group_ids[i]:
+                    total += float(rewards[j])
+                    count += 1
+            baseline = total / count if count else float(rewards[i])
+            out["baseline"].append(baseline)
+            out["advantage"].append(float(rewards[i]) - baseline)
     return out

@@ -1,0 +1,103 @@
+"""The run directory's layout: the one place that names its stage, gate and arm folders.
+
+    <run_dir>/spec/{spec,plan}.json          validate spec
+    <run_dir>/preflight/                      correctness preflight (record.json, gate_report.parquet)
+    <run_dir>/unit_checks/                    offline unit checks
+    <run_dir>/pilot/<arm>/                    pilot logs (steps/, rollouts.parquet); pilot/heldout.parquet
+    <run_dir>/audit/pilot/                    audit of the pilot logs (gate_report, mismatches)
+    <run_dir>/gate/                           activation gate on the pilot
+    <run_dir>/calibration/<arm>/ ...          the calibration pilot (+ revised_spec.json)
+    <run_dir>/audit/calibration/              audit of the calibration pilot
+    <run_dir>/calibration/gate/               activation gate on the calibration pilot
+    <run_dir>/feasibility/                    feasibility
+    <run_dir>/train/<arm>/                    training logs, checkpoints, final.json
+    <run_dir>/audit/train/                    audit of the training logs, before the decision
+    <run_dir>/eval/<arm>/                     eval.jsonl, eval.parquet
+    <run_dir>/decision/                       decision.{json,parquet,md}
+    <run_dir>/report/                         report.{md,html} + plots
+    <run_dir>/.stage-results/                 Prefect's persisted stage results (the resume cache)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+PilotStage = Literal["pilot", "calibration"]  # a pilot stage: the pilot, or the calibration's re-pilot
+AuditStage = Literal["pilot", "calibration", "train"]  # whose logs an audit reads
+PILOT_STAGES: tuple[PilotStage, ...] = ("pilot", "calibration")
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    root: Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "root", Path(self.root))
+
+    # stages that run once
+    @property
+    def spec_dir(self) -> Path:
+        return self.root / "spec"
+
+    @property
+    def spec_json(self) -> Path:
+        return self.spec_dir / "spec.json"
+
+    @property
+    def plan_json(self) -> Path:
+        return self.spec_dir / "plan.json"
+
+    @property
+    def preflight_dir(self) -> Path:
+        return self.root / "preflight"
+
+    @property
+    def unit_checks_dir(self) -> Path:
+        return self.root / "unit_checks"
+
+    @property
+    def feasibility_dir(self) -> Path:
+        return self.root / "feasibility"
+
+    @property
+    def decision_dir(self) -> Path:
+        return self.root / "decision"
+
+    @property
+    def report_dir(self) -> Path:
+        return self.root / "report"
+
+    @property
+    def stage_results(self) -> Path:
+        return self.root / ".stage-results"
+
+    @property
+    def revised_spec_json(self) -> Path:
+        return self.pilot_dir("calibration") / "revised_spec.json"
+
+    # pilot stages and their gates
+    def pilot_dir(self, stage: PilotStage) -> Path:
+        return self.root / stage
+
+    def pilot_arm_dir(self, stage: PilotStage, arm: str) -> Path:
+        return self.pilot_dir(stage) / arm
+
+    def gate_dir(self, stage: PilotStage) -> Path:
+        """The activation gate of a pilot stage."""
+        return self.root / "gate" if stage == "pilot" else self.pilot_dir(stage) / "gate"
+
+    def audit_dir(self, stage: AuditStage) -> Path:
+        return self.root / "audit" / stage
+
+    # arms
+    def train_arm_dir(self, arm: str) -> Path:
+        return self.root / "train" / arm
+
+    def eval_arm_dir(self, arm: str) -> Path:
+        return self.root / "eval" / arm
+
+    def arm_dir(self, stage: AuditStage, arm: str) -> Path:
+        """Where an arm of a stage logs its steps: a pilot stage's arm folder or the training one."""
+        return self.train_arm_dir(arm) if stage == "train" else self.pilot_arm_dir(stage, arm)

@@ -1,0 +1,102 @@
+"""The run plan: what the spec means for each stage, typed. Written to `spec/plan.json`.
+
+`tasks.spec.plan_from_spec` builds it once from a validated spec; the flow hands each stage its
+slice (a stage's cache key is its slice, so changing a gate bound re-keys only the gate).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from schemas.arm import ArmConfig
+from schemas.spec import Budget, CorrectnessPreflight, GateCheck, Pilot
+
+
+class _Plan(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RunContext(_Plan):
+    """What every arm-running stage needs, and nothing a gate bound could change."""
+
+    env: str
+    env_options: dict[str, Any]
+    renderer: str | None
+    base_model: str
+    treatment: str
+    baseline: str
+
+
+class DecisionPlan(_Plan):
+    alpha: float
+    margin: float
+    bounds: tuple[float, float]
+    criterion: str
+    method: str
+
+
+class RunPlan(_Plan):
+    title: str
+    run: RunContext
+    arms: tuple[ArmConfig, ...]
+    pilot: Pilot
+    checks: tuple[GateCheck, ...]
+    n_eval: int
+    decision: DecisionPlan
+    budget: Budget
+    preflight: CorrectnessPreflight
+    revised_spec: str | None = None  # set when the pre-registered calibration revised the spec
+
+    def arm(self, name: str) -> ArmConfig:
+        return next(a for a in self.arms if a.name == name)
+
+    @property
+    def treatment(self) -> ArmConfig:
+        return self.arm(self.run.treatment)
+
+    @property
+    def baseline(self) -> ArmConfig:
+        return self.arm(self.run.baseline)
+
+    @property
+    def steps(self) -> int:
+        return self.arms[0].steps
+
+    def calibrated(self, bandwidth: float, revised_spec: str) -> RunPlan:
+        """This plan with the treatment's kernel at the calibrated bandwidth."""
+        arms = tuple(a.with_kernel_bandwidth(bandwidth) if a.name == self.run.treatment else a for a in self.arms)
+        return self.model_copy(update={"arms": arms, "revised_spec": revised_spec})
+
+
+# ---------------------------------------------------------------------------------------------
+# What the arm-running stages hand on (file paths under the run directory)
+
+
+class PilotLogs(_Plan):
+    """A pilot stage's logs: the two arms' rollouts, the held-out samples, the timings."""
+
+    dir: str
+    treatment: str
+    baseline: str
+    heldout: str
+    timings: str
+
+    def rollouts(self, arms: tuple[ArmConfig, ...], plan_run: RunContext) -> list[str]:
+        """The rollout logs of `arms` (treatment or baseline), in their order."""
+        return [self.treatment if a.name == plan_run.treatment else self.baseline for a in arms]
+
+
+class TrainedArm(_Plan):
+    arm: str
+    sampler_path: str
+    rollouts: str
+    metrics: str
+
+
+class EvalResult(_Plan):
+    arm: str
+    jsonl: str
+    parquet: str
+    accuracy: float
