@@ -202,7 +202,7 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
             return a.elapsed_time(b) / n
 
-        diag["graph replay ms"] = timed(dec.step)
+        diag["graph replay ms"] = timed(dec.replay)
         dec.set_length(args.prompt_tokens)
         diag["eager step ms"] = timed(dec._step, 5)
         dec.set_length(args.prompt_tokens)
@@ -235,7 +235,7 @@ def main(argv=None) -> int:
         print("notes:", gen.stats.extra)
     if diag:
         print("diagnostics:", {k: round(v, 3) for k, v in diag.items()})
-    if train_rows:
+    if train_rows and not args.skip_sample:
         print(f"sampler vs learner logprobs on the sampled tokens: max |diff| {agree[0]:.2e}, "
               f"mean {agree[1]:.2e}; after {len(train_rows)} optimizer steps: max |diff| "
               f"{agree_trained[0]:.2e}, mean {agree_trained[1]:.2e}")
