@@ -180,7 +180,8 @@ class _Engine:
         self.head_params = [p for p in self.model.get_output_embeddings().parameters() if p.requires_grad]
         self.logit_chunk_rows = max(1, self.generator.max_logit_elems // self.model.config.vocab_size)
         # Checkpointed decoder layers keep one hidden state per layer for backward and recompute
-        # the rest: at 16k tokens a step, 1.5B params, that is ~1.4 instead of ~75 GB (issue 13).
+        # the rest: the 1.5B model's forward_backward at the spec's shape peaks at 7.9 instead of
+        # 66 GiB, for one more decoder forward (results/issue13-memory).
         # transformers checkpoints a layer whose own `training` flag is set: forward_backward sets
         # it on those layers alone (not model.train()), so no dropout anywhere switches on.
         self.checkpointed_layers: list[torch.nn.Module] = []
