@@ -3,13 +3,19 @@
     python benchmarks/engine.py --config tiny --batch 8 --new-tokens 64 --prompt-tokens 32
     python benchmarks/engine.py --config qwen3-0.6b --batch 64 --new-tokens 512 \
         --prompt-tokens 160 --rank 32 --device cuda
+    python benchmarks/engine.py --config qwen2.5-1.5b --batch 64 --new-tokens 512 \
+        --prompt-tokens 160 --rank 32 --device cuda --skip-sample
 
 Builds a random-weight model from a config (`tiny`: the test fixture's Qwen3; `qwen3-0.6b`:
-hidden 1024, 28 layers, 16 heads, 8 KV heads, intermediate 3072, vocab 151936), then through
-the public local-backend surface: `--batch` concurrent `sample` requests of one sequence each
-(random prompt tokens, no stop, so every row runs `--new-tokens`), one warm-up round and
-`--repeats` timed rounds; then `forward_backward(importance_sampling)` + `optim_step` over
-`--batch` datums of prompt+new tokens. Prints one table row per measurement.
+hidden 1024, 28 layers, 16 heads, 8 KV heads, intermediate 3072, vocab 151936;
+`qwen2.5-1.5b`: hidden 1536, 28 layers, 12 heads, 2 KV heads, intermediate 8960, vocab 151936,
+tied embeddings -- random weights take the memory the real ones do), then through the public
+local-backend surface: `--batch` concurrent `sample` requests of one sequence each (random
+prompt tokens, no stop, so every row runs `--new-tokens`), one warm-up round and `--repeats`
+timed rounds; then `forward_backward(importance_sampling)` + `optim_step` over `--batch`
+datums of prompt+new tokens, with the peak GPU memory (torch.cuda.max_memory_allocated) of each
+forward_backward. `--skip-sample` trains on random completions instead of sampled ones.
+Prints one table row per measurement.
 """
 
 from __future__ import annotations
@@ -31,6 +37,10 @@ QWEN3_06B = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
                  num_key_value_heads=8, head_dim=128, intermediate_size=3072,
                  vocab_size=151936, max_position_embeddings=40960, tie_word_embeddings=True,
                  rope_theta=1_000_000.0, rms_norm_eps=1e-6)
+QWEN25_15B = dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+                  num_key_value_heads=2, intermediate_size=8960, vocab_size=151936,
+                  max_position_embeddings=32768, tie_word_embeddings=True,
+                  rope_theta=1_000_000.0, rms_norm_eps=1e-6)
 
 
 def build_model(config: str, out: Path, tokenizer_dir: str | None, device: str) -> Path:
@@ -38,12 +48,16 @@ def build_model(config: str, out: Path, tokenizer_dir: str | None, device: str) 
 
     if config == "tiny":
         return build_tiny_qwen3(out, seed=0)
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM)
 
-    cfg = Qwen3Config(eos_token_id=151645, pad_token_id=151643, **QWEN3_06B)
+    if config == "qwen2.5-1.5b":
+        cfg, cls = Qwen2Config(eos_token_id=151645, pad_token_id=151643, **QWEN25_15B), Qwen2ForCausalLM
+    else:
+        cfg, cls = Qwen3Config(eos_token_id=151645, pad_token_id=151643, **QWEN3_06B), Qwen3ForCausalLM
     torch.manual_seed(0)
     with torch.device(device):
-        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+        model = cls(cfg).to(torch.bfloat16)
     model.save_pretrained(out)
     del model
     tok = AutoTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir else build_qwen_tokenizer()
@@ -53,7 +67,7 @@ def build_model(config: str, out: Path, tokenizer_dir: str | None, device: str) 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", choices=["tiny", "qwen3-0.6b"], default="tiny")
+    ap.add_argument("--config", choices=["tiny", "qwen3-0.6b", "qwen2.5-1.5b"], default="tiny")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=512)
     ap.add_argument("--prompt-tokens", type=int, default=160)
@@ -67,6 +81,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-compile", action="store_true", help="capture the eager decode step (no torch.compile)")
     ap.add_argument("--tokenizer-dir", default=None, help="a saved Qwen tokenizer to reuse")
     ap.add_argument("--skip-train", action="store_true")
+    ap.add_argument("--skip-sample", action="store_true", help="train on random completions")
+    ap.add_argument("--no-gradient-checkpointing", action="store_true",
+                    help="keep every decoder layer's activations for backward")
     ap.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate of the timed train steps")
     ap.add_argument("--diagnose", action="store_true", help="time graph replay and sampling alone")
     args = ap.parse_args(argv)
@@ -80,10 +97,11 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     model_dir = build_model(args.config, work / "model", args.tokenizer_dir, device)
     t_build = time.perf_counter() - t0
+    extra = {"gradient_checkpointing": False} if args.no_gradient_checkpointing else {}
     svc = make_service_client("local", device=device, dtype=args.dtype, cache_dir=work / "cache",
                               use_cuda_graphs=False if args.no_cuda_graphs else None,
                               max_batch_rows=max(args.batch, 1),
-                              merge_lora=args.merge, compile_decode=not args.no_compile)
+                              merge_lora=args.merge, compile_decode=not args.no_compile, **extra)
     t0 = time.perf_counter()
     tc = svc.create_lora_training_client(str(model_dir), rank=args.rank, seed=0).result()
     t_load = time.perf_counter() - t0
@@ -109,10 +127,15 @@ def main(argv=None) -> int:
         return wall, pre, dec, steps, toks, res
 
     rows = []
-    for r in range(args.repeats + 1):
+    if args.skip_sample:
+        last_res = [types.SampleResponse(sequences=[types.SampledSequence(
+            stop_reason="length", sequence_id="random", _tokens_list=[rng.randrange(1000, 150000) for _ in range(args.new_tokens)],
+            _logprobs_list=[-12.0] * args.new_tokens)], _prompt_logprobs_list=None) for _ in prompts]
+    for r in range(0 if args.skip_sample else args.repeats + 1):
         wall, pre, dec, steps, toks, res = sample_round()
         rows.append(("sample" + (" (warm-up)" if r == 0 else ""), wall, pre, dec, steps, toks))
-    last_res = res
+        last_res = res
+    cuda = device.startswith("cuda")
 
     train_rows = []
     if not args.skip_train:
@@ -128,12 +151,17 @@ def main(argv=None) -> int:
                   for i, (p, r) in enumerate(zip(prompts, last_res))]
         n_tok = sum(d.model_input.length for d in datums)
         adam = types.AdamParams(learning_rate=args.lr, eps=1e-8)
+        gib = 2.0**30
         for r in range(args.repeats + 1):
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            mem_start = torch.cuda.memory_allocated() / gib if cuda else float("nan")
             t = time.perf_counter()
             fb = tc.forward_backward(datums, "importance_sampling").result()
             sync()
             t_fb = time.perf_counter() - t
-            if r == 0:  # weights still equal the sampler's: sampler vs learner logprobs
+            mem_peak = torch.cuda.max_memory_allocated() / gib if cuda else float("nan")
+            if r == 0 and not args.skip_sample:  # weights still equal the sampler's
                 diffs = torch.cat([(o["logprobs"].to_torch()[p.length - 1:] -
                                     torch.tensor(res_i.sequences[0].logprobs)).abs()
                                    for o, p, res_i in zip(fb.loss_fn_outputs, prompts, last_res)])
@@ -141,16 +169,21 @@ def main(argv=None) -> int:
             tc.optim_step(adam).result()
             sync()
             t_all = time.perf_counter() - t
-            train_rows.append(("train" + (" (warm-up)" if r == 0 else ""), t_fb, t_all, n_tok))
+            train_rows.append(("train" + (" (warm-up)" if r == 0 else ""), t_fb, t_all, n_tok,
+                               mem_start, mem_peak))
         del fb
+        if args.skip_sample:
+            agree = agree_trained = (float("nan"), float("nan"))
         # After the optimizer steps the adapters are non-zero: agreement now also shows whether
         # the sampler carries the learner's update (a lossy --merge would not, in full).
-        *_, res2 = sample_round()
-        fwd = tc.forward([_datum(p, r.sequences[0], 0.0) for p, r in zip(prompts, res2)],
-                         "importance_sampling").result()
-        diffs = torch.cat([(o["logprobs"].to_torch()[p.length - 1:] - torch.tensor(r.sequences[0].logprobs)).abs()
-                           for o, p, r in zip(fwd.loss_fn_outputs, prompts, res2)])
-        agree_trained = (float(diffs.max()), float(diffs.mean()))
+        else:
+            *_, res2 = sample_round()
+            fwd = tc.forward([_datum(p, r.sequences[0], 0.0) for p, r in zip(prompts, res2)],
+                             "importance_sampling").result()
+            diffs = torch.cat([(o["logprobs"].to_torch()[p.length - 1:] -
+                                torch.tensor(r.sequences[0].logprobs)).abs()
+                               for o, p, r in zip(fwd.loss_fn_outputs, prompts, res2)])
+            agree_trained = (float(diffs.max()), float(diffs.mean()))
 
     diag = {}
     if args.diagnose and gen._graphs and device.startswith("cuda"):
@@ -169,7 +202,7 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
             return a.elapsed_time(b) / n
 
-        diag["graph replay ms"] = timed(dec.step)
+        diag["graph replay ms"] = timed(dec.replay)
         dec.set_length(args.prompt_tokens)
         diag["eager step ms"] = timed(dec._step, 5)
         dec.set_length(args.prompt_tokens)
@@ -202,20 +235,25 @@ def main(argv=None) -> int:
         print("notes:", gen.stats.extra)
     if diag:
         print("diagnostics:", {k: round(v, 3) for k, v in diag.items()})
-    if train_rows:
+    if train_rows and not args.skip_sample:
         print(f"sampler vs learner logprobs on the sampled tokens: max |diff| {agree[0]:.2e}, "
               f"mean {agree[1]:.2e}; after {len(train_rows)} optimizer steps: max |diff| "
               f"{agree_trained[0]:.2e}, mean {agree_trained[1]:.2e}")
-    print("| phase | wall s | prefill s | decode s | decode steps | ms / decode step | sampled tok/s |")
-    print("|---|---|---|---|---|---|---|")
-    for ph, wall, pre, dec, steps, toks in rows:
-        print(f"| {ph} | {wall:.3f} | {pre:.3f} | {dec:.3f} | {steps} | {1000 * dec / max(steps, 1):.2f} "
-              f"| {toks / wall:.0f} |")
+    if rows:
+        print("| phase | wall s | prefill s | decode s | decode steps | ms / decode step | sampled tok/s |")
+        print("|---|---|---|---|---|---|---|")
+        for ph, wall, pre, dec, steps, toks in rows:
+            print(f"| {ph} | {wall:.3f} | {pre:.3f} | {dec:.3f} | {steps} | {1000 * dec / max(steps, 1):.2f} "
+                  f"| {toks / wall:.0f} |")
     if train_rows:
-        print("\n| phase | fwd+bwd s | fwd+bwd+optim s | trained tokens | trained tok/s |")
-        print("|---|---|---|---|---|")
-        for ph, t_fb, t_all, n_tok in train_rows:
-            print(f"| {ph} | {t_fb:.3f} | {t_all:.3f} | {n_tok} | {n_tok / t_all:.0f} |")
+        print(f"\ngradient checkpointing: {bool(getattr(tc._engine, 'checkpointed_layers', None))}; "
+              f"tokens per microbatch: {tc._engine.tokens_per_microbatch}")
+        print("| phase | fwd+bwd s | fwd+bwd+optim s | trained tokens | trained tok/s "
+              "| GPU GiB at start | peak GPU GiB in fwd+bwd |")
+        print("|---|---|---|---|---|---|---|")
+        for ph, t_fb, t_all, n_tok, m0, m1 in train_rows:
+            print(f"| {ph} | {t_fb:.3f} | {t_all:.3f} | {n_tok} | {n_tok / t_all:.0f} "
+                  f"| {m0:.2f} | {m1:.2f} |")
     return 0
 
 

@@ -3,7 +3,8 @@
     <run_dir>/spec/{spec,plan}.json          validate spec
     <run_dir>/preflight/                      correctness preflight (record.json, gate_report.parquet)
     <run_dir>/unit_checks/                    offline unit checks
-    <run_dir>/pilot/<arm>/                    pilot logs (steps/, rollouts.parquet); pilot/heldout.parquet
+    <run_dir>/pilot/<arm>/                    pilot logs (steps/step-NNNNN.{rollouts,metrics}.parquet,
+                                              rollouts.parquet); pilot/heldout.parquet
     <run_dir>/audit/pilot/                    audit of the pilot logs (gate_report, mismatches)
     <run_dir>/gate/                           activation gate on the pilot
     <run_dir>/calibration/<arm>/ ...          the calibration pilot (+ revised_spec.json)
@@ -27,6 +28,20 @@ from typing import Literal
 PilotStage = Literal["pilot", "calibration"]  # a pilot stage: the pilot, or the calibration's re-pilot
 AuditStage = Literal["pilot", "calibration", "train"]  # whose logs an audit reads
 PILOT_STAGES: tuple[PilotStage, ...] = ("pilot", "calibration")
+
+
+def steps_dir(arm_dir: Path) -> Path:
+    """An arm folder's per-step logs: `step-NNNNN.{rollouts,metrics}.parquet`."""
+    return Path(arm_dir) / "steps"
+
+
+def step_log(arm_dir: Path, step: int, kind: Literal["rollouts", "metrics"]) -> Path:
+    return steps_dir(arm_dir) / f"step-{step:05d}.{kind}.parquet"
+
+
+def step_of(path: Path) -> int:
+    """The step a step-log file holds (`step-00012.rollouts.parquet` -> 12)."""
+    return int(Path(path).name.split(".")[0].split("-")[1])
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from rl.loop import HeldoutRequest, StepLog, eval_rows, new_window, train_arm, w
 from schemas.arm import ArmConfig
 from schemas.artifacts import read_artifact, write_artifact
 from schemas.io import write_json_atomic, write_jsonl_atomic
-from schemas.layout import PilotStage, RunLayout
+from schemas.layout import PilotStage, RunLayout, step_log, step_of, steps_dir
 from schemas.plan import EvalResult, PilotLogs, RunContext, TrainedArm
 from schemas.spec import Pilot
 from tasks.common import GateFailed, service_client, stage_cache
@@ -50,24 +50,19 @@ def open_arm(run: RunContext, arm: ArmConfig, backend: str):
     return training_client, renderer_for(run, training_client.get_tokenizer())
 
 
-def _steps_dir(arm_dir: Path) -> Path:
-    return arm_dir / "steps"
-
-
 def write_step_log(arm_dir: Path, log: StepLog) -> None:
     step = log.metrics["step"]
     rows = [dict(zip(log.rollouts, values)) for values in zip(*log.rollouts.values())]
-    write_artifact("rollouts", rows, _steps_dir(arm_dir) / f"step-{step:05d}.rollouts.parquet")
-    write_artifact("step_metrics", [log.metrics], _steps_dir(arm_dir) / f"step-{step:05d}.metrics.parquet")
+    write_artifact("rollouts", rows, step_log(arm_dir, step, "rollouts"))
+    write_artifact("step_metrics", [log.metrics], step_log(arm_dir, step, "metrics"))
 
 
 def read_step_logs(arm_dir: Path, kind: str, before: int | None = None) -> list[pa.Table]:
-    files = sorted(_steps_dir(arm_dir).glob(f"step-*.{kind}.parquet"))
+    files = sorted(steps_dir(arm_dir).glob(f"step-*.{kind}.parquet"))
     name = "rollouts" if kind == "rollouts" else "step_metrics"
     tables = []
     for f in files:
-        step = int(f.name.split(".")[0].split("-")[1])
-        if before is None or step < before:
+        if before is None or step_of(f) < before:
             tables.append(read_artifact(name, f))
     return tables
 
@@ -206,8 +201,8 @@ def train_with_checkpoints(arm: ArmConfig, run: RunContext, run_dir: str, backen
         last = checkpoints[-1]
         training_client.load_state_with_optimizer(last["state_path"]).result()
         first_step = last["next_step"]
-    for f in _steps_dir(arm_dir).glob("step-*.parquet"):  # logs of steps after the checkpoint are stale
-        if int(f.name.split(".")[0].split("-")[1]) >= first_step:
+    for f in steps_dir(arm_dir).glob("step-*.parquet"):  # logs of steps after the checkpoint are stale
+        if step_of(f) >= first_step:
             f.unlink()
     window = window_from_logs(read_step_logs(arm_dir, "rollouts", before=first_step), arm)
     report = _progress_reporter(arm, arm.steps, first_step, "train")

@@ -335,6 +335,53 @@ def test_static_cache_decoder_matches_dynamic_cache(tc, tiny_tokenizer):
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
 
 
+def test_the_decode_loop_steps_eager_static_and_graphed_decoders_through_one_interface(
+        tc, tiny_tokenizer, monkeypatch):
+    """`Generator._decode` calls `step(tok, pos, cur)` on whichever decoder `_decoder` picked:
+    the DynamicCache one, the static-cache one run eagerly, and the graphed one give the same
+    tokens. The graphed one is captured once, on its first step, then replayed for every later
+    step and batch. (A stand-in graph: CUDA graphs do not exist on this machine; its replay
+    runs the captured step into the captured output buffer, as a real replay does.)"""
+    from rl.backends import local_sampler as ls
+    from rl.backends.local_sampler import Row
+
+    class StandInGraph:
+        def __init__(self, dec):
+            self.dec, self.replays = dec, 0
+
+        def replay(self):
+            self.replays += 1
+            self.dec.logits.copy_(self.dec._eager_step())
+
+    captured_at = []
+
+    def capture(dec, cur_len):
+        captured_at.append(cur_len)
+        dec.logits = dec._eager_step()  # the capture's own run writes slot cur_len, then rewinds
+        dec.set_length(cur_len)
+        dec.graph = StandInGraph(dec)
+
+    monkeypatch.setattr(ls._GraphedDecoder, "capture", capture)
+    rows = [Row(prompt=tiny_tokenizer.encode(t), max_tokens=n, temperature=1.0, key=k)
+            for t, n, k in (("Hello there", 6, 1), ("A longer prompt than the first one", 9, 2),
+                            ("x", 3, 3))]
+    Lp = max(len(r.prompt) for r in rows)
+    eng = tc._engine
+    eager = _gen(eng, static_cache=False)
+    static = _gen(eng, static_cache=True)
+    graphed = _gen(eng, static_cache=True)
+    graphed.use_cuda_graphs = True  # as on CUDA
+    want = eager.generate(rows)
+    _same_rows(static.generate(rows), want)
+    _same_rows(graphed.generate(rows), want)
+    (dec,) = graphed._graphs.values()
+    assert captured_at == [Lp] and dec.graph.replays == 9 - 1  # 9 tokens: 8 decoder steps
+    assert (eager.stats.graphed_batches, static.stats.graphed_batches, graphed.stats.graphed_batches) == (0, 0, 1)
+    _same_rows(graphed.generate(rows), want)  # same shape: the graph is reused, not captured again
+    assert captured_at == [Lp] and dec.graph.replays == 16 and graphed.stats.graphed_batches == 2
+    assert eager.stats.decode_steps == graphed.stats.decode_steps / 2 == 9
+
+
 def test_splitmix_tensor_matches_python():
     xs = [0, 1, 2**63 - 1, -(2**63), -5, 123456789]
     got = splitmix64_t(torch.tensor(xs, dtype=torch.long)).tolist()

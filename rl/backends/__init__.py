@@ -4,8 +4,8 @@
 the loop uses (see docs/contracts.md, "Backend surface"):
 - `"local"`: `rl.backends.local.LocalServiceClient(device=None, dtype=None, cache_dir=None,
   max_batch_rows=None, batch_window_s=0.0, tokens_per_microbatch=None, use_cuda_graphs=None,
-  merge_lora=False, compile_decode=None)`; compile_decode None: on unless GS1_COMPILE_DECODE=0
-  (CUDA only).
+  merge_lora=False, compile_decode=None, gradient_checkpointing=True)`; compile_decode None: on
+  unless GS1_COMPILE_DECODE=0 (CUDA only).
 - `"tinker"`: `rl.backends.tinker_backend.make_tinker_service_client(base_url=None,
   api_key=None, **kw)` (imported lazily, so the local path never needs the hosted pieces).
 """

@@ -29,6 +29,11 @@ at the price of timing-dependent batches).
 Numerics: fp32 on CPU, bf16 on CUDA (LoRA weights and AdamW state stay fp32); override with
 `dtype=`. Loss "importance_sampling" is exactly `-sum_t exp(lp_t - sampler_lp_t) * A_t` over
 every position of every datum, no normalisation; "cross_entropy" is `-sum_t w_t * lp_t`.
+The learner never holds a microbatch's full-vocabulary logits: it runs the decoder, then the
+LM head a chunk of tokens at a time, keeping each target token's logprob
+(`token_logprobs.target_logprobs`, recomputed in backward); the decoder layers are
+gradient-checkpointed in training (`gradient_checkpointing=False` keeps their activations:
+faster, ~2 GB more per layer at 16k tokens of a 1.5B model).
 Gradients accumulate over forward_backward calls until `optim_step`, which runs
 torch.optim.AdamW with the AdamParams' lr, (beta1, beta2), eps, weight_decay, and clips the
 global grad norm when `grad_clip_norm > 0`.
@@ -72,6 +77,7 @@ from rl.backends.local_sampler import (
     splitmix64,
 )
 from rl.backends.models import ModelSource, load_causal_lm, load_tokenizer, resolve_model
+from rl.backends.token_logprobs import lm_head_fn, target_logprobs
 from schemas.errors import UserError
 
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -149,8 +155,9 @@ class _Engine:
     def __init__(self, src: ModelSource, lora: LoraSpec, seed: int | None, device, dtype,
                  max_batch_rows: int, batch_window_s: float, tokens_per_microbatch: int,
                  use_cuda_graphs: bool | None, merge_lora: bool = False,
-                 compile_decode: bool = False):
+                 compile_decode: bool = False, gradient_checkpointing: bool = True):
         from peft import LoraConfig, get_peft_model
+        from transformers.modeling_layers import GradientCheckpointingLayer
 
         self.src, self.lora, self.device, self.dtype = src, lora, device, dtype
         self.tokenizer = load_tokenizer(src)
@@ -166,6 +173,22 @@ class _Engine:
         self.eos_ids = self._eos_ids()
         self.generator = Generator(self.model, self.pad_id, self.tokenizer, use_cuda_graphs,
                                    merge_lora=merge_lora, compile_decode=compile_decode)
+        # The learner runs the decoder, then the LM head a chunk of tokens at a time
+        # (`target_logprobs`), each chunk's logits as large as the sampler's prompt-logprob chunks.
+        self.decoder = self.model.get_decoder()
+        self.head_fn = lm_head_fn(self.model)
+        self.head_params = [p for p in self.model.get_output_embeddings().parameters() if p.requires_grad]
+        self.logit_chunk_rows = max(1, self.generator.max_logit_elems // self.model.config.vocab_size)
+        # Checkpointed decoder layers keep one hidden state per layer for backward and recompute
+        # the rest: the 1.5B model's forward_backward at the spec's shape peaks at 7.9 instead of
+        # 66 GiB, for one more decoder forward (results/issue13-memory).
+        # transformers checkpoints a layer whose own `training` flag is set: forward_backward sets
+        # it on those layers alone (not model.train()), so no dropout anywhere switches on.
+        self.checkpointed_layers: list[torch.nn.Module] = []
+        if gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.checkpointed_layers = [m for m in self.model.modules()
+                                        if isinstance(m, GradientCheckpointingLayer)]
         self.worker = SerialWorker("gs1-local")
         self.max_batch_rows = max_batch_rows
         self.batch_window_s = batch_window_s
@@ -371,10 +394,16 @@ class _Engine:
         if mb:
             mbs.append(mb)
         ctx = torch.no_grad() if forward_only else torch.enable_grad()
-        with ctx:
-            for mb in mbs:
-                total += self._microbatch(data, mb, loss_fn, forward_only, outputs)
-                n_tokens += sum(data[i].model_input.length for i in mb)
+        try:
+            for layer in self.checkpointed_layers:
+                layer.training = not forward_only
+            with ctx:
+                for mb in mbs:
+                    total += self._microbatch(data, mb, loss_fn, forward_only, outputs)
+                    n_tokens += sum(data[i].model_input.length for i in mb)
+        finally:
+            for layer in self.checkpointed_layers:
+                layer.training = False
         return types.ForwardBackwardOutput(
             loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs,
             metrics={"loss:sum": float(total), "num_tokens:sum": float(n_tokens)})
@@ -408,21 +437,23 @@ class _Engine:
         ids, mask, tgt = ids.to(dev), mask.to(dev), tgt.to(dev)
         # loss math in float32, or float64 when the model is float64
         acc = torch.float64 if self.dtype == torch.float64 else torch.float32
-        coef_a, old_lp = coef_a.to(dev, acc), old_lp.to(dev, acc)
-        logits = self.model(input_ids=ids, attention_mask=mask).logits.to(acc)
-        lp = torch.log_softmax(logits, dim=-1).gather(2, tgt[:, :, None]).squeeze(2)
         valid = mask.bool()
+        coef_N, old_lp_N = coef_a.to(dev, acc)[valid], old_lp.to(dev, acc)[valid]
+        hidden = self.decoder(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        # the real tokens only, row after row: datum b's n tokens are lp_N's next n entries
+        lp_N = target_logprobs(hidden[valid], tgt[valid], self.head_fn, self.head_params,
+                               self.logit_chunk_rows, acc)
         if loss_fn == "importance_sampling":
-            per_tok = -torch.exp(lp - old_lp) * coef_a
+            per_tok_N = -torch.exp(lp_N - old_lp_N) * coef_N
         else:
-            per_tok = -lp * coef_a
-        loss = torch.where(valid, per_tok, torch.zeros_like(per_tok)).sum()
+            per_tok_N = -lp_N * coef_N
+        loss = per_tok_N.sum()
         if not forward_only:
             loss.backward()
-        lp_cpu = lp.detach().float().cpu()  # tinker's TensorData is float32
-        for b, i in enumerate(mb):
-            n = data[i].model_input.length
-            outputs[i] = {"logprobs": types.TensorData.from_torch(lp_cpu[b, :n].clone())}
+        lp_cpu = lp_N.detach().float().cpu()  # tinker's TensorData is float32
+        lengths = [data[i].model_input.length for i in mb]
+        for i, lp_n in zip(mb, lp_cpu.split(lengths)):
+            outputs[i] = {"logprobs": types.TensorData.from_torch(lp_n.clone())}
         return float(loss.detach())
 
 
@@ -650,7 +681,7 @@ class LocalServiceClient:
     def __init__(self, device=None, dtype=None, cache_dir=None, *, max_batch_rows: int | None = None,
                  batch_window_s: float = 0.0, tokens_per_microbatch: int | None = None,
                  use_cuda_graphs: bool | None = None, merge_lora: bool = False,
-                 compile_decode: bool | None = None):
+                 compile_decode: bool | None = None, gradient_checkpointing: bool = True):
         self.device = _pick_device(device)
         self.dtype = _pick_dtype(dtype, self.device)
         cache = cache_dir or os.environ.get("GS1_LOCAL_CACHE")
@@ -659,11 +690,11 @@ class LocalServiceClient:
         cuda = self.device.type == "cuda"
         self.max_batch_rows = max_batch_rows or (512 if cuda else 64)
         self.batch_window_s = batch_window_s
-        # a microbatch's fp32 logits, their log-softmax and both gradients are ~4 x tokens x vocab
-        # floats: 1024 tokens keep that under 1 GB on CPU for a 50k vocabulary
+        # bounds a microbatch's activations (the logits are chunked within it, `target_logprobs`)
         self.tokens_per_microbatch = tokens_per_microbatch or (16384 if cuda else 1024)
         self.use_cuda_graphs = use_cuda_graphs
         self.merge_lora = bool(merge_lora)
+        self.gradient_checkpointing = bool(gradient_checkpointing)
         # On CUDA the decode step is compiled unless GS1_COMPILE_DECODE=0 (or compile_decode=False):
         # ~1 minute per batch shape, then 11.6 -> 7.0 ms per step on an H200 (results/issue4).
         self.compile_decode = (os.environ.get("GS1_COMPILE_DECODE", "1") != "0"
@@ -675,7 +706,8 @@ class LocalServiceClient:
     def _engine(self, base_model: str, lora: LoraSpec, seed: int | None) -> _Engine:
         return _Engine(resolve_model(base_model), lora, seed, self.device, self.dtype,
                        self.max_batch_rows, self.batch_window_s, self.tokens_per_microbatch,
-                       self.use_cuda_graphs, self.merge_lora, self.compile_decode)
+                       self.use_cuda_graphs, self.merge_lora, self.compile_decode,
+                       self.gradient_checkpointing)
 
     def create_lora_training_client(self, base_model: str, rank: int = 32, seed: int | None = None,
                                     train_mlp: bool = True, train_attn: bool = True,

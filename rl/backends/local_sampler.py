@@ -7,6 +7,12 @@ batch with the KV cache (`DynamicCache` on CPU; on CUDA a preallocated static KV
 decode step is captured once as a CUDA graph and replayed for every later token and batch of
 the same shape). Rows that ask for `prompt_logprobs` get them from the same prefill.
 
+`Generator._generate` in steps, after gpt-fast's generate.py: `_pack` (prompts to the device),
+`_prefill`, `_decoder` (one interface, `step(tok_B, pos_B, cur) -> logits_B`: `_EagerDecoder`
+on a DynamicCache, or `_GraphedDecoder` on a static cache, replaying its CUDA graph), the loop
+`_decode` (sample_step, `_Progress.record` -- the stop check --, decoder step), and
+`_Progress.results` (unpack).
+
 Randomness is counter-based: row r draws its step-t uniform from splitmix64(key_r, t), so a
 row's tokens depend only on its own key and logits, never on which other requests shared its
 batch or on a global RNG. Sampling is inverse-CDF over softmax(logits / T) in float64.
@@ -232,8 +238,33 @@ class _StaticKV:
         self.pos.fill_(n)
 
 
+class _EagerDecoder:
+    """Decode steps on transformers' DynamicCache, one plain model call each (CPU, or
+    `static_cache=False`). Takes over the prefill's cache, its rows copied out to the batch's."""
+
+    graphed = False
+
+    def __init__(self, model, cache, b: "_Packed"):
+        if b.src != list(range(b.B)):
+            cache.batch_select_indices(b.src_B)
+        self.model, self.cache = model, cache
+        self.mask = torch.zeros(b.B, 1, 1, b.Lp + b.max_new, dtype=torch.bool, device=b.src_B.device)
+        self.mask[:, 0, 0, : b.Lp] = b.pmask_B
+
+    def step(self, tok_B: torch.Tensor, pos_B: torch.Tensor, cur: int) -> torch.Tensor:
+        """Feed the token just sampled (cache slot `cur`); the next logits [B, V] float32."""
+        self.mask[:, 0, 0, cur] = True
+        out = self.model(input_ids=tok_B[:, None], position_ids=pos_B,
+                         attention_mask=self.mask[:, :, :, : cur + 1],
+                         past_key_values=self.cache, use_cache=True)
+        return out.logits[:, -1].float()
+
+
 class _GraphedDecoder:
-    """A static-KV decode step for one (batch, max_len), captured once as a CUDA graph."""
+    """Decode steps on a static KV cache for one (batch, max_len): captured once as a CUDA graph
+    and replayed for every later step and batch of that shape (`capture`, set per batch by the
+    Generator, captures it on the first step; without it the step runs eagerly on the static
+    cache, as on CPU). Same interface as `_EagerDecoder`: `step(tok_B, pos_B, cur)`."""
 
     def __init__(self, model, B: int, max_len: int, compile_step: bool = False):
         self.model, self.B, self.max_len = model, B, max_len
@@ -251,6 +282,11 @@ class _GraphedDecoder:
         self.mask = torch.zeros(B, 1, 1, max_len, dtype=torch.bool, device=dev)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
+        self.capture_with = None  # Generator._capture, or None: run the step eagerly
+
+    @property
+    def graphed(self) -> bool:
+        return self.graph is not None
 
     def reset(self) -> None:
         self.cache.reset()
@@ -258,16 +294,29 @@ class _GraphedDecoder:
     def set_length(self, n: int) -> None:
         self.cache.set_length(n)
 
-    def load_prefill(self, cache, src_B: torch.Tensor, n: int) -> None:
-        """Copy a prefilled DynamicCache of the distinct prompts (n slots) into every row:
-        row b gets prompt src_B[b]'s keys and values. In place, so a captured graph stays valid."""
+    def start(self, cache, b: "_Packed") -> None:
+        """Copy a prefilled DynamicCache of the distinct prompts into every row (row b gets
+        prompt src_B[b]'s keys and values) and its prompt mask. In place, so a captured graph
+        stays valid."""
+        n = b.Lp
         assert len(cache.layers) == len(self.cache.k)
         for layer, k, v in zip(cache.layers, self.cache.k, self.cache.v):
             if layer.keys.shape[2] != n:  # e.g. a sliding-window layer that dropped keys
                 raise RuntimeError(f"prefill cache holds {layer.keys.shape[2]} positions, expected {n}")
-            k[:, :, :n].copy_(layer.keys.index_select(0, src_B))
-            v[:, :, :n].copy_(layer.values.index_select(0, src_B))
+            k[:, :, :n].copy_(layer.keys.index_select(0, b.src_B))
+            v[:, :, :n].copy_(layer.values.index_select(0, b.src_B))
         self.set_length(n)
+        self.mask.zero_()
+        self.mask[:, 0, 0, :n] = b.pmask_B
+
+    def step(self, tok_B: torch.Tensor, pos_B: torch.Tensor, cur: int) -> torch.Tensor:
+        self.ids.copy_(tok_B[:, None])
+        self.pos.copy_(pos_B)
+        self.mask[:, 0, 0, cur] = True
+        if self.graph is None and self.capture_with is not None:
+            capture, self.capture_with = self.capture_with, None  # one try per batch
+            capture(self, cur)
+        return self.replay() if self.graph is not None else self._step()
 
     def _step(self):
         return self._forward()
@@ -296,7 +345,7 @@ class _GraphedDecoder:
         self.set_length(cur_len)
         self.graph = g
 
-    def step(self) -> torch.Tensor:
+    def replay(self) -> torch.Tensor:
         assert self.graph is not None and self.logits is not None
         self.graph.replay()
         return self.logits
@@ -304,6 +353,132 @@ class _GraphedDecoder:
 
 def _bucket(n: int, q: int) -> int:
     return ((n + q - 1) // q) * q
+
+
+@dataclass
+class _Packed:
+    """One batch on the device. Rows with equal prompts (a request's samples) share one prefill
+    row: prompt u of prompts_U is prefilled once, left-padded to Lp, and src[b] names row b's."""
+
+    rows: list[Row]
+    src: list[int]
+    prompts_U: list[list[int]]
+    want_lp_U: list[bool]  # prompt logprobs asked for by any of the prompt's rows
+    ids_U: torch.Tensor  # [U, Lp]
+    pmask_U: torch.Tensor  # [U, Lp] bool, real tokens
+    pos_U: torch.Tensor  # [U, Lp]
+    src_B: torch.Tensor
+    pmask_B: torch.Tensor  # [B, Lp]
+    next_pos_B: torch.Tensor  # [B, 1] position of each row's first new token
+    temps_B: torch.Tensor
+    keys_B: torch.Tensor
+    top_k_B: torch.Tensor | None
+    top_p_B: torch.Tensor | None
+    any_greedy: bool
+    stop_tab_B_S: torch.Tensor  # stop token ids, -1 padded
+    max_tok_B: torch.Tensor
+    str_rows: list[int]  # rows with stop strings (checked on the host)
+    max_new: int  # decode steps at most: the longest max_tokens
+
+    @property
+    def B(self) -> int:
+        return len(self.rows)
+
+    @property
+    def Lp(self) -> int:
+        return self.ids_U.shape[1]
+
+
+def _pack(rows: list[Row], pad_id: int, share_prefill: bool, dev) -> _Packed:
+    B = len(rows)
+    if share_prefill:
+        first: dict[tuple[int, ...], int] = {}
+        src = [first.setdefault(tuple(r.prompt), len(first)) for r in rows]
+        prompts_U = [list(p) for p in first]
+    else:
+        src = list(range(B))
+        prompts_U = [r.prompt for r in rows]
+    want_lp_U = [False] * len(prompts_U)
+    for r, u in zip(rows, src):
+        want_lp_U[u] |= r.prompt_logprobs
+    Lp = max(len(p) for p in prompts_U)
+    ids = torch.full((len(prompts_U), Lp), pad_id, dtype=torch.long)
+    pmask = torch.zeros(len(prompts_U), Lp, dtype=torch.bool)
+    for u, p in enumerate(prompts_U):
+        ids[u, Lp - len(p) :] = torch.tensor(p, dtype=torch.long)
+        pmask[u, Lp - len(p) :] = True
+    ids, pmask = ids.to(dev), pmask.to(dev)
+    pos = (pmask.long().cumsum(1) - 1).clamp_min(0)
+    src_B = torch.tensor(src, dtype=torch.long, device=dev)
+    top_k = top_p = None
+    if any(r.top_k > 0 or r.top_p < 1.0 for r in rows):
+        top_k = torch.tensor([r.top_k for r in rows], dtype=torch.long, device=dev)
+        top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=dev)
+    S = max(1, max(len(r.stop_ids) for r in rows))
+    stop_tab = torch.full((B, S), -1, dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r.stop_ids:
+            stop_tab[i, : len(r.stop_ids)] = torch.tensor(r.stop_ids, dtype=torch.long)
+    return _Packed(
+        rows=rows, src=src, prompts_U=prompts_U, want_lp_U=want_lp_U, ids_U=ids, pmask_U=pmask,
+        pos_U=pos, src_B=src_B, pmask_B=pmask.index_select(0, src_B),
+        next_pos_B=pos[:, -1:].index_select(0, src_B) + 1,
+        temps_B=torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=dev),
+        keys_B=torch.tensor([r.key for r in rows], dtype=torch.long, device=dev),
+        top_k_B=top_k, top_p_B=top_p, any_greedy=any(r.temperature <= 0 for r in rows),
+        stop_tab_B_S=stop_tab.to(dev),
+        max_tok_B=torch.tensor([r.max_tokens for r in rows], dtype=torch.long, device=dev),
+        str_rows=[i for i, r in enumerate(rows) if r.stop_strs],
+        max_new=max(r.max_tokens for r in rows))
+
+
+class _Progress:
+    """Each row's tokens and logprobs so far, and the stop check after every sampled token: a
+    row stops at a stop token, a stop string (decoded on the host), or its max_tokens."""
+
+    def __init__(self, b: _Packed, tokenizer):
+        dev, T = b.src_B.device, max(b.max_new, 1)
+        self.b, self.tokenizer = b, tokenizer
+        self.tokens_B_T = torch.zeros(b.B, T, dtype=torch.long, device=dev)
+        self.lps_B_T = torch.zeros(b.B, T, dtype=torch.float32, device=dev)
+        self.n_out_B = torch.zeros(b.B, dtype=torch.long, device=dev)  # tokens kept per row
+        self.done_B = b.max_tok_B <= 0
+        self.by_stop_B = torch.zeros(b.B, dtype=torch.bool, device=dev)
+
+    def record(self, step: int, tok_B: torch.Tensor, lp_B: torch.Tensor) -> None:
+        b = self.b
+        active = ~self.done_B
+        self.tokens_B_T[:, step] = tok_B
+        self.lps_B_T[:, step] = lp_B
+        self.n_out_B += active.long()
+        hit = (tok_B[:, None] == b.stop_tab_B_S).any(1) & active
+        if b.str_rows:
+            hit = self._stop_strings(hit, active)
+        self.by_stop_B |= hit
+        self.done_B = self.done_B | hit | (self.n_out_B >= b.max_tok_B)
+
+    def _stop_strings(self, hit: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        hit_cpu, n_cpu = hit.cpu(), self.n_out_B.cpu()
+        for i in self.b.str_rows:
+            if not active[i]:
+                continue
+            r = self.b.rows[i]
+            n = int(n_cpu[i])
+            tail_n = max(len(s) for s in r.stop_strs) + 4
+            tail = self.tokenizer.decode(self.tokens_B_T[i, max(0, n - tail_n) : n].tolist())
+            if any(s in tail for s in r.stop_strs):
+                hit_cpu[i] = True
+        return hit_cpu.to(hit.device)
+
+    def all_done(self) -> bool:
+        return bool(self.done_B.all())
+
+    def results(self, prompt_lps_U) -> list[RowResult]:
+        n_list = self.n_out_B.tolist()
+        stop_list, tok_list, lp_list = self.by_stop_B.tolist(), self.tokens_B_T.tolist(), self.lps_B_T.tolist()
+        return [RowResult(tok_list[i][:n], lp_list[i][:n], "stop" if stop_list[i] else "length",
+                          prompt_lps_U[self.b.src[i]] if r.prompt_logprobs else None)
+                for i, (r, n) in enumerate(zip(self.b.rows, n_list))]
 
 
 class MergedLora:
@@ -374,7 +549,8 @@ class Generator:
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         cuda = self.device.type == "cuda"
-        # bounds a chunk of full-vocabulary logits (prompt logprobs): 512 MB on CUDA, 64 MB on CPU
+        # bounds a chunk of full-vocabulary fp32 logits (prompt logprobs here, the learner's loss in
+        # `local`): 512 MB on CUDA, 64 MB on CPU
         self.max_logit_elems = max_logit_elems or (1 << 27 if cuda else 1 << 24)
         self.use_cuda_graphs = cuda if use_cuda_graphs is None else (use_cuda_graphs and cuda)
         self.static_cache = (self.use_cuda_graphs or cuda) if static_cache is None else static_cache
@@ -391,151 +567,64 @@ class Generator:
 
     @torch.no_grad()
     def _generate(self, rows: list[Row]) -> list[RowResult]:
-        t_start = time.perf_counter()
-        B = len(rows)
-        dev = self.device
-        # Rows with equal prompts (a request's samples) share one prefill row: prompt u of
-        # prompts_U is prefilled once and src_B[b] names the prompt of row b.
-        if self.share_prefill:
-            first: dict[tuple[int, ...], int] = {}
-            src = [first.setdefault(tuple(r.prompt), len(first)) for r in rows]
-            prompts_U = [list(p) for p in first]
-        else:
-            src = list(range(B))
-            prompts_U = [r.prompt for r in rows]
-        U = len(prompts_U)
-        want_lp_U = [False] * U
-        for r, u in zip(rows, src):
-            want_lp_U[u] |= r.prompt_logprobs
-        Lp = max(len(p) for p in prompts_U)
-        max_new = max(r.max_tokens for r in rows)
-        ids = torch.full((U, Lp), self.pad_id, dtype=torch.long)
-        pmask = torch.zeros(U, Lp, dtype=torch.bool)
-        for u, p in enumerate(prompts_U):
-            ids[u, Lp - len(p) :] = torch.tensor(p, dtype=torch.long)
-            pmask[u, Lp - len(p) :] = True
-        ids, pmask = ids.to(dev), pmask.to(dev)
-        pos = (pmask.long().cumsum(1) - 1).clamp_min(0)
-        src_B = torch.tensor(src, dtype=torch.long, device=dev)
-
-        temps = torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=dev)
-        any_greedy = any(r.temperature <= 0 for r in rows)
-        keys = torch.tensor([r.key for r in rows], dtype=torch.long, device=dev)
-        top_k = top_p = None
-        if any(r.top_k > 0 or r.top_p < 1.0 for r in rows):
-            top_k = torch.tensor([r.top_k for r in rows], dtype=torch.long, device=dev)
-            top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=dev)
-        S = max(1, max(len(r.stop_ids) for r in rows))
-        stop_tab = torch.full((B, S), -1, dtype=torch.long)
-        for i, r in enumerate(rows):
-            if r.stop_ids:
-                stop_tab[i, : len(r.stop_ids)] = torch.tensor(r.stop_ids, dtype=torch.long)
-        stop_tab = stop_tab.to(dev)
-        max_tok = torch.tensor([r.max_tokens for r in rows], dtype=torch.long, device=dev)
-        str_rows = [i for i, r in enumerate(rows) if r.stop_strs]
-
-        tokens = torch.zeros(B, max(max_new, 1), dtype=torch.long, device=dev)
-        lps = torch.zeros(B, max(max_new, 1), dtype=torch.float32, device=dev)
-        n_out = torch.zeros(B, dtype=torch.long, device=dev)  # tokens kept per row
-        done = max_tok <= 0
-        by_stop = torch.zeros(B, dtype=torch.bool, device=dev)
-
+        """pack -> prefill -> decode (sample, stop check, one decoder step) -> unpack."""
         from transformers import DynamicCache
 
+        t_start = time.perf_counter()
+        b = _pack(rows, self.pad_id, self.share_prefill, self.device)
         cache = DynamicCache(config=self.model.config)
-        logits_U, prompt_lps_U = self._prefill(ids, pos, pmask, cache, prompts_U, want_lp_U)
-        logits = logits_U.index_select(0, src_B)
-        pmask_B = pmask.index_select(0, src_B)
-        next_pos = pos[:, -1:].index_select(0, src_B) + 1
-        graphed = self.static_cache
-        if graphed:
-            total = _bucket(Lp + max_new, 128)
-            dec = self._graphs.get((B, total))
-            if dec is None:
-                self._graphs.clear()  # one live static cache at a time bounds memory
-                dec = self._graphs[(B, total)] = _GraphedDecoder(self.model, B, total, self.compile_decode)
-            dec.load_prefill(cache, src_B, Lp)
-            del cache
-            dec.mask.zero_()
-            dec.mask[:, 0, 0, :Lp] = pmask_B
-        else:
-            if src != list(range(B)):
-                cache.batch_select_indices(src_B)
-            kv_len = Lp + max_new
-            full_mask = torch.zeros(B, 1, 1, kv_len, dtype=torch.bool, device=dev)
-            full_mask[:, 0, 0, :Lp] = pmask_B
-
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
+        logits_U, prompt_lps_U = self._prefill(b, cache)
+        dec = self._decoder(b, cache)
+        del cache
+        self._sync()
         t_decode = time.perf_counter()
         self.stats.prefill_s += t_decode - t_start
-        sync_every = 1 if (dev.type != "cuda" or str_rows) else 16
-        step = 0
-        for step in range(max_new):
-            tok, lp = sample_step(logits, temps, keys, step, top_k, top_p, any_greedy)
-            active = ~done
-            tokens[:, step] = tok
-            lps[:, step] = lp
-            n_out += active.long()
-            hit = (tok[:, None] == stop_tab).any(1) & active
-            if str_rows:
-                hit_cpu = hit.cpu()
-                n_cpu = n_out.cpu()
-                for i in str_rows:
-                    if not active[i]:
-                        continue
-                    r = rows[i]
-                    n = int(n_cpu[i])
-                    tail_n = max(len(s) for s in r.stop_strs) + 4
-                    tail = self.tokenizer.decode(tokens[i, max(0, n - tail_n) : n].tolist())
-                    if any(s in tail for s in r.stop_strs):
-                        hit_cpu[i] = True
-                hit = hit_cpu.to(dev)
-            by_stop |= hit
-            done = done | hit | (n_out >= max_tok)
-            if step + 1 == max_new:
-                break
-            if (step + 1) % sync_every == 0 and bool(done.all()):
-                break
-            cur = Lp + step  # cache slot of the token just sampled
-            if graphed:
-                dec.ids.copy_(tok[:, None])
-                dec.pos.copy_(next_pos)
-                dec.mask[:, 0, 0, cur] = True
-                if dec.graph is None and self.use_cuda_graphs:
-                    self._capture(dec, cur)
-                if dec.graph is not None:
-                    logits = dec.step()
-                else:
-                    logits = dec._step()
-            else:
-                full_mask[:, 0, 0, cur] = True
-                out = self.model(
-                    input_ids=tok[:, None], position_ids=next_pos,
-                    attention_mask=full_mask[:, :, :, : cur + 1],
-                    past_key_values=cache, use_cache=True,
-                )
-                logits = out.logits[:, -1].float()
-            next_pos = next_pos + 1
-
-        n_list = n_out.tolist()  # syncs the device
+        progress = _Progress(b, self.tokenizer)
+        steps = self._decode(b, dec, logits_U.index_select(0, b.src_B), progress)
+        self._sync()
         self.stats.decode_s += time.perf_counter() - t_decode
+        results = progress.results(prompt_lps_U)
         self.stats.batches += 1
-        self.stats.graphed_batches += int(graphed and dec.graph is not None)
-        self.stats.rows += B
-        self.stats.prefill_rows += U
-        self.stats.decode_steps += step + 1
-        stop_list = by_stop.tolist()
-        tok_list = tokens.tolist()
-        lp_list = lps.tolist()
-        results = []
-        for i in range(B):
-            n = n_list[i]
-            self.stats.sampled_tokens += n
-            results.append(RowResult(
-                tok_list[i][:n], lp_list[i][:n], "stop" if stop_list[i] else "length",
-                prompt_lps_U[src[i]] if rows[i].prompt_logprobs else None))
+        self.stats.graphed_batches += int(dec.graphed)
+        self.stats.rows += b.B
+        self.stats.prefill_rows += len(b.prompts_U)
+        self.stats.decode_steps += steps
+        self.stats.sampled_tokens += sum(len(r.tokens) for r in results)
         return results
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _decode(self, b: _Packed, dec, logits_B: torch.Tensor, progress: _Progress) -> int:
+        """The decode loop: sample a token per row, record it (stop check), step the decoder.
+        Returns the steps run. Without stop strings on CUDA, whether every row is done is read
+        back every 16 steps only (a device sync)."""
+        sync_every = 1 if (self.device.type != "cuda" or b.str_rows) else 16
+        pos_B = b.next_pos_B
+        for step in range(b.max_new):
+            tok_B, lp_B = sample_step(logits_B, b.temps_B, b.keys_B, step, b.top_k_B, b.top_p_B,
+                                      b.any_greedy)
+            progress.record(step, tok_B, lp_B)
+            if step + 1 == b.max_new or ((step + 1) % sync_every == 0 and progress.all_done()):
+                return step + 1
+            logits_B = dec.step(tok_B, pos_B, b.Lp + step)  # b.Lp + step: the new token's slot
+            pos_B = pos_B + 1
+        return 0
+
+    def _decoder(self, b: _Packed, cache) -> "_EagerDecoder | _GraphedDecoder":
+        """The batch's decoder, holding the prefill's keys and values: static-KV (graphed on
+        CUDA, one per shape kept between batches) or eager on the DynamicCache."""
+        if not self.static_cache:
+            return _EagerDecoder(self.model, cache, b)
+        total = _bucket(b.Lp + b.max_new, 128)
+        dec = self._graphs.get((b.B, total))
+        if dec is None:
+            self._graphs.clear()  # one live static cache at a time bounds memory
+            dec = self._graphs[(b.B, total)] = _GraphedDecoder(self.model, b.B, total, self.compile_decode)
+        dec.start(cache, b)
+        dec.capture_with = self._capture if self.use_cuda_graphs else None
+        return dec
 
     def _capture(self, dec: "_GraphedDecoder", cur: int) -> None:
         """Capture `dec`'s step as a CUDA graph. A compiled step that fails to compile or capture
@@ -556,10 +645,11 @@ class Generator:
                 dec.set_length(cur)
         self.use_cuda_graphs = False
 
-    def _prefill(self, ids, pos, pmask, cache, prompts_U, want_lp_U):
+    def _prefill(self, b: _Packed, cache):
         """One forward over the distinct prompts into `cache`: the last position's logits [U, V]
         and, for prompts in want_lp_U, their own logprobs from the same forward's hidden states
         (the final-norm output the LM head reads) -- the values `score_tokens` gives."""
+        ids, pos, pmask, prompts_U, want_lp_U = b.ids_U, b.pos_U, b.pmask_U, b.prompts_U, b.want_lp_U
         Lp = ids.shape[1]
         hidden: list[torch.Tensor] = []
         hook = None
