@@ -167,7 +167,7 @@ def gs1_kernel_step(
         z_B_F = z_W_F[n_history:]
         w_B_W = kernel_weights(squared_distances(z_B_F, z_W_F), kernel.bandwidth, kernel.family)
         w_B_W[self_B] = 0.0  # leave self out
-    else:  # laplace, knn: distances built as rl/hillclimb.py builds them; self is no neighbour
+    else:  # laplace, knn: distances built as rl/hillclimb/climb.py builds them; self is no neighbour
         sq_dist_B_W = scaled_sq_distances(features_W_F, n_history + np.arange(B), kernel.scales)
         sq_dist_B_W[self_B] = np.inf
         w_B_W = kernel_weights(sq_dist_B_W, kernel.bandwidth, kernel.family)

@@ -9,8 +9,8 @@ neighbours. `rl.estimators.gs1_kernel_step` puts them together. Semantics pinned
 - gaussian weights w_ij = exp(-||z_i - z_j||^2 / (2 h^2)).
 - laplace weights w_ij = exp(-||z_i - z_j|| / h).
 - knn weights: 1 on the k = round(h) nearest others in z-distance (all others if fewer), 0 on the
-  rest; ties go to the earlier window slot (older rollout first), as in rl/hillclimb.py.
-  For laplace and knn the squared distance is built as rl/hillclimb.py builds it:
+  rest; ties go to the earlier window slot (older rollout first), as in rl/hillclimb/climb.py.
+  For laplace and knn the squared distance is built as rl/hillclimb/climb.py builds it:
   D2_ij = sum_f s_f^2 (z_if - z_jf)^2 with z z-scored one feature at a time (`scaled_sq_distances`);
   the gaussian keeps its original arithmetic (scaled z, then `squared_distances`).
 - effective neighbours of i: (sum_j w_ij)^2 / sum_j w_ij^2 (0 when every weight is 0).
@@ -106,7 +106,7 @@ def scaled_sq_distances(features_W_F: np.ndarray, rows_B, scales_F=None) -> np.n
     """sum_f s_f^2 (z_if - z_jf)^2 for window rows i in `rows_B` and every window row j: D2_B_W.
 
     Each feature is z-scored over the window on its own (`standardize` of one column) and the
-    per-feature squared differences are added in feature order, as rl/hillclimb.py does, so the
+    per-feature squared differences are added in feature order, as rl/hillclimb/climb.py does, so the
     hill-climb's simulation and the training loop see the same numbers.
     """
     features_W_F = np.asarray(features_W_F, dtype=np.float64)

@@ -264,7 +264,7 @@ ROLLOUT_COLUMNS = [
     "step", "arm", "seed", "prompt_id", "group_id", "sample_idx", "prompt_num_tokens",
     "prompt_mean_logprob", "reward", "num_tokens", "stop_reason", "baseline", "advantage",
     "kernel_mass", "effective_neighbors", "fallback", "response",
-]  # fmt: skip
+]
 
 
 def _decode(renderer, tokens_T) -> str:
@@ -299,7 +299,7 @@ def train_arm(
         log = run_step(
             step, arm, training_client=training_client, env=env, renderer=renderer,
             order=order, window=window, heldout=heldout,
-        )  # fmt: skip
+        )
         on_step(log)
         window = log.next_window
 

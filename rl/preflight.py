@@ -155,7 +155,7 @@ def fixed_step_batches(prompt_num_tokens_P: Sequence[int], prompt_mean_logprob_P
             group_ids_B=np.repeat(np.arange(prompts_per_step), arm.group_size),
             prompt_num_tokens_B=np.repeat(num_tokens_P, arm.group_size).astype(np.float64),
             prompt_mean_logprob_B=np.repeat(mean_logprob_P, arm.group_size),
-        ))  # fmt: skip
+        ))
     return batches
 
 
@@ -234,7 +234,7 @@ def probe(training_client, datums: Sequence[types.Datum], lr: float) -> Comparis
 
 
 def fixed_batch(sampling_client, *, env, renderer, problems, num_samples: int, max_tokens: int,
-                temperature: float, seed: int = 0) -> tuple[list[Rollout], list[float]]:  # fmt: skip
+                temperature: float, seed: int = 0) -> tuple[list[Rollout], list[float]]:
     """Sample and grade one fixed batch: `num_samples` rollouts of each problem.
 
     Returns the rollouts and, per rollout, its prompt's mean logprob (the kernel feature).
@@ -247,7 +247,7 @@ def fixed_batch(sampling_client, *, env, renderer, problems, num_samples: int, m
             prompt=prompt, num_samples=num_samples,
             sampling_params=types.SamplingParams(max_tokens=max_tokens, temperature=temperature, stop=stop,
                                                  seed=sampling_seed(seed, -1, p)),
-        )  # fmt: skip
+        )
         for p, prompt in enumerate(prompts_P)
     ]
     rollouts, mean_logprobs = [], []
@@ -294,7 +294,7 @@ def step_check_comparison(result: AuditResult) -> Comparison:
         "steps": result.steps, "tolerance": result.tolerance, "max_abs_diff": max(result.max_abs_diff.values(), default=0.0),
         "mismatches": result.n_mismatches,
         "first_mismatches": [m.__dict__ for m in result.mismatches[:5]],
-    }  # fmt: skip
+    }
     return Comparison(f"step_check_{result.arm}", result.passed, details)
 
 
@@ -305,7 +305,7 @@ def correctness_checks(arms: Sequence[ArmConfig], baseline: ArmConfig, treatment
     rollouts, mean_logprobs = fixed_batch(
         sampling_client, env=env, renderer=renderer, problems=problems, num_samples=num_samples,
         max_tokens=max_tokens, temperature=baseline.temperature,
-    )  # fmt: skip
+    )
     rollouts, rewards_source = with_varied_rewards(rollouts)
     batch = sampled_batch(rollouts, mean_logprobs)
     comparisons: list[Comparison] = []
@@ -320,14 +320,14 @@ def correctness_checks(arms: Sequence[ArmConfig], baseline: ArmConfig, treatment
     comparisons += compare_loss_and_gradient(
         "reference", lambda: fresh_client(baseline), loop_datums(rollouts, treatment_advantage),
         loop_datums(rollouts, reference_step_advantages(treatment, batch)), tolerances,
-    )  # fmt: skip
+    )
 
     # (b) the baseline arm's step on the sampled batch, our datums, vs the stock cookbook path.
     baseline_advantage = arm_step_advantages(baseline, batch)
     comparisons += compare_loss_and_gradient(
         "baseline", lambda: fresh_client(baseline), loop_datums(rollouts, baseline_advantage), cookbook_grpo_datums(rollouts),
         tolerances,
-    )  # fmt: skip
+    )
 
     # (c) the probe, per arm: a fresh client, that arm's advantage, one optim step, finite loss.
     for arm, advantage in ((baseline, baseline_advantage), (treatment, treatment_advantage)):

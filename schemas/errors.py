@@ -4,6 +4,7 @@
   `SpecError` is the one for an invalid spec file.
 - `EvalDataError`: eval files that cannot be paired (the `decide` command turns it into a UserError).
 - `SampleRequestError`: a sample request that still failed after its retries.
+- `FieldProblems`: a pydantic model check's several `field: reason` problems (spec, kernel).
 
 (`GateFailed`, raised by the Prefect gate tasks, lives with them in `tasks/common.py`: no lower
 layer raises or catches it.)
@@ -56,3 +57,12 @@ def _rebuild_sample_request_error(index: int, attempts: int, message: str) -> Sa
     RuntimeError.__init__(err, message)
     err.index, err.attempts = index, attempts
     return err
+
+
+class FieldProblems(ValueError):
+    """Several problems found by one model-level check (pydantic), each at a path relative to the
+    model; the spec's error formatter prints each as its own `field.path: reason` line."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__("; ".join(f"{p}: {m}" if p else m for p, m in problems))

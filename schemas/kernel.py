@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from schemas.problems import FieldProblems
+from schemas.errors import FieldProblems
 
 # The prompt features the training loop logs, in the order the spec pins them.
 FEATURE_NAMES = ("log_prompt_num_tokens", "prompt_mean_logprob")

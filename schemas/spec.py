@@ -31,10 +31,9 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from schemas.arm import ADVANTAGE_ESTIMATORS
-from schemas.errors import SpecError, UserError
+from schemas.errors import FieldProblems, SpecError, UserError
 from schemas.kernel import KernelSpec
 from schemas.names import GATE_METRICS, env_names, unknown_env_options
-from schemas.problems import FieldProblems
 
 # ---------------------------------------------------------------------------------------------
 # names the validators check against

@@ -30,7 +30,7 @@ FIXED_MAX_TOKENS = 32  # the preflight checks code paths, not answers: short rol
 
 @task(name="correctness preflight", cache_policy=stage_cache(), persist_result=True)
 def correctness_preflight(arms: tuple[ArmConfig, ...], run: RunContext, preflight: CorrectnessPreflight, run_dir: str,
-                          backend: str, data_dir: str | None) -> dict:  # fmt: skip
+                          backend: str, data_dir: str | None) -> dict:
     env = env_for(run, data_dir)
     problems = env.train_order(seed=0)[:FIXED_PROMPTS]
     tolerances = {k: v.model_dump() for k, v in preflight.paths[0].tolerances.items()}
@@ -41,7 +41,7 @@ def correctness_preflight(arms: tuple[ArmConfig, ...], run: RunContext, prefligh
         arms, baseline, treatment, fresh_client=lambda arm: open_arm(run, arm, backend)[0],
         sampling_client=client.save_weights_and_get_sampling_client(), env=env, renderer=renderer, problems=problems,
         num_samples=FIXED_SAMPLES, max_tokens=min(baseline.max_tokens, FIXED_MAX_TOKENS), tolerances=tolerances,
-    )  # fmt: skip
+    )
     out = RunLayout(run_dir).preflight_dir
     record = {
         "revisions": {"baseline_revision": cookbook_revision(), "reference_revision": module_revision(reference)},
@@ -54,7 +54,7 @@ def correctness_preflight(arms: tuple[ArmConfig, ...], run: RunContext, prefligh
         {"gate": "correctness_preflight", "metric": c.name, **_value_and_bound(c.details),
          "passed": bool(c.passed), "observed": json.dumps(c.details, default=float)}
         for c in outcome.comparisons
-    ]  # fmt: skip
+    ]
     record_gate("correctness_preflight", rows, out)
     return record
 

@@ -113,7 +113,6 @@ def test_collect_rows_features_and_metadata(tokenizer, renderer, tmp_path):
 
 
 def test_logprob_helpers():
-    assert collect.mean_prompt_logprob([None, -1.0, -3.0]) == -2.0
     assert collect.continuation_logprob([None, -9.0, -1.0, -2.0], 2) == -1.5
 
 

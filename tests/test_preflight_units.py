@@ -34,7 +34,7 @@ def _batch(rewards_G_P):
         for r in rewards:
             n = int(rng.integers(2, 6))
             rollouts.append(Rollout(prompt, [int(t) for t in rng.integers(100, 5000, size=n)],
-                                    [float(x) for x in -rng.random(n)], float(r), p))  # fmt: skip
+                                    [float(x) for x in -rng.random(n)], float(r), p))
     return rollouts
 
 
@@ -84,15 +84,15 @@ def test_loop_grpo_datums_match_the_cookbook_path_on_the_local_engine(tiny_servi
 def test_feasibility_projection_arithmetic_and_budget():
     timings = PilotTimings(setup_seconds=60, step_seconds={"a": 30.0, "b": 20.0}, eval_seconds_per_item=0.5, gpus=1)
     p = project_full_run(timings, steps=40, n_eval=100, budget_gpu_hours=2, budget_wall_minutes=120,
-                         arms_in_parallel=True, recovery_reserve=0.25)  # fmt: skip
+                         arms_in_parallel=True, recovery_reserve=0.25)
     base = 60 + 40 * 30 + 2 * 100 * 0.5
     assert p.wall_seconds == pytest.approx(1.25 * base)
     assert p.gpu_hours == pytest.approx(1.25 * base / 3600)
     assert p.feasible and p.as_record()["status"] == "feasible"
     serial = project_full_run(timings, steps=40, n_eval=100, budget_gpu_hours=2, budget_wall_minutes=30,
-                              arms_in_parallel=False, recovery_reserve=0.25)  # fmt: skip
+                              arms_in_parallel=False, recovery_reserve=0.25)
     assert serial.phases["train"] == 40 * 50 and serial.phases["setup"] == 120
     assert not serial.feasible and "exceeds the budget of 30 min" in serial.problems[0]
     with pytest.raises(ValueError):
         project_full_run(timings, steps=1, n_eval=1, budget_gpu_hours=1, budget_wall_minutes=1,
-                         arms_in_parallel=True, recovery_reserve=0.0)  # fmt: skip
+                         arms_in_parallel=True, recovery_reserve=0.0)

@@ -10,10 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from schemas.errors import UserError
-from schemas.kernel import KernelSpec
 
 DEFAULT_BATCH = 64
 KERNEL_ADVANTAGE = "kernel_cross_prompt_baseline"
@@ -37,7 +34,10 @@ def register(subparsers) -> None:
 
 def spec_settings(path: Path | None):
     """(batch_size, window, spec KernelRecipe) from a spec file, or the pinned defaults."""
-    from rl.hillclimb.climb import KernelRecipe  # lazy: start-up time
+    from pydantic import ValidationError  # lazy: start-up time
+
+    from rl.hillclimb.climb import KernelRecipe
+    from schemas.kernel import KernelSpec
 
     if path is None:
         return DEFAULT_BATCH, KernelSpec().window, KernelRecipe.from_spec(KernelSpec())

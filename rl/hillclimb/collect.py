@@ -32,6 +32,7 @@ from tinker_cookbook import renderers
 
 from rl.backends import make_service_client
 from rl.envs import get_env
+from rl.kernels import prompt_mean_logprob
 from schemas.errors import UserError
 
 VALUE_CONTINUATION = "This is easy."
@@ -52,12 +53,6 @@ class CollectSettings:
     max_tokens: int = 256
     temperature: float = 1.0
     chunk_prompts: int = 32  # prompts whose requests are in flight together
-
-
-def mean_prompt_logprob(logprobs: Sequence[float | None]) -> float:
-    """Mean over prompt tokens 2..n (the first entry has no logprob and is None)."""
-    vals = [float(x) for x in logprobs[1:] if x is not None]
-    return float(np.mean(vals)) if vals else float("nan")
 
 
 def continuation_logprob(logprobs: Sequence[float | None], n_continuation: int) -> float:
@@ -121,7 +116,7 @@ def collect_rollouts(
         emb_P_d = embedder(tokens_P) if embedder is not None else None
         for i, (problem, prompt) in enumerate(zip(chunk, prompts_P)):
             response = sample_futures_P[i].result()
-            prompt_lp = mean_prompt_logprob(prompt_lp_futures_P[i].result())
+            prompt_lp = prompt_mean_logprob(prompt_lp_futures_P[i].result(), prompt.length)  # the loop's own feature
             value_lp = continuation_logprob(value_lp_futures_P[i].result(), len(cont_tokens))
             for s, seq in enumerate(response.sequences):
                 tokens = list(seq.tokens)
