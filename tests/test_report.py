@@ -14,7 +14,7 @@ import pytest
 
 from gs1.cli import main
 from gs1.errors import UserError
-from gs1.report import PLOTS, load_run, stage_statuses, write_report
+from report import PLOTS, load_run, stage_statuses, write_report
 from rl.stats import paired_decision
 from schemas.artifacts import write_artifact
 from schemas.io import write_json_atomic, write_jsonl_atomic
@@ -179,8 +179,8 @@ def test_complete_run_report(tmp_path):
     result = write_report(run)
 
     out = run / "report"
-    assert result["out_dir"] == str(out) and result["verdict"] == verdict and result["stopped_at"] is None
-    assert sorted(result["plots"]) == sorted(PLOTS) and result["not_drawn"] == {}
+    assert result.out_dir == out and result.verdict == verdict and result.stopped_at is None
+    assert sorted(result.plots) == sorted(PLOTS) and result.not_drawn == {}
     for name in PLOTS:
         png = (out / f"{name}.png").read_bytes()
         assert png.startswith(PNG_MAGIC) and len(png) > 5000, name
@@ -192,8 +192,8 @@ def test_complete_run_report(tmp_path):
     assert "<td>16 × 1 = 16</td>" in page and "<td>2 × 8 = 16</td>" in page
     assert "h=0.5, window 64" in page
     # Every stage ran; every gate has its table; no missing-stage message.
-    assert set(result["stages"].values()) <= {"done", "passed", "skipped"}
-    assert result["stages"]["calibration"] == "skipped"
+    assert set(result.stages.values()) <= {"done", "passed", "skipped"}
+    assert result.stages["calibration"] == "skipped"
     for gate in ("correctness preflight", "offline unit checks", "activation gate", "feasibility"):
         assert f"<h3>{gate} " in page
     assert "NOT RUN" not in page and "FAIL<" not in page
@@ -214,15 +214,15 @@ def test_report_is_deterministic(tmp_path):
     first = write_report(run, out_dir=tmp_path / "a")
     second = write_report(run, out_dir=tmp_path / "b")
     for name in ["report.html", "report.md", *(f"{p}.png" for p in PLOTS)]:
-        assert (Path(first["out_dir"]) / name).read_bytes() == (Path(second["out_dir"]) / name).read_bytes(), name
+        assert (Path(first.out_dir) / name).read_bytes() == (Path(second.out_dir) / name).read_bytes(), name
 
 
 def test_failed_activation_gate_report(tmp_path):
     run = make_run(tmp_path, stop_at_activation=True)
     result = write_report(run)
-    page = Path(result["html"]).read_text()
+    page = Path(result.html).read_text()
 
-    assert result["verdict"] is None and result["stopped_at"] == "activation_gate"
+    assert result.verdict is None and result.stopped_at == "activation_gate"
     assert "NO DECISION: STOPPED AT A GATE" in page
     # The failing check: metric, value and bound, in the headline and as a red FAIL row.
     assert "frac_nonzero_advantage_treatment = 0.3125 (needs ≥ 0.5)" in page
@@ -230,30 +230,30 @@ def test_failed_activation_gate_report(tmp_path):
     assert row and "0.3125" in row.group(0) and "≥ 0.5" in row.group(0) and ">FAIL<" in row.group(0)
     assert page.count('class="failrow"><td>frac_nonzero') == 1 and 'class="passrow"><td>pilot_mean_reward' in page
     # Every later stage says it did not run and why; calibration was not the answer to this failure.
-    stages = result["stages"]
+    stages = result.stages
     assert stages["activation_gate"] == "failed" and stages["pilot"] == "done"
     for key in ("feasibility", "train", "eval", "decision"):
         assert stages[key] == "not run", key
     assert page.count("not run: the flow stopped at the activation gate") >= 4
     assert "the pre-registered calibration only answers a failed kernel_effective_neighbors_p10" in page
     # Plots from what exists (the pilot); eval is not drawn, and the page says why.
-    assert set(result["plots"]) == {"reward_per_step", "advantage_baseline", "effective_neighbours", "wall_time"}
-    assert "eval did not run" in result["not_drawn"]["eval_accuracy"]
+    assert set(result.plots) == {"reward_per_step", "advantage_baseline", "effective_neighbours", "wall_time"}
+    assert "eval did not run" in result.not_drawn["eval_accuracy"]
     assert len(re.findall(r'src="data:image/png;base64,', page)) == 4
     assert "Not drawn: no eval results (eval did not run)." in page
     for arm in (TREATMENT, BASELINE):
         assert arm in page
     assert not _external_urls(page)
-    md = Path(result["markdown"]).read_text()
+    md = Path(result.markdown).read_text()
     assert "| frac_nonzero_advantage_treatment | 0.3125 | ≥ 0.5 | **FAIL** |" in md
 
 
 def test_calibrated_run_continues_past_the_failed_activation_gate(tmp_path):
     run = make_run(tmp_path, calibrated=True)
     result = write_report(run)
-    page = Path(result["html"]).read_text()
-    assert result["stopped_at"] is None and result["verdict"] is not None
-    assert result["stages"]["activation_gate"] == "failed" and result["stages"]["calibration"] == "passed"
+    page = Path(result.html).read_text()
+    assert result.stopped_at is None and result.verdict is not None
+    assert result.stages["activation_gate"] == "failed" and result.stages["calibration"] == "passed"
     assert "the pre-registered bandwidth calibration then passed" in page
     assert "h=0.5 → 1 (calibration)" in page
     assert "<h3>activation gate " in page and "<h3>calibration gate " in page
@@ -277,16 +277,16 @@ def test_training_in_progress_reads_per_step_logs(tmp_path):
     for key in ("eval", "decision"):  # the frontier is training, still running
         assert statuses[key].status == "not run" and statuses[key].detail == "not run yet: comes after full training runs"
     result = write_report(run)
-    assert "reward_per_step" in result["plots"] and "NO DECISION YET" in Path(result["html"]).read_text()
+    assert "reward_per_step" in result.plots and "NO DECISION YET" in Path(result.html).read_text()
 
 
 def test_unreadable_artifact_is_named_and_the_rest_renders(tmp_path):
     run = make_run(tmp_path)
     (run / "feasibility" / "gate_report.parquet").write_bytes(b"not parquet")
     result = write_report(run)
-    page = Path(result["html"]).read_text()
-    assert result["problems"] and "gate_report.parquet: not a readable Parquet file" in result["problems"][0]
-    assert "Unreadable files (treated as missing)" in page and result["verdict"] in page.lower()
+    page = Path(result.html).read_text()
+    assert result.problems and "gate_report.parquet: not a readable Parquet file" in result.problems[0]
+    assert "Unreadable files (treated as missing)" in page and result.verdict in page.lower()
 
 
 def test_rerender_removes_plots_whose_data_is_gone(tmp_path):
@@ -355,7 +355,7 @@ def test_report_task_publishes_markdown_artifact(tmp_path, prefect_harness):
 
     state = report_flow(str(run), return_state=True)
     result = state.result()
-    assert Path(result["html"]).is_file()
+    assert Path(result.html).is_file()
     flow_run_id = state.state_details.flow_run_id
 
     async def latest():
@@ -367,7 +367,7 @@ def test_report_task_publishes_markdown_artifact(tmp_path, prefect_harness):
 
     artifact = asyncio.run(latest())
     assert artifact.type == "markdown"
-    assert result["verdict"].upper() in artifact.data
+    assert result.verdict.upper() in artifact.data
     assert artifact.data.count("](data:image/png;base64,") == len(PLOTS)
     assert (run / "report" / "report.html").resolve().as_uri() in artifact.data
 
@@ -377,27 +377,27 @@ def test_a_failed_rerun_does_not_show_an_earlier_runs_decision_as_its_own(tmp_pa
     changed bound, a Retry): the headline is this run's failure, the old verdict is labelled."""
     run = make_run(tmp_path)
     old = json.loads((run / "decision" / "decision.json").read_text())
-    why = "gate 'activation_gate' failed: pilot_mean_reward=0.1875 (needs min 0.3)"
+    why = "gate 'activation_gate' failed: pilot_mean_reward = 0.1875 (needs ≥ 0.3)"
     result = write_report(run, stopped=why)
-    page = Path(result["html"]).read_text()
-    assert result["verdict"] is None
-    assert "NO DECISION: STOPPED AT A GATE" in page and f"This run ended Failed: {html.escape(why)}" in page
+    page = Path(result.html).read_text()
+    assert result.verdict is None
+    assert "NO DECISION: STOPPED AT A GATE" in page and f"This run ended Failed: {why}" in html.unescape(page)
     assert page.index("NO DECISION: STOPPED AT A GATE") < page.index("<h2>Stages</h2>")
-    assert "holds an earlier run's decision.json" in page
+    assert "holds an earlier run's decision.json" in html.unescape(page)
     assert f">{old['verdict'].upper()}<" not in page  # no big verdict for this run
-    md = Path(result["markdown"]).read_text()
+    md = Path(result.markdown).read_text()
     assert "No decision in this run" in md and "earlier run" in md
     # this run's activation gate failed (a stricter bound, say): the later stages on file are
     # labelled as an earlier run's, not shown as done
     _gate("activation_gate", _activation_rows(frac_nonzero=0.3125), run / "gate")
-    stages = write_report(run, stopped=why)["stages"]
+    stages = write_report(run, stopped=why).stages
     assert stages["activation_gate"] == "failed" and stages["pilot"] == "done"
     for key in ("feasibility", "train", "eval", "decision"):
         assert stages[key] == "earlier run", key
     page = (run / "report" / "report.html").read_text()
-    assert page.count("not this run&#x27;s (it stopped at the activation gate)") >= 4
+    assert html.unescape(page).count("not this run's (it stopped at the activation gate)") >= 4
     # without `stopped` the directory renders as what it holds
-    assert write_report(run)["verdict"] == old["verdict"]
+    assert write_report(run).verdict == old["verdict"]
 
 
 def test_gate_artifact_reads_like_the_report(tmp_path, prefect_harness):

@@ -1,0 +1,438 @@
+"""What a run directory holds, as typed objects: the flow's stages, what each left on disk.
+
+    data = load_run(run_dir)     # RunData; a stage that did not run is simply absent
+
+The flow's stages are listed once, in flow order, in `STAGES`. A gate stage (`GateStage`) names
+its gate_report.parquet; adding one to the list is all it takes for the report to read its table,
+give it a row in the stage table and a table in the Gates section, and stop there when it failed.
+Any stage may be missing (a failed gate stops the flow); an unreadable file is named in
+`problems` and treated as absent.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gs1.errors import UserError
+from schemas.artifacts import read_artifact
+from schemas.gate_text import GateCheck, failing_text, gate_passed
+
+KERNEL_ADVANTAGE = "kernel_cross_prompt_baseline"
+KERNEL_P10_METRIC = "kernel_effective_neighbors_p10"
+
+
+# ---------------------------------------------------------------------------------------------
+# The flow's stages (flows/experiment.py), in flow order
+
+
+@dataclass(frozen=True)
+class Stage:
+    key: str
+    title: str  # as people read it in the stage table
+
+
+@dataclass(frozen=True)
+class GateStage(Stage):
+    """A stage that judges: its gate_report.parquet holds one row per check."""
+
+    report_path: str  # relative to the run directory
+    table_title: str = ""  # heading of its table in the Gates section (default: `title`)
+    observed_label: str = ""  # when set, its table shows the rows' `observed` column under this heading
+
+    @property
+    def heading(self) -> str:
+        return self.table_title or self.title
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("spec", "validate spec"),
+    GateStage("preflight", "correctness preflight", "preflight/gate_report.parquet"),
+    GateStage("unit_checks", "offline unit checks", "unit_checks/gate_report.parquet"),
+    Stage("pilot", "pilot (2 treatment steps, 1 baseline step)"),
+    GateStage("activation_gate", "activation gate", "gate/gate_report.parquet"),
+    GateStage("calibration", "bandwidth calibration", "calibration/gate/gate_report.parquet", table_title="calibration gate"),
+    GateStage("feasibility", "feasibility", "feasibility/gate_report.parquet"),
+    Stage("train", "full training runs"),
+    Stage("eval", "eval"),
+    Stage("decision", "decision"),
+)
+GATE_STAGES: tuple[GateStage, ...] = tuple(s for s in STAGES if isinstance(s, GateStage))
+STAGE_BY_KEY: dict[str, Stage] = {s.key: s for s in STAGES}
+LOG_SOURCES = ("pilot", "calibration", "train")  # stages that train arms and log their steps
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON records the flow writes (read leniently: absent fields are None)
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class KernelPlan(_Record):
+    family: str | None = None
+    bandwidth: float | None = None
+    window: int | None = None
+    features: list[str] | None = None
+
+
+class ArmPlan(_Record):
+    name: str
+    advantage: str | None = None
+    group_size: int | None = None
+    groups_per_batch: int | None = None
+    steps: int | None = None
+    lr: float | None = None
+    lora_rank: int | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    kernel: KernelPlan | None = None
+
+    @property
+    def rollouts_per_step(self) -> int:
+        return (self.groups_per_batch or 0) * (self.group_size or 0)
+
+
+class RunNames(_Record):
+    env: str | None = None
+    renderer: str | None = None
+    base_model: str | None = None
+    treatment: str | None = None
+    baseline: str | None = None
+
+
+class CheckPlan(_Record):
+    metric: str
+    measures: str = ""
+    min: float | None = None
+
+
+class DecisionRule(_Record):
+    method: str = "paired_hoeffding"
+    alpha: float | None = None
+    margin: float | None = None
+
+
+class Budget(_Record):
+    max_wall_minutes: float | None = None
+    gpu_hours: float | None = None
+
+
+class Plan(_Record):
+    """spec/plan.json: the validated spec as the flow runs it."""
+
+    title: str = ""
+    run: RunNames = RunNames()
+    arms: list[ArmPlan] = []
+    checks: list[CheckPlan] = []
+    n_eval: int | None = None
+    decision: DecisionRule = DecisionRule()
+    budget: Budget = Budget()
+
+
+class SpecNotes(_Record):
+    """spec/spec.json, as far as the report shows it."""
+
+    hypothesis: str | None = None
+
+
+class BootstrapCI(_Record):
+    confidence: float | None = None
+    n_resamples: int | None = None
+
+
+class McNemar(_Record):
+    b: int | None = None
+    c: int | None = None
+    n_discordant: int | None = None
+
+
+class Decision(_Record):
+    """decision/decision.json (rl.stats.paired_decision + the arm names)."""
+
+    verdict: str
+    n: int
+    mean_diff: float
+    lower: float
+    upper: float
+    alpha: float
+    margin: float
+    treatment: str | None = None
+    baseline: str | None = None
+    treatment_mean: float | None = None
+    baseline_mean: float | None = None
+    bootstrap_lower: float | None = None
+    bootstrap_upper: float | None = None
+    bootstrap_ci: BootstrapCI | None = None
+    mcnemar_p: float | None = None
+    mcnemar: McNemar | None = None
+    min_noninferior_true_diff: float | None = None
+
+
+class Feasibility(_Record):
+    """feasibility/feasibility.json: the projection of the full run from the pilot."""
+
+    phases: dict[str, float] = {}
+    wall_seconds: float = 0.0
+    budget_wall_seconds: float | None = None
+    status: str = "?"
+
+
+class Timings(_Record):
+    """<pilot|calibration>/timings.json."""
+
+    setup_seconds: dict[str, float] = {}
+
+
+@dataclass(frozen=True)
+class BandwidthRevision:
+    """The calibration's revision of one arm's kernel bandwidth (calibration/revised_spec.json)."""
+
+    arm: str
+    bandwidth: float
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables the flow writes
+
+
+@dataclass(frozen=True)
+class GateTable:
+    """A gate stage's gate_report, one check per row."""
+
+    stage: GateStage
+    checks: tuple[GateCheck, ...]
+
+    @property
+    def passed(self) -> bool:
+        return gate_passed(self.checks)
+
+    @property
+    def failing(self) -> tuple[GateCheck, ...]:
+        return tuple(c for c in self.checks if not c.passed)
+
+    @property
+    def failing_text(self) -> str:
+        return failing_text(self.checks)
+
+    def fails(self, metric: str) -> bool:
+        return any(c.metric == metric for c in self.failing)
+
+
+@dataclass(frozen=True)
+class ArmLogs:
+    """One arm's logs in one stage (pilot, calibration or train); tables are None when absent."""
+
+    rollouts: pa.Table | None = None
+    metrics: pa.Table | None = None
+    complete: bool = False  # the stage finished for this arm (merged logs / final.json)
+
+    @property
+    def steps_logged(self) -> int:
+        return 0 if self.metrics is None else self.metrics.num_rows
+
+
+@dataclass(frozen=True)
+class StageLogs:
+    """What one training stage logged: each arm's steps, and the stage's timings when it finished."""
+
+    arms: dict[str, ArmLogs]
+    timings: Timings | None = None
+
+
+@dataclass(frozen=True)
+class ArmEval:
+    """One arm's eval: per item, whether it answered correctly."""
+
+    arm: str
+    correct: tuple[bool, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.correct)
+
+    @property
+    def n_correct(self) -> int:
+        return sum(self.correct)
+
+    @property
+    def accuracy(self) -> float:
+        return self.n_correct / self.n if self.n else float("nan")
+
+
+@dataclass
+class RunData:
+    run_dir: Path
+    plan: Plan
+    spec: SpecNotes = SpecNotes()
+    gates: dict[str, GateTable] = field(default_factory=dict)  # gate stage key -> its table
+    logs: dict[str, StageLogs] = field(default_factory=dict)  # pilot / calibration / train -> logs
+    evals: dict[str, ArmEval] = field(default_factory=dict)  # arm -> eval
+    feasibility: Feasibility | None = None
+    decision: Decision | None = None
+    revision: BandwidthRevision | None = None
+    problems: list[str] = field(default_factory=list)  # unreadable files, named
+    # set by the flow when the run that rendered this page ended Failed (the error's message):
+    # then a decision.json in the directory is an earlier run's and is not this run's verdict
+    stopped: str | None = None
+
+    @property
+    def arm_names(self) -> list[str]:
+        names = [a.name for a in self.plan.arms]
+        for by_arm in [*(s.arms for s in self.logs.values()), self.evals]:
+            names += [n for n in by_arm if n not in names]
+        return names
+
+    def role(self, arm: str) -> str | None:
+        run = self.plan.run
+        return "treatment" if arm == run.treatment else "baseline" if arm == run.baseline else None
+
+    def arm_plan(self, arm: str) -> ArmPlan | None:
+        return next((a for a in self.plan.arms if a.name == arm), None)
+
+    def check_for(self, metric: str) -> CheckPlan | None:
+        return next((c for c in self.plan.checks if c.metric == metric), None)
+
+    def arm_logs(self, source: str) -> dict[str, ArmLogs]:
+        stage = self.logs.get(source)
+        return stage.arms if stage else {}
+
+    @property
+    def verdict(self) -> str | None:
+        """This run's verdict: none when it ended Failed (a decision.json on file is then older)."""
+        return self.decision.verdict if self.decision and not self.stopped else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the run directory
+
+
+def _read_json(path: Path, problems: list[str]):
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        problems.append(f"{path}: not readable JSON ({type(e).__name__})")
+        return None
+
+
+def _first_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "top level"
+    return f"{where}: {err['msg']}"
+
+
+def _read_record(model: type[_Record], path: Path, problems: list[str]):
+    raw = _read_json(path, problems)
+    if raw is None:
+        return None
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        problems.append(f"{path}: not a {model.__name__} record ({_first_error(e)})")
+        return None
+
+
+def _read_table(kind: str, path: Path, problems: list[str]) -> pa.Table | None:
+    if not path.is_file():
+        return None
+    try:
+        return read_artifact(kind, path)
+    except UserError as e:
+        problems.append(str(e))
+        return None
+
+
+def _read_step_files(steps_dir: Path, kind: str, suffix: str, problems: list[str]) -> pa.Table | None:
+    tables = [t for f in sorted(steps_dir.glob(f"step-*.{suffix}.parquet")) if (t := _read_table(kind, f, problems)) is not None]
+    return pa.concat_tables(tables) if tables else None
+
+
+def _read_arm_logs(arm_dir: Path, problems: list[str], done: bool) -> ArmLogs | None:
+    """Merged logs when the stage merged them, else the per-step files of a stage in progress.
+    `done`: the stage's own record that it finished for this arm (with the merged logs)."""
+    merged_metrics = arm_dir / "step_metrics.parquet"
+    if merged_metrics.is_file():
+        logs = ArmLogs(
+            rollouts=_read_table("rollouts", arm_dir / "rollouts.parquet", problems),
+            metrics=_read_table("step_metrics", merged_metrics, problems),
+            complete=done,
+        )
+    else:
+        logs = ArmLogs(
+            rollouts=_read_step_files(arm_dir / "steps", "rollouts", "rollouts", problems),
+            metrics=_read_step_files(arm_dir / "steps", "step_metrics", "metrics", problems),
+        )
+    return logs if logs.metrics is not None or logs.rollouts is not None else None
+
+
+def _read_stage_logs(run_dir: Path, source: str, problems: list[str]) -> StageLogs | None:
+    stage_dir = run_dir / source
+    if not stage_dir.is_dir():
+        return None
+    # pilots finish with timings.json; a full run finishes each arm with its final.json
+    timings = _read_record(Timings, stage_dir / "timings.json", problems) if source != "train" else None
+    arms = {}
+    for arm_dir in sorted(p for p in stage_dir.iterdir() if p.is_dir() and p.name != "gate"):
+        done = (arm_dir / "final.json").is_file() if source == "train" else timings is not None
+        logs = _read_arm_logs(arm_dir, problems, done)
+        if logs is not None:
+            arms[arm_dir.name] = logs
+    if not arms and timings is None:
+        return None
+    return StageLogs(arms=arms, timings=timings)
+
+
+def _read_revision(path: Path, problems: list[str]) -> BandwidthRevision | None:
+    """The last revision of a kernel bandwidth in calibration/revised_spec.json."""
+    raw = _read_json(path, problems)
+    revision = None
+    for rev in (raw or {}).get("revisions", []) if isinstance(raw, dict) else []:
+        change = rev.get("change", {}) if isinstance(rev, dict) else {}
+        if "arm" in change and isinstance(change.get("kernel.bandwidth"), (int, float)):
+            revision = BandwidthRevision(arm=str(change["arm"]), bandwidth=float(change["kernel.bandwidth"]))
+    return revision
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Everything the flow wrote under `run_dir`; a missing stage is simply absent.
+
+    A run directory needs `spec/plan.json` (written by the first stage); without it, or when the
+    directory does not exist, this is a one-line UserError. An unreadable artifact is listed in
+    `problems` and treated as absent.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such run directory")
+    problems: list[str] = []
+    plan = _read_record(Plan, run_dir / "spec" / "plan.json", problems)
+    if plan is None:
+        why = f" ({problems[0]})" if problems else ""
+        raise UserError(f"{run_dir}: not a gs1 run directory: no readable spec/plan.json{why}")
+    data = RunData(run_dir=run_dir, plan=plan, problems=problems)
+    data.spec = _read_record(SpecNotes, run_dir / "spec" / "spec.json", problems) or SpecNotes()
+    for stage in GATE_STAGES:
+        table = _read_table("gate_report", run_dir / stage.report_path, problems)
+        if table is not None:
+            data.gates[stage.key] = GateTable(stage, tuple(GateCheck.from_row(r) for r in table.to_pylist()))
+    for source in LOG_SOURCES:
+        logs = _read_stage_logs(run_dir, source, problems)
+        if logs is not None:
+            data.logs[source] = logs
+    eval_dir = run_dir / "eval"
+    if eval_dir.is_dir():
+        for arm_dir in sorted(p for p in eval_dir.iterdir() if p.is_dir()):
+            table = _read_table("eval_items", arm_dir / "eval.parquet", problems)
+            if table is not None and table.num_rows:
+                data.evals[arm_dir.name] = ArmEval(arm_dir.name, tuple(bool(c) for c in table.column("correct").to_pylist()))
+    data.feasibility = _read_record(Feasibility, run_dir / "feasibility" / "feasibility.json", problems)
+    data.decision = _read_record(Decision, run_dir / "decision" / "decision.json", problems)
+    data.revision = _read_revision(run_dir / "calibration" / "revised_spec.json", problems)
+    return data
