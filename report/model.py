@@ -35,6 +35,10 @@ class Stage:
     key: str
     title: str  # as people read it in the stage table
 
+    @property
+    def heading(self) -> str:
+        return self.title
+
 
 @dataclass(frozen=True)
 class GateStage(Stage):
@@ -61,8 +65,6 @@ STAGES: tuple[Stage, ...] = (
     Stage("eval", "eval"),
     Stage("decision", "decision"),
 )
-GATE_STAGES: tuple[GateStage, ...] = tuple(s for s in STAGES if isinstance(s, GateStage))
-STAGE_BY_KEY: dict[str, Stage] = {s.key: s for s in STAGES}
 LOG_SOURCES = ("pilot", "calibration", "train")  # stages that train arms and log their steps
 
 
@@ -270,6 +272,7 @@ class ArmEval:
 class RunData:
     run_dir: Path
     plan: Plan
+    stages: tuple[Stage, ...] = STAGES  # the flow's stages this directory was read by
     spec: SpecNotes = SpecNotes()
     gates: dict[str, GateTable] = field(default_factory=dict)  # gate stage key -> its table
     logs: dict[str, StageLogs] = field(default_factory=dict)  # pilot / calibration / train -> logs
@@ -281,6 +284,13 @@ class RunData:
     # set by the flow when the run that rendered this page ended Failed (the error's message):
     # then a decision.json in the directory is an earlier run's and is not this run's verdict
     stopped: str | None = None
+
+    @property
+    def gate_stages(self) -> tuple[GateStage, ...]:
+        return tuple(s for s in self.stages if isinstance(s, GateStage))
+
+    def stage(self, key: str) -> Stage:
+        return next(s for s in self.stages if s.key == key)
 
     @property
     def arm_names(self) -> list[str]:
@@ -401,8 +411,8 @@ def _read_revision(path: Path, problems: list[str]) -> BandwidthRevision | None:
     return revision
 
 
-def load_run(run_dir: str | Path) -> RunData:
-    """Everything the flow wrote under `run_dir`; a missing stage is simply absent.
+def load_run(run_dir: str | Path, stages: tuple[Stage, ...] = STAGES) -> RunData:
+    """Everything the flow wrote under `run_dir` for `stages`; a missing stage is simply absent.
 
     A run directory needs `spec/plan.json` (written by the first stage); without it, or when the
     directory does not exist, this is a one-line UserError. An unreadable artifact is listed in
@@ -416,9 +426,9 @@ def load_run(run_dir: str | Path) -> RunData:
     if plan is None:
         why = f" ({problems[0]})" if problems else ""
         raise UserError(f"{run_dir}: not a gs1 run directory: no readable spec/plan.json{why}")
-    data = RunData(run_dir=run_dir, plan=plan, problems=problems)
+    data = RunData(run_dir=run_dir, plan=plan, stages=tuple(stages), problems=problems)
     data.spec = _read_record(SpecNotes, run_dir / "spec" / "spec.json", problems) or SpecNotes()
-    for stage in GATE_STAGES:
+    for stage in data.gate_stages:
         table = _read_table("gate_report", run_dir / stage.report_path, problems)
         if table is not None:
             data.gates[stage.key] = GateTable(stage, tuple(GateCheck.from_row(r) for r in table.to_pylist()))

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from report.model import KERNEL_ADVANTAGE, GATE_STAGES, ArmPlan, Decision, GateTable, RunData
+from report.model import KERNEL_ADVANTAGE, ArmPlan, Decision, GateTable, RunData
 from report.palette import PENDING_COLOUR, STOPPED_COLOUR, verdict_colour
 from report.plots import RenderedPlot
-from report.status import Status, StageStatus, gate_heading, stopping_gate
+from report.status import Status, StageStatus, stopping_gate
 from schemas.gate_text import fmt, is_gate_failure
 
 # Stage status -> (badge text, CSS class in report.css)
@@ -144,25 +144,25 @@ def headline(data: RunData, statuses: list[StageStatus]) -> Headline:
             d.verdict.upper(), verdict_colour(d.verdict),
             f"{d.treatment} − {d.baseline} accuracy: mean difference {d.mean_diff:+.4f}; {how} "
             f"(paired Hoeffding, n={d.n}, α={d.alpha:g}).",
-        )  # fmt: skip
+        )
     stop = stopping_gate(data)
     if stop:
         return Headline(
             "NO DECISION: STOPPED AT A GATE", STOPPED_COLOUR,
-            f"The {gate_heading(stop)} failed: {data.gates[stop].failing_text}. Later stages did not run.",
-        )  # fmt: skip
+            f"The {data.stage(stop).heading} failed: {data.gates[stop].failing_text}. Later stages did not run.",
+        )
     last = next((s for s in reversed(statuses) if s.status not in (Status.NOT_RUN, Status.SKIPPED)), statuses[0])
     return Headline(
         "NO DECISION YET", PENDING_COLOUR,
         f"No stage failed a gate; the last stage with a record is {last.title} ({last.status}). "
         "The flow may still be running, or stopped with an error (see the flow run's logs).",
-    )  # fmt: skip
+    )
 
 
 def earlier_decision_text(d: Decision) -> str:
     """For a run that ended Failed: the decision.json on file is an earlier run's."""
     return (f"No decision in this run (it ended Failed). This directory holds an earlier run's decision.json: "
-            f"{d.verdict.upper()}, mean difference {d.mean_diff:+.4f}, n={d.n}.")  # fmt: skip
+            f"{d.verdict.upper()}, mean difference {d.mean_diff:+.4f}, n={d.n}.")
 
 
 def decision_lines(d: Decision) -> list[tuple[str, str]]:
@@ -172,7 +172,7 @@ def decision_lines(d: Decision) -> list[tuple[str, str]]:
         ("Hoeffding bounds", f"[{d.lower:+.4f}, {d.upper:+.4f}]: one-sided bounds at α={d.alpha:g} each; the lower one decides noninferiority"),
         ("margin", f"{d.margin:+.4f}: the pre-registered noninferiority margin"),
         ("n", f"{d.n} eval items answered by both arms"),
-    ]  # fmt: skip
+    ]
     if d.treatment_mean is not None and d.baseline_mean is not None:
         lines.append(("arm accuracies", f"{d.treatment} {d.treatment_mean:.4f}, {d.baseline} {d.baseline_mean:.4f}"))
     if d.bootstrap_lower is not None and d.bootstrap_upper is not None:
@@ -180,12 +180,12 @@ def decision_lines(d: Decision) -> list[tuple[str, str]]:
         confidence = boot.confidence if boot and boot.confidence is not None else 1 - 2 * d.alpha
         resamples = boot.n_resamples if boot and boot.n_resamples is not None else "n/a"
         lines.append(("bootstrap CI", f"[{d.bootstrap_lower:+.4f}, {d.bootstrap_upper:+.4f}]: percentile CI at {confidence:.0%} "
-                      f"from {resamples} paired resamples; descriptive, tighter than Hoeffding, does not decide"))  # fmt: skip
+                      f"from {resamples} paired resamples; descriptive, tighter than Hoeffding, does not decide"))
     if d.mcnemar_p is not None:
         mc = d.mcnemar
         b, c, n = (("?" if v is None else v) for v in ((mc.b, mc.c, mc.n_discordant) if mc else (None, None, None)))
         lines.append(("McNemar p", f"{d.mcnemar_p:.4g}: exact two-sided test of any difference on the {n} items the arms disagree on "
-                      f"({b} only treatment right, {c} only baseline right); not a noninferiority test"))  # fmt: skip
+                      f"({b} only treatment right, {c} only baseline right); not a noninferiority test"))
     if d.min_noninferior_true_diff is not None:
         lines.append(("smallest detectable", f"{d.min_noninferior_true_diff:+.4f}: the smallest true difference this rule can call noninferior at n={d.n} (margin + Hoeffding radius)"))
     return lines
@@ -209,7 +209,7 @@ def arm_rows(data: RunData) -> list[ArmRow]:
             per_step=f"{arm.groups_per_batch} × {arm.group_size} = {arm.rollouts_per_step}",
             steps=fmt(arm.steps), lr=fmt(arm.lr), lora_rank=fmt(arm.lora_rank), max_tokens=fmt(arm.max_tokens),
             temperature=fmt(arm.temperature), seed=fmt(arm.seed), kernel=_kernel_text(data, arm),
-        )  # fmt: skip
+        )
         for arm in data.plan.arms
     ]
 
@@ -225,7 +225,7 @@ def spec_facts(data: RunData) -> list[tuple[str, str]]:
         ("eval items", fmt(plan.n_eval)),
         ("decision rule", f"{rule.method}: noninferior when the one-sided lower bound at α={fmt(rule.alpha)} exceeds the margin {fmt(rule.margin)}"),
         ("budget", f"{fmt(budget.max_wall_minutes)} wall minutes, {fmt(budget.gpu_hours)} GPU hours"),
-    ]  # fmt: skip
+    ]
     if data.spec.hypothesis:
         facts.append(("hypothesis", data.spec.hypothesis))
     return facts
@@ -234,7 +234,7 @@ def spec_facts(data: RunData) -> list[tuple[str, str]]:
 def gate_sections(data: RunData) -> list[GateSection]:
     """One per gate stage with a gate_report on file, in flow order."""
     out = []
-    for stage in GATE_STAGES:
+    for stage in data.gate_stages:
         table = data.gates.get(stage.key)
         if table is None:
             continue
@@ -257,7 +257,7 @@ def _decision_view(data: RunData, statuses: list[StageStatus]) -> DecisionView:
 
 
 def build_page(data: RunData, statuses: list[StageStatus], plots: list[RenderedPlot]) -> Page:
-    gate_keys = {s.key for s in GATE_STAGES}
+    gate_keys = {s.key for s in data.gate_stages}
     return Page(
         title=data.plan.title or data.run_dir.name,
         run_dir_name=data.run_dir.name,
@@ -268,6 +268,6 @@ def build_page(data: RunData, statuses: list[StageStatus], plots: list[RenderedP
         arms=tuple(arm_rows(data)),
         decision=_decision_view(data, statuses),
         gates=tuple(gate_sections(data)),
-        gates_missing=tuple((gate_heading(s.key), s.detail) for s in statuses if s.key in gate_keys and s.key not in data.gates),
+        gates_missing=tuple((s.stage.heading, s.detail) for s in statuses if s.key in gate_keys and s.key not in data.gates),
         plots=tuple(plots),
     )

@@ -127,7 +127,7 @@ def plot_advantage_baseline(data: RunData) -> tuple[Figure | None, str]:
             v = values[a]
             extra = f", |A|>1e-6: {np.mean(np.abs(v) > 1e-6):.0%}" if column == "advantage" else f", mean {np.mean(v):.3f}"
             ax.hist(v, bins=bins, histtype="stepfilled", alpha=0.35, color=arm_colour(data, a), edgecolor=arm_colour(data, a),
-                    linewidth=1.2, label=f"{a} (n={v.size}{extra})")  # fmt: skip
+                    linewidth=1.2, label=f"{a} (n={v.size}{extra})")
         ax.set_xlabel(what)
         ax.set_ylabel("rollouts")
         ax.set_title(f"{column.capitalize()} per rollout, {SOURCE_TITLES[source]}")
@@ -159,7 +159,7 @@ def plot_effective_neighbours(data: RunData) -> tuple[Figure | None, str]:
         if eff.size:
             p10_all = float(np.percentile(eff, 10))
             left.hist(eff, bins=bins, histtype="step", linestyle=style, linewidth=1.6, color=colour,
-                      label=f"{label} (n={eff.size}, p10 {p10_all:.1f})")  # fmt: skip
+                      label=f"{label} (n={eff.size}, p10 {p10_all:.1f})")
             left.axvline(p10_all, color=colour, linestyle=style, linewidth=1, alpha=0.7)
         if p10.size:
             right.plot(steps, p10, marker="o", markersize=4, linestyle=style, color=colour, label=label)
@@ -191,7 +191,7 @@ def plot_eval_accuracy(data: RunData) -> tuple[Figure | None, str]:
     bars = ax.bar(arms, accuracy, color=[arm_colour(data, a) for a in arms], width=0.6)
     for bar, a, acc in zip(bars, arms, accuracy):
         ax.annotate(f"{acc:.3f}\n({data.evals[a].n_correct}/{data.evals[a].n})", (bar.get_x() + bar.get_width() / 2, acc),
-                    xytext=(0, 3), textcoords="offset points", ha="center", va="bottom")  # fmt: skip
+                    xytext=(0, 3), textcoords="offset points", ha="center", va="bottom")
     ax.set_ylim(0, min(1.0, max(accuracy) * 1.3 + 0.1))
     ax.set_ylabel("eval accuracy (greedy, final weights)")
     ax.set_title("Eval accuracy per arm")
@@ -202,11 +202,11 @@ def plot_eval_accuracy(data: RunData) -> tuple[Figure | None, str]:
         colour = verdict_colour(verdict)
         lower, upper, mean, margin = d.lower, d.upper, d.mean_diff, d.margin
         ax.errorbar([mean], [1], xerr=[[mean - lower], [upper - mean]], fmt="o", color=colour, capsize=6,
-                    linewidth=2.5, markersize=8, label=f"mean diff {mean:+.3f}, Hoeffding [{lower:+.3f}, {upper:+.3f}]")  # fmt: skip
+                    linewidth=2.5, markersize=8, label=f"mean diff {mean:+.3f}, Hoeffding [{lower:+.3f}, {upper:+.3f}]")
         boot_lo, boot_hi = d.bootstrap_lower, d.bootstrap_upper
         if boot_lo is not None and boot_hi is not None:
             ax.errorbar([mean], [0], xerr=[[mean - boot_lo], [boot_hi - mean]], fmt="o", color="#8c959f", capsize=4,
-                        linewidth=1.5, markersize=5, label=f"bootstrap {1 - 2 * d.alpha:.0%} CI [{boot_lo:+.3f}, {boot_hi:+.3f}] (descriptive)")  # fmt: skip
+                        linewidth=1.5, markersize=5, label=f"bootstrap {1 - 2 * d.alpha:.0%} CI [{boot_lo:+.3f}, {boot_hi:+.3f}] (descriptive)")
         ax.axvline(margin, color=STOPPED_COLOUR, linestyle="--", linewidth=1.5, label=f"noninferiority margin {margin:+.3f}")
         ax.axvline(0.0, color="#57606a", linewidth=0.8)
         ax.set_yticks([0, 1], ["bootstrap", "Hoeffding\n(decides)"])
@@ -277,14 +277,14 @@ def plot_wall_time(data: RunData) -> tuple[Figure | None, str]:
         phase_colours = {"setup": "#8c959f", "train": "#0969da", "eval": "#1a7f37", "reserve": "#d0d7de"}
         for name, seconds in phases.items():
             ax.barh(["projected full run"], [seconds / scale], left=left, color=phase_colours.get(name, "#bf3989"),
-                    label=f"{name} {seconds / scale:.1f} {short}", height=0.5)  # fmt: skip
+                    label=f"{name} {seconds / scale:.1f} {short}", height=0.5)
             left += seconds / scale
         ax.annotate(f"{left:.1f} {short}", (left, 0), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
         train_measured = [float(np.sum(_column(logs.metrics, "step_seconds"))) for logs in data.arm_logs("train").values() if logs.metrics is not None]
         if train_measured:
             ax.barh(["measured training\n(slowest arm)"], [max(train_measured) / scale], color="#0969da", alpha=0.5, height=0.5)
             ax.annotate(f"{max(train_measured) / scale:.1f} {short}", (max(train_measured) / scale, 1), xytext=(3, 0),
-                        textcoords="offset points", va="center", fontsize=8)  # fmt: skip
+                        textcoords="offset points", va="center", fontsize=8)
         if budget:
             ax.axvline(budget / scale, color=STOPPED_COLOUR, linestyle="--", linewidth=1.5, label=f"wall budget {budget / scale:.1f} {short}")
         ax.set_xlabel(f"wall time ({unit})")
@@ -319,7 +319,7 @@ PLOT_SPECS: tuple[PlotSpec, ...] = (
     PlotSpec("effective_neighbours", "Kernel effective neighbours", "How many other rollouts the GS1 kernel baseline effectively averages over, (Σw)²/Σw² (at most the window size − 1). The activation gate needs its 10th percentile over the pilot's rollouts at or above the red line.", plot_effective_neighbours),
     PlotSpec("eval_accuracy", "Eval accuracy and the paired decision", "Left: greedy eval accuracy per arm. Right: the paired difference with its one-sided Hoeffding bounds; noninferior when the lower bound is above the margin, inferior when the upper bound is below it, else inconclusive.", plot_eval_accuracy),
     PlotSpec("wall_time", "Wall time per stage", "Measured wall time per stage and arm, summed over its steps (model setup from the pilot's timings; eval time is not logged). When the feasibility stage ran: its projection of the full run from the pilot (arms in parallel, plus a recovery reserve), against the wall budget.", plot_wall_time),
-)  # fmt: skip
+)
 PLOTS = [p.name for p in PLOT_SPECS]
 
 

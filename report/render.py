@@ -19,7 +19,7 @@ import jinja2
 from markupsafe import Markup
 
 from gs1.errors import UserError
-from report.model import RunData, load_run
+from report.model import STAGES, RunData, Stage, load_run
 from report.page import ARM_COLUMNS, Page, build_page
 from report.plots import RenderedPlot, render_plots
 from report.status import Status, stage_statuses, stopping_gate
@@ -95,12 +95,15 @@ def _write_plots(out: Path, plots: list[RenderedPlot]) -> dict[str, Path]:
     return written
 
 
-def write_report(run_dir: str | Path, out_dir: str | Path | None = None, stopped: str | None = None) -> ReportFiles:
+def write_report(
+    run_dir: str | Path, out_dir: str | Path | None = None, stopped: str | None = None, stages: tuple[Stage, ...] = STAGES
+) -> ReportFiles:
     """Render `run_dir` into `out_dir` (default `<run_dir>/report/`): PNG plots, report.html
     (self-contained) and report.md. A missing run directory, one without spec/plan.json, or an
     `out_dir` that is a file is a UserError. `stopped`: the error that ended the flow run
-    rendering this page (its headline then; a decision on file is then an earlier run's)."""
-    data: RunData = load_run(run_dir)
+    rendering this page (its headline then; a decision on file is then an earlier run's).
+    `stages`: the flow's stages in order (model.STAGES; a test may pass others)."""
+    data: RunData = load_run(run_dir, stages)
     data.stopped = stopped
     out = Path(out_dir) if out_dir is not None else data.run_dir / "report"
     if out.exists() and not out.is_dir():

@@ -1,7 +1,7 @@
 """Each stage's status, from what it left on disk: what ran, what failed, and why later stages
 did not run.
 
-    statuses = stage_statuses(data)      # one StageStatus per entry of model.STAGES, flow order
+    statuses = stage_statuses(data)      # one StageStatus per stage of data.stages, flow order
     stopping_gate(data)                  # the key of the gate stage that stopped the flow, or None
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from report.model import KERNEL_P10_METRIC, STAGE_BY_KEY, STAGES, GateStage, RunData, Stage
+from report.model import KERNEL_P10_METRIC, GateStage, RunData, Stage
 from schemas.gate_text import fmt
 
 
@@ -42,7 +42,7 @@ class StageStatus:
 def stopping_gate(data: RunData) -> str | None:
     """The first failed gate that stopped the flow (the activation gate does not stop it when the
     pre-registered calibration then passed)."""
-    for stage in STAGES:
+    for stage in data.stages:
         gate = data.gates.get(stage.key)
         if gate is None or gate.passed:
             continue
@@ -56,24 +56,20 @@ def stopping_gate(data: RunData) -> str | None:
     return None
 
 
-def gate_heading(key: str) -> str:
-    stage = STAGE_BY_KEY[key]
-    return stage.heading if isinstance(stage, GateStage) else stage.title
-
-
 def stage_statuses(data: RunData) -> list[StageStatus]:
     """One line per flow stage: what ran, what failed, and why later stages did not run."""
     stop = stopping_gate(data)
-    stop_reason = f"not run: the flow stopped at the {gate_heading(stop)}" if stop else None
+    stop_heading = data.stage(stop).heading if stop else None
+    stop_reason = f"not run: the flow stopped at the {stop_heading}" if stop else None
     arms = [a.name for a in data.plan.arms]
     statuses: list[StageStatus] = []
     reached_stop = False
     first_missing = None  # the first stage with no record when no gate stopped the flow
-    for stage in STAGES:
+    for stage in data.stages:
         status, detail = _stage_status(data, stage, arms)
         if reached_stop and data.stopped and status not in (Status.NOT_RUN, Status.SKIPPED):
             # this run stopped before the stage: what the directory holds came from an earlier run
-            status, detail = Status.EARLIER_RUN, f"not this run's (it stopped at the {gate_heading(stop)}); on file: {detail}"
+            status, detail = Status.EARLIER_RUN, f"not this run's (it stopped at the {stop_heading}); on file: {detail}"
         if status == Status.NOT_RUN:
             if reached_stop and stop_reason:
                 detail = stop_reason

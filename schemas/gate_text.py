@@ -81,7 +81,7 @@ class GateRow:
             gate=str(row.get("gate", "")), metric=str(row["metric"]),
             value=None if value is None else float(value), op=str(row["op"]), bound=str(row["bound"]),
             passed=bool(row["passed"]), observed=None if row.get("observed") is None else str(row["observed"]),
-        )  # fmt: skip
+        )
 
     @property
     def computable(self) -> bool:

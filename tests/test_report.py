@@ -444,3 +444,53 @@ def test_gate_artifact_reads_like_the_report(tmp_path, prefect_harness):
     ]
     assert "FAILED on pilot_mean_reward = 0.1875 (needs ≥ 0.3)" in arts["activation-gate"].description
     assert arts["calibration-activation-gate"].description.startswith("calibration activation_gate: FAILED")
+
+
+def test_a_gate_stage_added_to_the_list_gets_its_row_its_table_and_can_stop_the_flow(tmp_path):
+    """A new gate (here an audit of the training logs after the full runs) needs one GateStage in
+    the stage list: its gate_report is read, the stage table has its row, the Gates section its
+    table, and when it fails the flow is shown stopped there."""
+    from report.model import STAGES, GateStage
+
+    audit = GateStage("audit", "training-log audit", "audit/gate_report.parquet", observed_label="logged value")
+    stages = tuple(s for stage in STAGES for s in ((stage, audit) if stage.key == "train" else (stage,)))
+    run = make_run(tmp_path)
+    for d in ("eval", "decision"):
+        for f in sorted((run / d).rglob("*"), reverse=True):
+            f.unlink() if f.is_file() else f.rmdir()
+    write_artifact("gate_report", [
+        {"gate": "audit", "metric": f"reward[arm={TREATMENT}, step=2, row=5]", "value": 0.0, "op": "one_of",
+         "bound": "(1.0,)", "passed": False, "observed": "1.0"},
+        {"gate": "audit", "metric": f"reward[arm={BASELINE}, step=2, row=5]", "value": 1.0, "op": "one_of",
+         "bound": "(1.0,)", "passed": True, "observed": "1.0"},
+    ], run / "audit" / "gate_report.parquet")
+
+    result = write_report(run, stages=stages)
+    assert list(result.stages) == [s.key for s in stages]
+    assert result.stages["audit"] == "failed" and result.stopped_at == "audit"
+    assert result.stages["eval"] == result.stages["decision"] == "not run"
+    page = html.unescape(Path(result.html).read_text())
+    assert "The training-log audit failed: reward[arm=gs1_kernel, step=2, row=5] = 0 (needs one of {1})" in page
+    assert "<h3>training-log audit " in page and "<th>logged value</th>" in page
+    row = re.search(r'<tr class="failrow"><td>reward\[arm=gs1_kernel, step=2, row=5\]</td>.*?</tr>', page)
+    assert row and '<td class="num">0</td><td>1.0</td><td>one of {1}</td>' in row.group(0)
+    assert page.count("not run: the flow stopped at the training-log audit") == 2
+    md = Path(result.markdown).read_text()
+    assert "### training-log audit: FAILED" in md
+    assert "| reward[arm=gs1_kernel, step=2, row=5] | 0 | 1.0 | one of {1} | **FAIL** |" in md
+    # without the stage in the list, the same directory renders as before
+    assert "audit" not in write_report(run).stages
+
+
+def test_artifact_markdown_embeds_the_plots_and_links_the_page(tmp_path):
+    run = make_run(tmp_path, stop_at_activation=True)
+    result = write_report(run)
+    text = result.artifact_markdown
+    embedded = re.findall(r"\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", text)
+    assert sorted(base64.b64decode(u) for u in embedded) == sorted(p.read_bytes() for p in result.plots.values())
+    assert f"Full report (self-contained HTML): [{result.html.resolve()}]({result.html.resolve().as_uri()})" in text
+    # the same summary as report.md otherwise
+    def without_links(markdown: str) -> list[str]:
+        return [line for line in re.sub(r"\]\([^)]*\)", "]()", markdown).splitlines() if not line.startswith("Full report")]
+
+    assert without_links(text) == without_links(Path(result.markdown).read_text())

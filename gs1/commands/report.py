@@ -20,7 +20,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from report import write_report
+    from report import write_report  # lazy: matplotlib loads only for this command, not for `gs1 --help`
 
     result = write_report(args.run_dir, out_dir=args.out)
     print(result.html)
