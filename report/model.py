@@ -12,7 +12,7 @@ Any stage may be missing (a failed gate stops the flow); an unreadable file is n
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -268,7 +268,7 @@ class ArmEval:
         return self.n_correct / self.n if self.n else float("nan")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunData:
     run_dir: Path
     plan: Plan
@@ -280,10 +280,13 @@ class RunData:
     feasibility: Feasibility | None = None
     decision: Decision | None = None
     revision: BandwidthRevision | None = None
-    problems: list[str] = field(default_factory=list)  # unreadable files, named
-    # set by the flow when the run that rendered this page ended Failed (the error's message):
+    problems: tuple[str, ...] = ()  # unreadable files, named
+    # the error's message when the flow run rendering this page ended Failed (`with_stopped`):
     # then a decision.json in the directory is an earlier run's and is not this run's verdict
     stopped: str | None = None
+
+    def with_stopped(self, stopped: str | None) -> RunData:
+        return replace(self, stopped=stopped)
 
     @property
     def gate_stages(self) -> tuple[GateStage, ...]:
@@ -426,23 +429,26 @@ def load_run(run_dir: str | Path, stages: tuple[Stage, ...] = STAGES) -> RunData
     if plan is None:
         why = f" ({problems[0]})" if problems else ""
         raise UserError(f"{run_dir}: not a gs1 run directory: no readable spec/plan.json{why}")
-    data = RunData(run_dir=run_dir, plan=plan, stages=tuple(stages), problems=problems)
-    data.spec = _read_record(SpecNotes, run_dir / "spec" / "spec.json", problems) or SpecNotes()
-    for stage in data.gate_stages:
-        table = _read_table("gate_report", run_dir / stage.report_path, problems)
-        if table is not None:
-            data.gates[stage.key] = GateTable(stage, tuple(GateCheck.from_row(r) for r in table.to_pylist()))
-    for source in LOG_SOURCES:
-        logs = _read_stage_logs(run_dir, source, problems)
-        if logs is not None:
-            data.logs[source] = logs
+    stages = tuple(stages)
+    spec = _read_record(SpecNotes, run_dir / "spec" / "spec.json", problems) or SpecNotes()
+    gates = {}
+    for stage in stages:
+        if isinstance(stage, GateStage):
+            table = _read_table("gate_report", run_dir / stage.report_path, problems)
+            if table is not None:
+                gates[stage.key] = GateTable(stage, tuple(GateCheck.from_row(r) for r in table.to_pylist()))
+    logs = {source: found for source in LOG_SOURCES if (found := _read_stage_logs(run_dir, source, problems)) is not None}
+    evals = {}
     eval_dir = run_dir / "eval"
     if eval_dir.is_dir():
         for arm_dir in sorted(p for p in eval_dir.iterdir() if p.is_dir()):
             table = _read_table("eval_items", arm_dir / "eval.parquet", problems)
             if table is not None and table.num_rows:
-                data.evals[arm_dir.name] = ArmEval(arm_dir.name, tuple(bool(c) for c in table.column("correct").to_pylist()))
-    data.feasibility = _read_record(Feasibility, run_dir / "feasibility" / "feasibility.json", problems)
-    data.decision = _read_record(Decision, run_dir / "decision" / "decision.json", problems)
-    data.revision = _read_revision(run_dir / "calibration" / "revised_spec.json", problems)
-    return data
+                evals[arm_dir.name] = ArmEval(arm_dir.name, tuple(bool(c) for c in table.column("correct").to_pylist()))
+    feasibility = _read_record(Feasibility, run_dir / "feasibility" / "feasibility.json", problems)
+    decision = _read_record(Decision, run_dir / "decision" / "decision.json", problems)
+    revision = _read_revision(run_dir / "calibration" / "revised_spec.json", problems)
+    return RunData(
+        run_dir=run_dir, plan=plan, stages=stages, spec=spec, gates=gates, logs=logs, evals=evals,
+        feasibility=feasibility, decision=decision, revision=revision, problems=tuple(problems),
+    )

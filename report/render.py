@@ -103,8 +103,7 @@ def write_report(
     `out_dir` that is a file is a UserError. `stopped`: the error that ended the flow run
     rendering this page (its headline then; a decision on file is then an earlier run's).
     `stages`: the flow's stages in order (model.STAGES; a test may pass others)."""
-    data: RunData = load_run(run_dir, stages)
-    data.stopped = stopped
+    data: RunData = load_run(run_dir, stages).with_stopped(stopped)
     out = Path(out_dir) if out_dir is not None else data.run_dir / "report"
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a directory")
