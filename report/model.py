@@ -12,6 +12,7 @@ Any stage may be missing (a failed gate stops the flow); an unreadable file is n
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gs1.errors import UserError
 from schemas.artifacts import read_artifact
-from schemas.gate_text import GateCheck, failing_text, gate_passed
+from schemas.layout import PILOT_STAGES, RunLayout, steps_dir
+from schemas.gate_text import GateRow, failing_text, gate_passed
 
 KERNEL_ADVANTAGE = "kernel_cross_prompt_baseline"
 KERNEL_P10_METRIC = "kernel_effective_neighbors_p10"
@@ -44,7 +46,7 @@ class Stage:
 class GateStage(Stage):
     """A stage that judges: its gate_report.parquet holds one row per check."""
 
-    report_path: str  # relative to the run directory
+    gate_dir: Callable[[RunLayout], Path]  # where it writes gate_report.parquet (schemas.layout names it)
     table_title: str = ""  # heading of its table in the Gates section (default: `title`)
     observed_label: str = ""  # when set, its table shows the rows' `observed` column under this heading
 
@@ -55,17 +57,17 @@ class GateStage(Stage):
 
 STAGES: tuple[Stage, ...] = (
     Stage("spec", "validate spec"),
-    GateStage("preflight", "correctness preflight", "preflight/gate_report.parquet"),
-    GateStage("unit_checks", "offline unit checks", "unit_checks/gate_report.parquet"),
+    GateStage("preflight", "correctness preflight", lambda run: run.preflight_dir),
+    GateStage("unit_checks", "offline unit checks", lambda run: run.unit_checks_dir),
     Stage("pilot", "pilot (2 treatment steps, 1 baseline step)"),
-    GateStage("activation_gate", "activation gate", "gate/gate_report.parquet"),
-    GateStage("calibration", "bandwidth calibration", "calibration/gate/gate_report.parquet", table_title="calibration gate"),
-    GateStage("feasibility", "feasibility", "feasibility/gate_report.parquet"),
+    GateStage("activation_gate", "activation gate", lambda run: run.gate_dir("pilot")),
+    GateStage("calibration", "bandwidth calibration", lambda run: run.gate_dir("calibration"), table_title="calibration gate"),
+    GateStage("feasibility", "feasibility", lambda run: run.feasibility_dir),
     Stage("train", "full training runs"),
     Stage("eval", "eval"),
     Stage("decision", "decision"),
 )
-LOG_SOURCES = ("pilot", "calibration", "train")  # stages that train arms and log their steps
+LOG_SOURCES = (*PILOT_STAGES, "train")  # stages that train arms and log their steps
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,14 +211,14 @@ class GateTable:
     """A gate stage's gate_report, one check per row."""
 
     stage: GateStage
-    checks: tuple[GateCheck, ...]
+    checks: tuple[GateRow, ...]
 
     @property
     def passed(self) -> bool:
         return gate_passed(self.checks)
 
     @property
-    def failing(self) -> tuple[GateCheck, ...]:
+    def failing(self) -> tuple[GateRow, ...]:
         return tuple(c for c in self.checks if not c.passed)
 
     @property
@@ -380,27 +382,28 @@ def _read_arm_logs(arm_dir: Path, problems: list[str], done: bool) -> ArmLogs | 
         )
     else:
         logs = ArmLogs(
-            rollouts=_read_step_files(arm_dir / "steps", "rollouts", "rollouts", problems),
-            metrics=_read_step_files(arm_dir / "steps", "step_metrics", "metrics", problems),
+            rollouts=_read_step_files(steps_dir(arm_dir), "rollouts", "rollouts", problems),
+            metrics=_read_step_files(steps_dir(arm_dir), "step_metrics", "metrics", problems),
         )
     return logs if logs.metrics is not None or logs.rollouts is not None else None
 
 
-def _read_stage_logs(run_dir: Path, source: str, problems: list[str]) -> StageLogs | None:
-    stage_dir = run_dir / source
-    if not stage_dir.is_dir():
-        return None
+def _read_stage_logs(layout: RunLayout, source: str, arms: list[str], problems: list[str]) -> StageLogs | None:
+    """The logs each planned arm left in a training stage (a pilot stage, or the full runs)."""
     # pilots finish with timings.json; a full run finishes each arm with its final.json
-    timings = _read_record(Timings, stage_dir / "timings.json", problems) if source != "train" else None
-    arms = {}
-    for arm_dir in sorted(p for p in stage_dir.iterdir() if p.is_dir() and p.name != "gate"):
+    timings = _read_record(Timings, layout.pilot_dir(source) / "timings.json", problems) if source in PILOT_STAGES else None
+    logs = {}
+    for arm in arms:
+        arm_dir = layout.arm_dir(source, arm)
+        if not arm_dir.is_dir():
+            continue
         done = (arm_dir / "final.json").is_file() if source == "train" else timings is not None
-        logs = _read_arm_logs(arm_dir, problems, done)
-        if logs is not None:
-            arms[arm_dir.name] = logs
-    if not arms and timings is None:
+        found = _read_arm_logs(arm_dir, problems, done)
+        if found is not None:
+            logs[arm] = found
+    if not logs and timings is None:
         return None
-    return StageLogs(arms=arms, timings=timings)
+    return StageLogs(arms=logs, timings=timings)
 
 
 def _read_revision(path: Path, problems: list[str]) -> BandwidthRevision | None:
@@ -425,29 +428,29 @@ def load_run(run_dir: str | Path, stages: tuple[Stage, ...] = STAGES) -> RunData
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory")
     problems: list[str] = []
-    plan = _read_record(Plan, run_dir / "spec" / "plan.json", problems)
+    layout = RunLayout(run_dir)
+    plan = _read_record(Plan, layout.plan_json, problems)
     if plan is None:
         why = f" ({problems[0]})" if problems else ""
         raise UserError(f"{run_dir}: not a gs1 run directory: no readable spec/plan.json{why}")
     stages = tuple(stages)
-    spec = _read_record(SpecNotes, run_dir / "spec" / "spec.json", problems) or SpecNotes()
+    spec = _read_record(SpecNotes, layout.spec_json, problems) or SpecNotes()
     gates = {}
     for stage in stages:
         if isinstance(stage, GateStage):
-            table = _read_table("gate_report", run_dir / stage.report_path, problems)
+            table = _read_table("gate_report", stage.gate_dir(layout) / "gate_report.parquet", problems)
             if table is not None:
-                gates[stage.key] = GateTable(stage, tuple(GateCheck.from_row(r) for r in table.to_pylist()))
-    logs = {source: found for source in LOG_SOURCES if (found := _read_stage_logs(run_dir, source, problems)) is not None}
+                gates[stage.key] = GateTable(stage, tuple(GateRow.from_row(r) for r in table.to_pylist()))
+    arms = [a.name for a in plan.arms]
+    logs = {source: found for source in LOG_SOURCES if (found := _read_stage_logs(layout, source, arms, problems)) is not None}
     evals = {}
-    eval_dir = run_dir / "eval"
-    if eval_dir.is_dir():
-        for arm_dir in sorted(p for p in eval_dir.iterdir() if p.is_dir()):
-            table = _read_table("eval_items", arm_dir / "eval.parquet", problems)
-            if table is not None and table.num_rows:
-                evals[arm_dir.name] = ArmEval(arm_dir.name, tuple(bool(c) for c in table.column("correct").to_pylist()))
-    feasibility = _read_record(Feasibility, run_dir / "feasibility" / "feasibility.json", problems)
-    decision = _read_record(Decision, run_dir / "decision" / "decision.json", problems)
-    revision = _read_revision(run_dir / "calibration" / "revised_spec.json", problems)
+    for arm in arms:
+        table = _read_table("eval_items", layout.eval_arm_dir(arm) / "eval.parquet", problems)
+        if table is not None and table.num_rows:
+            evals[arm] = ArmEval(arm, tuple(bool(c) for c in table.column("correct").to_pylist()))
+    feasibility = _read_record(Feasibility, layout.feasibility_dir / "feasibility.json", problems)
+    decision = _read_record(Decision, layout.decision_dir / "decision.json", problems)
+    revision = _read_revision(layout.revised_spec_json, problems)
     return RunData(
         run_dir=run_dir, plan=plan, stages=stages, spec=spec, gates=gates, logs=logs, evals=evals,
         feasibility=feasibility, decision=decision, revision=revision, problems=tuple(problems),

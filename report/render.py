@@ -24,6 +24,7 @@ from report.page import ARM_COLUMNS, Page, build_page
 from report.plots import RenderedPlot, render_plots
 from report.status import Status, stage_statuses, stopping_gate
 from schemas.io import write_bytes_atomic, write_text_atomic
+from schemas.layout import RunLayout
 
 HTML_NAME, MARKDOWN_NAME = "report.html", "report.md"
 
@@ -104,7 +105,7 @@ def write_report(
     rendering this page (its headline then; a decision on file is then an earlier run's).
     `stages`: the flow's stages in order (model.STAGES; a test may pass others)."""
     data: RunData = load_run(run_dir, stages).with_stopped(stopped)
-    out = Path(out_dir) if out_dir is not None else data.run_dir / "report"
+    out = Path(out_dir) if out_dir is not None else RunLayout(data.run_dir).report_dir
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a directory")
     statuses = stage_statuses(data)

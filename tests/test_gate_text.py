@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-from schemas.gate_text import GateCheck, failing_text, fmt, gate_failed_message, is_gate_failure, needs_text
+from schemas.gate_text import GateRow, failing_text, fmt, gate_failed_message, is_gate_failure, needs_text
 from tasks.common import GateFailed
 
 
@@ -41,7 +41,7 @@ def _rows():
 
 
 def test_failing_text_names_each_failing_check_and_what_it_needs():
-    checks = [GateCheck.from_row(r) for r in _rows()]
+    checks = [GateRow.from_row(r) for r in _rows()]
     assert failing_text(checks) == (
         "pilot_mean_reward = 0.1875 (needs ≥ 0.3); baseline_reward_corr = not computable (needs ≥ 0.1)"
     )
@@ -50,7 +50,7 @@ def test_failing_text_names_each_failing_check_and_what_it_needs():
 
 def test_gate_failed_says_what_the_report_says_and_survives_pickling():
     error = GateFailed("activation_gate", _rows())
-    expected = gate_failed_message("activation_gate", [GateCheck.from_row(r) for r in _rows()])
+    expected = gate_failed_message("activation_gate", [GateRow.from_row(r) for r in _rows()])
     assert str(error) == expected
     assert str(error).startswith("gate 'activation_gate' failed: pilot_mean_reward = 0.1875 (needs ≥ 0.3); ")
     assert is_gate_failure(str(error)) and not is_gate_failure("CUDA out of memory")

@@ -452,7 +452,7 @@ def test_a_gate_stage_added_to_the_list_gets_its_row_its_table_and_can_stop_the_
     table, and when it fails the flow is shown stopped there."""
     from report.model import STAGES, GateStage
 
-    audit = GateStage("audit", "training-log audit", "audit/gate_report.parquet", observed_label="logged value")
+    audit = GateStage("audit", "training-log audit", lambda run: run.audit_dir("train"), observed_label="logged value")
     stages = tuple(s for stage in STAGES for s in ((stage, audit) if stage.key == "train" else (stage,)))
     run = make_run(tmp_path)
     for d in ("eval", "decision"):
@@ -463,7 +463,7 @@ def test_a_gate_stage_added_to_the_list_gets_its_row_its_table_and_can_stop_the_
          "bound": "(1.0,)", "passed": False, "observed": "1.0"},
         {"gate": "audit", "metric": f"reward[arm={BASELINE}, step=2, row=5]", "value": 1.0, "op": "one_of",
          "bound": "(1.0,)", "passed": True, "observed": "1.0"},
-    ], run / "audit" / "gate_report.parquet")
+    ], run / "audit" / "train" / "gate_report.parquet")
 
     result = write_report(run, stages=stages)
     assert list(result.stages) == [s.key for s in stages]
