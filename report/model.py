@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from gs1.errors import UserError
 from schemas.artifacts import read_artifact
 from schemas.layout import PILOT_STAGES, RunLayout, steps_dir
-from schemas.gate_text import GateRow, failing_text, gate_passed
+from schemas.gate_text import GateRow, failing_text, fmt, gate_passed
 
 KERNEL_ADVANTAGE = "kernel_cross_prompt_baseline"
 KERNEL_P10_METRIC = "kernel_effective_neighbors_p10"
@@ -43,27 +43,43 @@ class Stage:
 
 
 @dataclass(frozen=True)
+class DetailSource:
+    """A table a gate writes beside its gate_report, listed under the gate's table."""
+
+    kind: str  # its artifact schema (schemas/artifacts.py)
+    file: str  # in the gate's folder
+    title: str  # what its rows are, for people
+
+
+@dataclass(frozen=True)
 class GateStage(Stage):
     """A stage that judges: its gate_report.parquet holds one row per check."""
 
     gate_dir: Callable[[RunLayout], Path]  # where it writes gate_report.parquet (schemas.layout names it)
     table_title: str = ""  # heading of its table in the Gates section (default: `title`)
     observed_label: str = ""  # when set, its table shows the rows' `observed` column under this heading
+    runs_with: str = ""  # the stage it runs only as part of: skipped or not run with it, for its reason
+    detail: DetailSource | None = None
 
     @property
     def heading(self) -> str:
         return self.table_title or self.title
 
 
+AUDIT_MISMATCHES = DetailSource("audit_mismatches", "mismatches.parquet", "logged values the audit could not reproduce")
 STAGES: tuple[Stage, ...] = (
     Stage("spec", "validate spec"),
     GateStage("preflight", "correctness preflight", lambda run: run.preflight_dir),
     GateStage("unit_checks", "offline unit checks", lambda run: run.unit_checks_dir),
     Stage("pilot", "pilot (2 treatment steps, 1 baseline step)"),
+    GateStage("audit_pilot", "pilot log audit", lambda run: run.audit_dir("pilot"), detail=AUDIT_MISMATCHES),
     GateStage("activation_gate", "activation gate", lambda run: run.gate_dir("pilot")),
+    GateStage("audit_calibration", "calibration pilot log audit", lambda run: run.audit_dir("calibration"),
+              runs_with="calibration", detail=AUDIT_MISMATCHES),
     GateStage("calibration", "bandwidth calibration", lambda run: run.gate_dir("calibration"), table_title="calibration gate"),
     GateStage("feasibility", "feasibility", lambda run: run.feasibility_dir),
     Stage("train", "full training runs"),
+    GateStage("audit_train", "training log audit", lambda run: run.audit_dir("train"), detail=AUDIT_MISMATCHES),
     Stage("eval", "eval"),
     Stage("decision", "decision"),
 )
@@ -207,11 +223,21 @@ class BandwidthRevision:
 
 
 @dataclass(frozen=True)
+class DetailTable:
+    """A gate's detail table as text (floats to 12 significant digits: audits compare them)."""
+
+    source: DetailSource
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+
+@dataclass(frozen=True)
 class GateTable:
-    """A gate stage's gate_report, one check per row."""
+    """A gate stage's gate_report, one check per row, and its detail table when it has one."""
 
     stage: GateStage
     checks: tuple[GateRow, ...]
+    detail: DetailTable | None = None
 
     @property
     def passed(self) -> bool:
@@ -417,6 +443,15 @@ def _read_revision(path: Path, problems: list[str]) -> BandwidthRevision | None:
     return revision
 
 
+def _read_detail(stage: GateStage, layout: RunLayout, problems: list[str]) -> DetailTable | None:
+    source = stage.detail
+    table = _read_table(source.kind, stage.gate_dir(layout) / source.file, problems)
+    if table is None:
+        return None
+    rows = tuple(tuple(fmt(v, 12) for v in row.values()) for row in table.to_pylist())
+    return DetailTable(source, tuple(table.column_names), rows)
+
+
 def load_run(run_dir: str | Path, stages: tuple[Stage, ...] = STAGES) -> RunData:
     """Everything the flow wrote under `run_dir` for `stages`; a missing stage is simply absent.
 
@@ -440,7 +475,8 @@ def load_run(run_dir: str | Path, stages: tuple[Stage, ...] = STAGES) -> RunData
         if isinstance(stage, GateStage):
             table = _read_table("gate_report", stage.gate_dir(layout) / "gate_report.parquet", problems)
             if table is not None:
-                gates[stage.key] = GateTable(stage, tuple(GateRow.from_row(r) for r in table.to_pylist()))
+                detail = _read_detail(stage, layout, problems) if stage.detail else None
+                gates[stage.key] = GateTable(stage, tuple(GateRow.from_row(r) for r in table.to_pylist()), detail)
     arms = [a.name for a in plan.arms]
     logs = {source: found for source in LOG_SOURCES if (found := _read_stage_logs(layout, source, arms, problems)) is not None}
     evals = {}

@@ -101,6 +101,12 @@ class GateSection:
     def rows(self):
         return list(zip(self.table.checks, self.measures))
 
+    @property
+    def detail(self):
+        """The gate's detail table when it has rows (an audit's mismatches), else None."""
+        detail = self.table.detail
+        return detail if detail is not None and detail.rows else None
+
 
 @dataclass(frozen=True)
 class DecisionView:

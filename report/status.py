@@ -47,12 +47,10 @@ def stopping_gate(data: RunData) -> str | None:
         gate = data.gates.get(stage.key)
         if gate is None or gate.passed:
             continue
-        calibration = data.gates.get("calibration")
-        if stage.key == "activation_gate" and calibration is not None and gate.fails(KERNEL_P10_METRIC):
-            # the pre-registered calibration answered this failure: the flow went on, or stopped there
-            if calibration.passed:
-                continue
-            return "calibration"
+        if stage.key == "activation_gate" and gate.fails(KERNEL_P10_METRIC) and _calibration_on_file(data):
+            # the pre-registered calibration answered this failure: its own gates (later in the
+            # list) say whether the flow went on or stopped there
+            continue
         return stage.key
     return None
 
@@ -100,11 +98,20 @@ def _stage_status(data: RunData, stage: Stage, arms: list[str]) -> tuple[Status,
     return _STATUS_OF[stage.key](data, arms)
 
 
+def _calibration_on_file(data: RunData) -> bool:
+    """A gate of the calibration (its own, or one that runs with it) has a record."""
+    return any(s.key in data.gates for s in data.gate_stages if "calibration" in (s.key, s.runs_with))
+
+
 def _gate_status(data: RunData, stage: GateStage) -> tuple[Status, str]:
     gate = data.gates.get(stage.key)
     if gate is None:
         if stage.key == "calibration":
             return _calibration_not_on_file(data)
+        if stage.runs_with:  # e.g. the calibration's audit: skipped when the calibration was
+            status, detail = _gate_status(data, data.stage(stage.runs_with))
+            if status in (Status.SKIPPED, Status.NOT_RUN):
+                return status, detail
         return Status.NOT_RUN, ""
     n = len(gate.checks)
     if gate.passed:

@@ -118,6 +118,14 @@ def _activation_rows(frac_nonzero: float, p10: float = 11.5) -> list[tuple]:
     ]
 
 
+def _audit(out: Path, passed: bool = True) -> None:
+    """An audit's gate_report as tasks/gates.py writes it: one row per arm, its largest
+    |logged - recomputed| against the tolerance."""
+    rows = [(f"{TREATMENT}.max_abs_diff", 0.0 if passed else 0.25, "max", "<= 1e-09", passed),
+            (f"{BASELINE}.max_abs_diff", 0.0, "max", "<= 1e-09 + float32 rounding of the cookbook", True)]
+    _gate("audit", rows, out)
+
+
 def make_run(root: Path, *, stop_at_activation: bool = False, calibrated: bool = False) -> Path:
     """A run directory as the flow writes it: complete, or stopped by a failed activation gate."""
     rng = np.random.default_rng(0)
@@ -131,6 +139,7 @@ def make_run(root: Path, *, stop_at_activation: bool = False, calibrated: bool =
     _gate("offline_unit_checks", [("forced_activation", 1.0, "min", "1", True)], run / "unit_checks")
     for arm, n_steps in ((TREATMENT, 2), (BASELINE, 1)):
         _write_arm_logs(run / "pilot" / arm, arm, range(n_steps), rng)
+    _audit(run / "audit" / "pilot")
     write_artifact("heldout", [{"prompt_id": f"arithmetic/train/{k}", "sample_idx": 0, "reward": 1.0} for k in range(8)],
                    run / "pilot" / "heldout.parquet")  # fmt: skip
     write_json_atomic(run / "pilot" / "timings.json", {"setup_seconds": {TREATMENT: 12.0, BASELINE: 11.0},
@@ -141,6 +150,7 @@ def make_run(root: Path, *, stop_at_activation: bool = False, calibrated: bool =
     if calibrated:
         _gate("activation_gate", _activation_rows(frac_nonzero=0.9, p10=3.25), run / "gate")
         _write_arm_logs(run / "calibration" / TREATMENT, TREATMENT, range(2), rng)
+        _audit(run / "audit" / "calibration")
         _gate("activation_gate", _activation_rows(frac_nonzero=0.9, p10=9.5), run / "calibration" / "gate")
         write_json_atomic(run / "calibration" / "revised_spec.json",
                           {"revisions": [{"change": {"arm": TREATMENT, "kernel.bandwidth": 1.0}}]})  # fmt: skip
@@ -156,6 +166,7 @@ def make_run(root: Path, *, stop_at_activation: bool = False, calibrated: bool =
         write_json_atomic(run / "train" / arm / "final.json", {"arm": arm, "sampler_path": "/tmp/x"})
         write_artifact("checkpoints", [{"next_step": 2, "state_path": "/tmp/state", "wall_time": 1.7e9}],
                        run / "train" / arm / "checkpoints.parquet")  # fmt: skip
+    _audit(run / "audit" / "train")
     correct = {TREATMENT: rng.random(40) < 0.7, BASELINE: rng.random(40) < 0.5}
     for arm, flags in correct.items():
         rows = [{"item_id": f"arithmetic/test/{k}", "arm": arm, "correct": bool(c), "extracted_answer": "3",
@@ -193,8 +204,11 @@ def test_complete_run_report(tmp_path):
     assert "h=0.5, window 64" in page
     # Every stage ran; every gate has its table; no missing-stage message.
     assert set(result.stages.values()) <= {"done", "passed", "skipped"}
-    assert result.stages["calibration"] == "skipped"
-    for gate in ("correctness preflight", "offline unit checks", "activation gate", "feasibility"):
+    assert result.stages["calibration"] == result.stages["audit_calibration"] == "skipped"
+    assert result.stages["audit_pilot"] == result.stages["audit_train"] == "passed"
+    gates = ("correctness preflight", "offline unit checks", "pilot log audit", "activation gate", "feasibility",
+             "training log audit")
+    for gate in gates:
         assert f"<h3>{gate} " in page
     assert "NOT RUN" not in page and "FAIL<" not in page
     # The embedded images are exactly the PNG files; nothing is fetched from anywhere.
@@ -254,6 +268,7 @@ def test_calibrated_run_continues_past_the_failed_activation_gate(tmp_path):
     page = Path(result.html).read_text()
     assert result.stopped_at is None and result.verdict is not None
     assert result.stages["activation_gate"] == "failed" and result.stages["calibration"] == "passed"
+    assert result.stages["audit_calibration"] == "passed"
     assert "the pre-registered bandwidth calibration then passed" in page
     assert "h=0.5 → 1 (calibration)" in page
     assert "<h3>activation gate " in page and "<h3>calibration gate " in page
@@ -446,40 +461,60 @@ def test_gate_artifact_reads_like_the_report(tmp_path, prefect_harness):
     assert arts["calibration-activation-gate"].description.startswith("calibration activation_gate: FAILED")
 
 
-def test_a_gate_stage_added_to_the_list_gets_its_row_its_table_and_can_stop_the_flow(tmp_path):
-    """A new gate (here an audit of the training logs after the full runs) needs one GateStage in
-    the stage list: its gate_report is read, the stage table has its row, the Gates section its
-    table, and when it fails the flow is shown stopped there."""
-    from report.model import STAGES, GateStage
-
-    audit = GateStage("audit", "training-log audit", lambda run: run.audit_dir("train"), observed_label="logged value")
-    stages = tuple(s for stage in STAGES for s in ((stage, audit) if stage.key == "train" else (stage,)))
+def test_a_failed_training_audit_stops_the_run_before_eval(tmp_path):
     run = make_run(tmp_path)
     for d in ("eval", "decision"):
         for f in sorted((run / d).rglob("*"), reverse=True):
             f.unlink() if f.is_file() else f.rmdir()
+    _audit(run / "audit" / "train", passed=False)
+    write_artifact("audit_mismatches", [
+        {"arm": TREATMENT, "step": 3, "row": 51, "column": "advantage", "logged": 0.75, "recomputed": 0.5},
+    ], run / "audit" / "train" / "mismatches.parquet")
+    result = write_report(run)
+    assert result.stopped_at == "audit_train" and result.stages["audit_train"] == "failed"
+    page = Path(result.html).read_text()
+    assert "The training log audit failed: gs1_kernel.max_abs_diff = 0.25 (needs &lt;= 1e-09)" in page
+    assert page.count("not run: the flow stopped at the training log audit") == 2  # eval, decision
+    # each mismatch: where (arm, step, row, column) and both values
+    assert "Logged values the audit could not reproduce (1):" in page
+    assert "<tr><td>gs1_kernel</td><td>3</td><td>51</td><td>advantage</td><td>0.75</td><td>0.5</td></tr>" in page
+    md = Path(result.markdown).read_text()
+    assert "| arm | step | row | column | logged | recomputed |\n|---|---|---|---|---|---|\n| gs1_kernel | 3 | 51 | advantage | 0.75 | 0.5 |" in md
+
+
+def test_a_gate_stage_added_to_the_list_gets_its_row_its_table_and_can_stop_the_flow(tmp_path):
+    """A new gate (here a made-up audit of the eval answers) needs one GateStage in the stage
+    list: its gate_report is read, the stage table has its row, the Gates section its table, and
+    when it fails the flow is shown stopped there."""
+    from report.model import STAGES, GateStage
+
+    added = GateStage("eval_audit", "eval answer audit", lambda run: run.root / "eval_audit", observed_label="logged value")
+    stages = tuple(s for stage in STAGES for s in ((stage, added) if stage.key == "eval" else (stage,)))
+    run = make_run(tmp_path)
+    for f in sorted((run / "decision").rglob("*"), reverse=True):
+        f.unlink() if f.is_file() else f.rmdir()
     write_artifact("gate_report", [
-        {"gate": "audit", "metric": f"reward[arm={TREATMENT}, step=2, row=5]", "value": 0.0, "op": "one_of",
+        {"gate": "eval_audit", "metric": f"correct[arm={TREATMENT}, row=5]", "value": 0.0, "op": "one_of",
          "bound": "(1.0,)", "passed": False, "observed": "1.0"},
-        {"gate": "audit", "metric": f"reward[arm={BASELINE}, step=2, row=5]", "value": 1.0, "op": "one_of",
+        {"gate": "eval_audit", "metric": f"correct[arm={BASELINE}, row=5]", "value": 1.0, "op": "one_of",
          "bound": "(1.0,)", "passed": True, "observed": "1.0"},
-    ], run / "audit" / "train" / "gate_report.parquet")
+    ], run / "eval_audit" / "gate_report.parquet")
 
     result = write_report(run, stages=stages)
     assert list(result.stages) == [s.key for s in stages]
-    assert result.stages["audit"] == "failed" and result.stopped_at == "audit"
-    assert result.stages["eval"] == result.stages["decision"] == "not run"
+    assert result.stages["eval_audit"] == "failed" and result.stopped_at == "eval_audit"
+    assert result.stages["decision"] == "not run"
     page = html.unescape(Path(result.html).read_text())
-    assert "The training-log audit failed: reward[arm=gs1_kernel, step=2, row=5] = 0 (needs one of {1})" in page
-    assert "<h3>training-log audit " in page and "<th>logged value</th>" in page
-    row = re.search(r'<tr class="failrow"><td>reward\[arm=gs1_kernel, step=2, row=5\]</td>.*?</tr>', page)
+    assert "The eval answer audit failed: correct[arm=gs1_kernel, row=5] = 0 (needs one of {1})" in page
+    assert "<h3>eval answer audit " in page and "<th>logged value</th>" in page
+    row = re.search(r'<tr class="failrow"><td>correct\[arm=gs1_kernel, row=5\]</td>.*?</tr>', page)
     assert row and '<td class="num">0</td><td>1.0</td><td>one of {1}</td>' in row.group(0)
-    assert page.count("not run: the flow stopped at the training-log audit") == 2
+    assert page.count("not run: the flow stopped at the eval answer audit") == 1
     md = Path(result.markdown).read_text()
-    assert "### training-log audit: FAILED" in md
-    assert "| reward[arm=gs1_kernel, step=2, row=5] | 0 | 1.0 | one of {1} | **FAIL** |" in md
+    assert "### eval answer audit: FAILED" in md
+    assert "| correct[arm=gs1_kernel, row=5] | 0 | 1.0 | one of {1} | **FAIL** |" in md
     # without the stage in the list, the same directory renders as before
-    assert "audit" not in write_report(run).stages
+    assert "eval_audit" not in write_report(run).stages
 
 
 def test_artifact_markdown_embeds_the_plots_and_links_the_page(tmp_path):
