@@ -19,6 +19,7 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
 import rl
 import schemas
 from rl.backends import make_service_client
+from schemas.gate_text import GateRow, gate_failed_message
 
 # ---------------------------------------------------------------------------------------------
 # Gates
@@ -33,10 +34,7 @@ class GateFailed(Exception):
     def __init__(self, gate: str, results: list[dict]):
         self.gate = gate
         self.results = [dict(r) for r in results]
-        failing = [r for r in self.results if not r["passed"]]
-        shown = failing or self.results
-        text = "; ".join(f"{r['metric']}={_fmt(r['value'])} (needs {r['op']} {r['bound']})" for r in shown)
-        super().__init__(f"gate '{gate}' failed: {text}")
+        super().__init__(gate_failed_message(gate, [GateRow.from_row({"gate": gate, **r}) for r in self.results]))
 
     def __reduce__(self):
         return (GateFailed, (self.gate, self.results))
@@ -44,12 +42,6 @@ class GateFailed(Exception):
     @property
     def failing(self) -> list[dict]:
         return [r for r in self.results if not r["passed"]]
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ from pathlib import Path
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from gs1.report import failing_text, fmt, needs_text
 from rl.checks import run_offline_checks
 from rl.audit import RolloutLog, audit_log
 from rl.reference import gs1_kernel_reference
@@ -21,6 +20,7 @@ from rl.gates import compute_gate_metrics, evaluate_checks
 from rl.stats import paired_decision
 from schemas.arm import ArmConfig
 from schemas.artifacts import DECISION, read_artifact, write_artifact
+from schemas.gate_text import GateRow, failing_text, fmt
 from schemas.layout import AuditStage, PilotStage, RunLayout
 from schemas.plan import DecisionPlan
 from schemas.spec import Budget, GateCheck
@@ -47,13 +47,13 @@ def record_gate(gate: str, rows: list[dict], out_dir: Path, stage: str | None = 
     rows = [{"observed": None, **r} for r in rows]
     write_artifact("gate_report", rows, out_dir / "gate_report.parquet")
     prefix = f"{stage}-" if stage else ""
-    failing = [r for r in rows if not r["passed"]]
+    checks = [GateRow.from_row(r) for r in rows]
+    failing = failing_text(checks)
     create_table_artifact(
         key=(prefix + gate).replace("_", "-").lower(),
-        table=table or [{"metric": r["metric"], "value": fmt(r["value"]), "needs": needs_text(r),
-                         "result": "PASS" if r["passed"] else "FAIL"} for r in rows],
+        table=table or [{"metric": c.metric, "value": c.value_text, "needs": c.needs, "result": c.result} for c in checks],
         description=(f"{prefix.replace('-', ' ')}{gate}: "
-                     + (f"FAILED on {failing_text(rows)}" if failing else f"passed, {len(rows)} checks")),
+                     + (f"FAILED on {failing}" if failing else f"passed, {len(rows)} checks")),
     )  # fmt: skip
     if failing:
         raise GateFailed(gate + (f" ({stage})" if prefix else ""), rows)

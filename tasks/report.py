@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from gs1.report import embedded_markdown, write_report
+from report import ReportFiles, write_report
 
 
 @task(name="report", cache_policy=NO_CACHE)
-def run_report(run_dir: str, stopped: str | None = None) -> dict:
+def run_report(run_dir: str, stopped: str | None = None) -> ReportFiles:
     """Plots + report.html + report.md under `<run_dir>/report/`; a markdown artifact (key
     "report") with the plots embedded and the HTML page's path. Never cached: it shows whatever
     the run directory holds now. `stopped`: why this flow run failed, for the headline."""
     result = write_report(run_dir, stopped=stopped)
-    html_path = Path(result["html"]).resolve()
-    markdown = embedded_markdown(result["out_dir"]).replace(
-        "Full report (self-contained): `report.html`",
-        f"Full report (self-contained HTML): [{html_path}]({html_path.as_uri()})",
-    )
-    create_markdown_artifact(key="report", markdown=markdown, description=result["headline"][:500])
+    create_markdown_artifact(key="report", markdown=result.artifact_markdown, description=result.headline[:500])
     return result

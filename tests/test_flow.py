@@ -88,7 +88,7 @@ def test_failing_gate_stops_the_flow_with_the_metric_in_the_state(prefect_harnes
     spec = flow_spec(repo_root, tiny_model_dir, bounds={"pilot_mean_reward": {"min": 0.95, "max": 1.0}})
     state, run_dir = run_flow(tmp_path, spec)
     assert state.is_failed()
-    assert "pilot_mean_reward" in state.message and "needs min 0.95" in state.message
+    assert "pilot_mean_reward" in state.message and "(needs ≥ 0.95)" in state.message
     gate = [r for r in read_rows("gate_report", run_dir / "gate" / "gate_report.parquet") if r["metric"] == "pilot_mean_reward"]
     failed = [r for r in gate if not r["passed"]]
     assert len(failed) == 1 and failed[0]["op"] == "min" and failed[0]["value"] < 0.95
@@ -182,6 +182,6 @@ def test_gs1_run_gate_failure_is_one_line_exit_1_without_traceback(prefect_harne
     out, err = capfd.readouterr()
     assert rc == 1
     last = err.strip().splitlines()[-1]
-    assert last.startswith("gs1: gate 'activation_gate' failed: pilot_mean_reward=") and "(needs min 0.95)" in last
+    assert last.startswith("gs1: gate 'activation_gate' failed: pilot_mean_reward = ") and "(needs ≥ 0.95)" in last
     assert "Task run failed with exception: GateFailed" in out + err  # Prefect's line is still there
     assert "Traceback" not in out + err

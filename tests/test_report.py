@@ -14,7 +14,7 @@ import pytest
 
 from gs1.cli import main
 from schemas.errors import UserError
-from gs1.report import PLOTS, load_run, stage_statuses, write_report
+from report import PLOTS, load_run, stage_statuses, write_report
 from rl.stats import paired_decision
 from schemas.artifacts import write_artifact
 from schemas.io import write_json_atomic, write_jsonl_atomic
@@ -118,6 +118,14 @@ def _activation_rows(frac_nonzero: float, p10: float = 11.5) -> list[tuple]:
     ]
 
 
+def _audit(out: Path, passed: bool = True) -> None:
+    """An audit's gate_report as tasks/gates.py writes it: one row per arm, its largest
+    |logged - recomputed| against the tolerance."""
+    rows = [(f"{TREATMENT}.max_abs_diff", 0.0 if passed else 0.25, "max", "<= 1e-09", passed),
+            (f"{BASELINE}.max_abs_diff", 0.0, "max", "<= 1e-09 + float32 rounding of the cookbook", True)]
+    _gate("audit", rows, out)
+
+
 def make_run(root: Path, *, stop_at_activation: bool = False, calibrated: bool = False) -> Path:
     """A run directory as the flow writes it: complete, or stopped by a failed activation gate."""
     rng = np.random.default_rng(0)
@@ -131,6 +139,7 @@ def make_run(root: Path, *, stop_at_activation: bool = False, calibrated: bool =
     _gate("offline_unit_checks", [("forced_activation", 1.0, "min", "1", True)], run / "unit_checks")
     for arm, n_steps in ((TREATMENT, 2), (BASELINE, 1)):
         _write_arm_logs(run / "pilot" / arm, arm, range(n_steps), rng)
+    _audit(run / "audit" / "pilot")
     write_artifact("heldout", [{"prompt_id": f"arithmetic/train/{k}", "sample_idx": 0, "reward": 1.0} for k in range(8)],
                    run / "pilot" / "heldout.parquet")  # fmt: skip
     write_json_atomic(run / "pilot" / "timings.json", {"setup_seconds": {TREATMENT: 12.0, BASELINE: 11.0},
@@ -141,6 +150,7 @@ def make_run(root: Path, *, stop_at_activation: bool = False, calibrated: bool =
     if calibrated:
         _gate("activation_gate", _activation_rows(frac_nonzero=0.9, p10=3.25), run / "gate")
         _write_arm_logs(run / "calibration" / TREATMENT, TREATMENT, range(2), rng)
+        _audit(run / "audit" / "calibration")
         _gate("activation_gate", _activation_rows(frac_nonzero=0.9, p10=9.5), run / "calibration" / "gate")
         write_json_atomic(run / "calibration" / "revised_spec.json",
                           {"revisions": [{"change": {"arm": TREATMENT, "kernel.bandwidth": 1.0}}]})  # fmt: skip
@@ -156,6 +166,7 @@ def make_run(root: Path, *, stop_at_activation: bool = False, calibrated: bool =
         write_json_atomic(run / "train" / arm / "final.json", {"arm": arm, "sampler_path": "/tmp/x"})
         write_artifact("checkpoints", [{"next_step": 2, "state_path": "/tmp/state", "wall_time": 1.7e9}],
                        run / "train" / arm / "checkpoints.parquet")  # fmt: skip
+    _audit(run / "audit" / "train")
     correct = {TREATMENT: rng.random(40) < 0.7, BASELINE: rng.random(40) < 0.5}
     for arm, flags in correct.items():
         rows = [{"item_id": f"arithmetic/test/{k}", "arm": arm, "correct": bool(c), "extracted_answer": "3",
@@ -179,8 +190,8 @@ def test_complete_run_report(tmp_path):
     result = write_report(run)
 
     out = run / "report"
-    assert result["out_dir"] == str(out) and result["verdict"] == verdict and result["stopped_at"] is None
-    assert sorted(result["plots"]) == sorted(PLOTS) and result["not_drawn"] == {}
+    assert result.out_dir == out and result.verdict == verdict and result.stopped_at is None
+    assert sorted(result.plots) == sorted(PLOTS) and result.not_drawn == {}
     for name in PLOTS:
         png = (out / f"{name}.png").read_bytes()
         assert png.startswith(PNG_MAGIC) and len(png) > 5000, name
@@ -192,9 +203,12 @@ def test_complete_run_report(tmp_path):
     assert "<td>16 × 1 = 16</td>" in page and "<td>2 × 8 = 16</td>" in page
     assert "h=0.5, window 64" in page
     # Every stage ran; every gate has its table; no missing-stage message.
-    assert set(result["stages"].values()) <= {"done", "passed", "skipped"}
-    assert result["stages"]["calibration"] == "skipped"
-    for gate in ("correctness preflight", "offline unit checks", "activation gate", "feasibility"):
+    assert set(result.stages.values()) <= {"done", "passed", "skipped"}
+    assert result.stages["calibration"] == result.stages["audit_calibration"] == "skipped"
+    assert result.stages["audit_pilot"] == result.stages["audit_train"] == "passed"
+    gates = ("correctness preflight", "offline unit checks", "pilot log audit", "activation gate", "feasibility",
+             "training log audit")
+    for gate in gates:
         assert f"<h3>{gate} " in page
     assert "NOT RUN" not in page and "FAIL<" not in page
     # The embedded images are exactly the PNG files; nothing is fetched from anywhere.
@@ -214,15 +228,15 @@ def test_report_is_deterministic(tmp_path):
     first = write_report(run, out_dir=tmp_path / "a")
     second = write_report(run, out_dir=tmp_path / "b")
     for name in ["report.html", "report.md", *(f"{p}.png" for p in PLOTS)]:
-        assert (Path(first["out_dir"]) / name).read_bytes() == (Path(second["out_dir"]) / name).read_bytes(), name
+        assert (Path(first.out_dir) / name).read_bytes() == (Path(second.out_dir) / name).read_bytes(), name
 
 
 def test_failed_activation_gate_report(tmp_path):
     run = make_run(tmp_path, stop_at_activation=True)
     result = write_report(run)
-    page = Path(result["html"]).read_text()
+    page = Path(result.html).read_text()
 
-    assert result["verdict"] is None and result["stopped_at"] == "activation_gate"
+    assert result.verdict is None and result.stopped_at == "activation_gate"
     assert "NO DECISION: STOPPED AT A GATE" in page
     # The failing check: metric, value and bound, in the headline and as a red FAIL row.
     assert "frac_nonzero_advantage_treatment = 0.3125 (needs ≥ 0.5)" in page
@@ -230,30 +244,31 @@ def test_failed_activation_gate_report(tmp_path):
     assert row and "0.3125" in row.group(0) and "≥ 0.5" in row.group(0) and ">FAIL<" in row.group(0)
     assert page.count('class="failrow"><td>frac_nonzero') == 1 and 'class="passrow"><td>pilot_mean_reward' in page
     # Every later stage says it did not run and why; calibration was not the answer to this failure.
-    stages = result["stages"]
+    stages = result.stages
     assert stages["activation_gate"] == "failed" and stages["pilot"] == "done"
     for key in ("feasibility", "train", "eval", "decision"):
         assert stages[key] == "not run", key
     assert page.count("not run: the flow stopped at the activation gate") >= 4
     assert "the pre-registered calibration only answers a failed kernel_effective_neighbors_p10" in page
     # Plots from what exists (the pilot); eval is not drawn, and the page says why.
-    assert set(result["plots"]) == {"reward_per_step", "advantage_baseline", "effective_neighbours", "wall_time"}
-    assert "eval did not run" in result["not_drawn"]["eval_accuracy"]
+    assert set(result.plots) == {"reward_per_step", "advantage_baseline", "effective_neighbours", "wall_time"}
+    assert "eval did not run" in result.not_drawn["eval_accuracy"]
     assert len(re.findall(r'src="data:image/png;base64,', page)) == 4
     assert "Not drawn: no eval results (eval did not run)." in page
     for arm in (TREATMENT, BASELINE):
         assert arm in page
     assert not _external_urls(page)
-    md = Path(result["markdown"]).read_text()
+    md = Path(result.markdown).read_text()
     assert "| frac_nonzero_advantage_treatment | 0.3125 | ≥ 0.5 | **FAIL** |" in md
 
 
 def test_calibrated_run_continues_past_the_failed_activation_gate(tmp_path):
     run = make_run(tmp_path, calibrated=True)
     result = write_report(run)
-    page = Path(result["html"]).read_text()
-    assert result["stopped_at"] is None and result["verdict"] is not None
-    assert result["stages"]["activation_gate"] == "failed" and result["stages"]["calibration"] == "passed"
+    page = Path(result.html).read_text()
+    assert result.stopped_at is None and result.verdict is not None
+    assert result.stages["activation_gate"] == "failed" and result.stages["calibration"] == "passed"
+    assert result.stages["audit_calibration"] == "passed"
     assert "the pre-registered bandwidth calibration then passed" in page
     assert "h=0.5 → 1 (calibration)" in page
     assert "<h3>activation gate " in page and "<h3>calibration gate " in page
@@ -277,16 +292,16 @@ def test_training_in_progress_reads_per_step_logs(tmp_path):
     for key in ("eval", "decision"):  # the frontier is training, still running
         assert statuses[key].status == "not run" and statuses[key].detail == "not run yet: comes after full training runs"
     result = write_report(run)
-    assert "reward_per_step" in result["plots"] and "NO DECISION YET" in Path(result["html"]).read_text()
+    assert "reward_per_step" in result.plots and "NO DECISION YET" in Path(result.html).read_text()
 
 
 def test_unreadable_artifact_is_named_and_the_rest_renders(tmp_path):
     run = make_run(tmp_path)
     (run / "feasibility" / "gate_report.parquet").write_bytes(b"not parquet")
     result = write_report(run)
-    page = Path(result["html"]).read_text()
-    assert result["problems"] and "gate_report.parquet: not a readable Parquet file" in result["problems"][0]
-    assert "Unreadable files (treated as missing)" in page and result["verdict"] in page.lower()
+    page = Path(result.html).read_text()
+    assert result.problems and "gate_report.parquet: not a readable Parquet file" in result.problems[0]
+    assert "Unreadable files (treated as missing)" in page and result.verdict in page.lower()
 
 
 def test_rerender_removes_plots_whose_data_is_gone(tmp_path):
@@ -355,7 +370,7 @@ def test_report_task_publishes_markdown_artifact(tmp_path, prefect_harness):
 
     state = report_flow(str(run), return_state=True)
     result = state.result()
-    assert Path(result["html"]).is_file()
+    assert Path(result.html).is_file()
     flow_run_id = state.state_details.flow_run_id
 
     async def latest():
@@ -367,7 +382,7 @@ def test_report_task_publishes_markdown_artifact(tmp_path, prefect_harness):
 
     artifact = asyncio.run(latest())
     assert artifact.type == "markdown"
-    assert result["verdict"].upper() in artifact.data
+    assert result.verdict.upper() in artifact.data
     assert artifact.data.count("](data:image/png;base64,") == len(PLOTS)
     assert (run / "report" / "report.html").resolve().as_uri() in artifact.data
 
@@ -377,27 +392,27 @@ def test_a_failed_rerun_does_not_show_an_earlier_runs_decision_as_its_own(tmp_pa
     changed bound, a Retry): the headline is this run's failure, the old verdict is labelled."""
     run = make_run(tmp_path)
     old = json.loads((run / "decision" / "decision.json").read_text())
-    why = "gate 'activation_gate' failed: pilot_mean_reward=0.1875 (needs min 0.3)"
+    why = "gate 'activation_gate' failed: pilot_mean_reward = 0.1875 (needs ≥ 0.3)"
     result = write_report(run, stopped=why)
-    page = Path(result["html"]).read_text()
-    assert result["verdict"] is None
-    assert "NO DECISION: STOPPED AT A GATE" in page and f"This run ended Failed: {html.escape(why)}" in page
+    page = Path(result.html).read_text()
+    assert result.verdict is None
+    assert "NO DECISION: STOPPED AT A GATE" in page and f"This run ended Failed: {why}" in html.unescape(page)
     assert page.index("NO DECISION: STOPPED AT A GATE") < page.index("<h2>Stages</h2>")
-    assert "holds an earlier run's decision.json" in page
+    assert "holds an earlier run's decision.json" in html.unescape(page)
     assert f">{old['verdict'].upper()}<" not in page  # no big verdict for this run
-    md = Path(result["markdown"]).read_text()
+    md = Path(result.markdown).read_text()
     assert "No decision in this run" in md and "earlier run" in md
     # this run's activation gate failed (a stricter bound, say): the later stages on file are
     # labelled as an earlier run's, not shown as done
     _gate("activation_gate", _activation_rows(frac_nonzero=0.3125), run / "gate")
-    stages = write_report(run, stopped=why)["stages"]
+    stages = write_report(run, stopped=why).stages
     assert stages["activation_gate"] == "failed" and stages["pilot"] == "done"
     for key in ("feasibility", "train", "eval", "decision"):
         assert stages[key] == "earlier run", key
     page = (run / "report" / "report.html").read_text()
-    assert page.count("not this run&#x27;s (it stopped at the activation gate)") >= 4
+    assert html.unescape(page).count("not this run's (it stopped at the activation gate)") >= 4
     # without `stopped` the directory renders as what it holds
-    assert write_report(run)["verdict"] == old["verdict"]
+    assert write_report(run).verdict == old["verdict"]
 
 
 def test_gate_artifact_reads_like_the_report(tmp_path, prefect_harness):
@@ -444,3 +459,73 @@ def test_gate_artifact_reads_like_the_report(tmp_path, prefect_harness):
     ]
     assert "FAILED on pilot_mean_reward = 0.1875 (needs ≥ 0.3)" in arts["activation-gate"].description
     assert arts["calibration-activation-gate"].description.startswith("calibration activation_gate: FAILED")
+
+
+def test_a_failed_training_audit_stops_the_run_before_eval(tmp_path):
+    run = make_run(tmp_path)
+    for d in ("eval", "decision"):
+        for f in sorted((run / d).rglob("*"), reverse=True):
+            f.unlink() if f.is_file() else f.rmdir()
+    _audit(run / "audit" / "train", passed=False)
+    write_artifact("audit_mismatches", [
+        {"arm": TREATMENT, "step": 3, "row": 51, "column": "advantage", "logged": 0.75, "recomputed": 0.5},
+    ], run / "audit" / "train" / "mismatches.parquet")
+    result = write_report(run)
+    assert result.stopped_at == "audit_train" and result.stages["audit_train"] == "failed"
+    page = Path(result.html).read_text()
+    assert "The training log audit failed: gs1_kernel.max_abs_diff = 0.25 (needs &lt;= 1e-09)" in page
+    assert page.count("not run: the flow stopped at the training log audit") == 2  # eval, decision
+    # each mismatch: where (arm, step, row, column) and both values
+    assert "Logged values the audit could not reproduce (1):" in page
+    assert "<tr><td>gs1_kernel</td><td>3</td><td>51</td><td>advantage</td><td>0.75</td><td>0.5</td></tr>" in page
+    md = Path(result.markdown).read_text()
+    assert "| arm | step | row | column | logged | recomputed |\n|---|---|---|---|---|---|\n| gs1_kernel | 3 | 51 | advantage | 0.75 | 0.5 |" in md
+
+
+def test_a_gate_stage_added_to_the_list_gets_its_row_its_table_and_can_stop_the_flow(tmp_path):
+    """A new gate (here a made-up audit of the eval answers) needs one GateStage in the stage
+    list: its gate_report is read, the stage table has its row, the Gates section its table, and
+    when it fails the flow is shown stopped there."""
+    from report.model import STAGES, GateStage
+
+    added = GateStage("eval_audit", "eval answer audit", lambda run: run.root / "eval_audit", observed_label="logged value")
+    stages = tuple(s for stage in STAGES for s in ((stage, added) if stage.key == "eval" else (stage,)))
+    run = make_run(tmp_path)
+    for f in sorted((run / "decision").rglob("*"), reverse=True):
+        f.unlink() if f.is_file() else f.rmdir()
+    write_artifact("gate_report", [
+        {"gate": "eval_audit", "metric": f"correct[arm={TREATMENT}, row=5]", "value": 0.0, "op": "one_of",
+         "bound": "(1.0,)", "passed": False, "observed": "1.0"},
+        {"gate": "eval_audit", "metric": f"correct[arm={BASELINE}, row=5]", "value": 1.0, "op": "one_of",
+         "bound": "(1.0,)", "passed": True, "observed": "1.0"},
+    ], run / "eval_audit" / "gate_report.parquet")
+
+    result = write_report(run, stages=stages)
+    assert list(result.stages) == [s.key for s in stages]
+    assert result.stages["eval_audit"] == "failed" and result.stopped_at == "eval_audit"
+    assert result.stages["decision"] == "not run"
+    page = html.unescape(Path(result.html).read_text())
+    assert "The eval answer audit failed: correct[arm=gs1_kernel, row=5] = 0 (needs one of {1})" in page
+    assert "<h3>eval answer audit " in page and "<th>logged value</th>" in page
+    row = re.search(r'<tr class="failrow"><td>correct\[arm=gs1_kernel, row=5\]</td>.*?</tr>', page)
+    assert row and '<td class="num">0</td><td>1.0</td><td>one of {1}</td>' in row.group(0)
+    assert page.count("not run: the flow stopped at the eval answer audit") == 1
+    md = Path(result.markdown).read_text()
+    assert "### eval answer audit: FAILED" in md
+    assert "| correct[arm=gs1_kernel, row=5] | 0 | 1.0 | one of {1} | **FAIL** |" in md
+    # without the stage in the list, the same directory renders as before
+    assert "eval_audit" not in write_report(run).stages
+
+
+def test_artifact_markdown_embeds_the_plots_and_links_the_page(tmp_path):
+    run = make_run(tmp_path, stop_at_activation=True)
+    result = write_report(run)
+    text = result.artifact_markdown
+    embedded = re.findall(r"\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", text)
+    assert sorted(base64.b64decode(u) for u in embedded) == sorted(p.read_bytes() for p in result.plots.values())
+    assert f"Full report (self-contained HTML): [{result.html.resolve()}]({result.html.resolve().as_uri()})" in text
+    # the same summary as report.md otherwise
+    def without_links(markdown: str) -> list[str]:
+        return [line for line in re.sub(r"\]\([^)]*\)", "]()", markdown).splitlines() if not line.startswith("Full report")]
+
+    assert without_links(text) == without_links(Path(result.markdown).read_text())

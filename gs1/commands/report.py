@@ -20,9 +20,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from gs1.report import write_report  # lazy: start-up time
+    from report import write_report  # lazy: matplotlib loads only for this command, not for `gs1 --help`
 
     result = write_report(args.run_dir, out_dir=args.out)
-    print(result["html"])
-    print(result["headline"])
+    print(result.html)
+    print(result.headline)
     return 0

@@ -1,0 +1,493 @@
+"""What a run directory holds, as typed objects: the flow's stages, what each left on disk.
+
+    data = load_run(run_dir)     # RunData; a stage that did not run is simply absent
+
+The flow's stages are listed once, in flow order, in `STAGES`. A gate stage (`GateStage`) names
+its gate_report.parquet; adding one to the list is all it takes for the report to read its table,
+give it a row in the stage table and a table in the Gates section, and stop there when it failed.
+Any stage may be missing (a failed gate stops the flow); an unreadable file is named in
+`problems` and treated as absent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from schemas.errors import UserError
+from schemas.artifacts import read_artifact
+from schemas.layout import PILOT_STAGES, RunLayout, steps_dir
+from schemas.gate_text import GateRow, failing_text, fmt, gate_passed
+
+KERNEL_ADVANTAGE = "kernel_cross_prompt_baseline"
+KERNEL_P10_METRIC = "kernel_effective_neighbors_p10"
+
+
+# ---------------------------------------------------------------------------------------------
+# The flow's stages (flows/experiment.py), in flow order
+
+
+@dataclass(frozen=True)
+class Stage:
+    key: str
+    title: str  # as people read it in the stage table
+
+    @property
+    def heading(self) -> str:
+        return self.title
+
+
+@dataclass(frozen=True)
+class DetailSource:
+    """A table a gate writes beside its gate_report, listed under the gate's table."""
+
+    kind: str  # its artifact schema (schemas/artifacts.py)
+    file: str  # in the gate's folder
+    title: str  # what its rows are, for people
+
+
+@dataclass(frozen=True)
+class GateStage(Stage):
+    """A stage that judges: its gate_report.parquet holds one row per check."""
+
+    gate_dir: Callable[[RunLayout], Path]  # where it writes gate_report.parquet (schemas.layout names it)
+    table_title: str = ""  # heading of its table in the Gates section (default: `title`)
+    observed_label: str = ""  # when set, its table shows the rows' `observed` column under this heading
+    runs_with: str = ""  # the stage it runs only as part of: skipped or not run with it, for its reason
+    detail: DetailSource | None = None
+
+    @property
+    def heading(self) -> str:
+        return self.table_title or self.title
+
+
+AUDIT_MISMATCHES = DetailSource("audit_mismatches", "mismatches.parquet", "logged values the audit could not reproduce")
+STAGES: tuple[Stage, ...] = (
+    Stage("spec", "validate spec"),
+    GateStage("preflight", "correctness preflight", lambda run: run.preflight_dir),
+    GateStage("unit_checks", "offline unit checks", lambda run: run.unit_checks_dir),
+    Stage("pilot", "pilot (2 treatment steps, 1 baseline step)"),
+    GateStage("audit_pilot", "pilot log audit", lambda run: run.audit_dir("pilot"), detail=AUDIT_MISMATCHES),
+    GateStage("activation_gate", "activation gate", lambda run: run.gate_dir("pilot")),
+    GateStage("audit_calibration", "calibration pilot log audit", lambda run: run.audit_dir("calibration"),
+              runs_with="calibration", detail=AUDIT_MISMATCHES),
+    GateStage("calibration", "bandwidth calibration", lambda run: run.gate_dir("calibration"), table_title="calibration gate"),
+    GateStage("feasibility", "feasibility", lambda run: run.feasibility_dir),
+    Stage("train", "full training runs"),
+    GateStage("audit_train", "training log audit", lambda run: run.audit_dir("train"), detail=AUDIT_MISMATCHES),
+    Stage("eval", "eval"),
+    Stage("decision", "decision"),
+)
+LOG_SOURCES = (*PILOT_STAGES, "train")  # stages that train arms and log their steps
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON records the flow writes (read leniently: absent fields are None)
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class KernelPlan(_Record):
+    family: str | None = None
+    bandwidth: float | None = None
+    window: int | None = None
+    features: list[str] | None = None
+
+
+class ArmPlan(_Record):
+    name: str
+    advantage: str | None = None
+    group_size: int | None = None
+    groups_per_batch: int | None = None
+    steps: int | None = None
+    lr: float | None = None
+    lora_rank: int | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    kernel: KernelPlan | None = None
+
+    @property
+    def rollouts_per_step(self) -> int:
+        return (self.groups_per_batch or 0) * (self.group_size or 0)
+
+
+class RunNames(_Record):
+    env: str | None = None
+    renderer: str | None = None
+    base_model: str | None = None
+    treatment: str | None = None
+    baseline: str | None = None
+
+
+class CheckPlan(_Record):
+    metric: str
+    measures: str = ""
+    min: float | None = None
+
+
+class DecisionRule(_Record):
+    method: str = "paired_hoeffding"
+    alpha: float | None = None
+    margin: float | None = None
+
+
+class Budget(_Record):
+    max_wall_minutes: float | None = None
+    gpu_hours: float | None = None
+
+
+class Plan(_Record):
+    """spec/plan.json: the validated spec as the flow runs it."""
+
+    title: str = ""
+    run: RunNames = RunNames()
+    arms: list[ArmPlan] = []
+    checks: list[CheckPlan] = []
+    n_eval: int | None = None
+    decision: DecisionRule = DecisionRule()
+    budget: Budget = Budget()
+
+
+class SpecNotes(_Record):
+    """spec/spec.json, as far as the report shows it."""
+
+    hypothesis: str | None = None
+
+
+class BootstrapCI(_Record):
+    confidence: float | None = None
+    n_resamples: int | None = None
+
+
+class McNemar(_Record):
+    b: int | None = None
+    c: int | None = None
+    n_discordant: int | None = None
+
+
+class Decision(_Record):
+    """decision/decision.json (rl.stats.paired_decision + the arm names)."""
+
+    verdict: str
+    n: int
+    mean_diff: float
+    lower: float
+    upper: float
+    alpha: float
+    margin: float
+    treatment: str | None = None
+    baseline: str | None = None
+    treatment_mean: float | None = None
+    baseline_mean: float | None = None
+    bootstrap_lower: float | None = None
+    bootstrap_upper: float | None = None
+    bootstrap_ci: BootstrapCI | None = None
+    mcnemar_p: float | None = None
+    mcnemar: McNemar | None = None
+    min_noninferior_true_diff: float | None = None
+
+
+class Feasibility(_Record):
+    """feasibility/feasibility.json: the projection of the full run from the pilot."""
+
+    phases: dict[str, float] = {}
+    wall_seconds: float = 0.0
+    budget_wall_seconds: float | None = None
+    status: str = "?"
+
+
+class Timings(_Record):
+    """<pilot|calibration>/timings.json."""
+
+    setup_seconds: dict[str, float] = {}
+
+
+@dataclass(frozen=True)
+class BandwidthRevision:
+    """The calibration's revision of one arm's kernel bandwidth (calibration/revised_spec.json)."""
+
+    arm: str
+    bandwidth: float
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables the flow writes
+
+
+@dataclass(frozen=True)
+class DetailTable:
+    """A gate's detail table as text (floats to 12 significant digits: audits compare them)."""
+
+    source: DetailSource
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+
+@dataclass(frozen=True)
+class GateTable:
+    """A gate stage's gate_report, one check per row, and its detail table when it has one."""
+
+    stage: GateStage
+    checks: tuple[GateRow, ...]
+    detail: DetailTable | None = None
+
+    @property
+    def passed(self) -> bool:
+        return gate_passed(self.checks)
+
+    @property
+    def failing(self) -> tuple[GateRow, ...]:
+        return tuple(c for c in self.checks if not c.passed)
+
+    @property
+    def failing_text(self) -> str:
+        return failing_text(self.checks)
+
+    def fails(self, metric: str) -> bool:
+        return any(c.metric == metric for c in self.failing)
+
+
+@dataclass(frozen=True)
+class ArmLogs:
+    """One arm's logs in one stage (pilot, calibration or train); tables are None when absent."""
+
+    rollouts: pa.Table | None = None
+    metrics: pa.Table | None = None
+    complete: bool = False  # the stage finished for this arm (merged logs / final.json)
+
+    @property
+    def steps_logged(self) -> int:
+        return 0 if self.metrics is None else self.metrics.num_rows
+
+
+@dataclass(frozen=True)
+class StageLogs:
+    """What one training stage logged: each arm's steps, and the stage's timings when it finished."""
+
+    arms: dict[str, ArmLogs]
+    timings: Timings | None = None
+
+
+@dataclass(frozen=True)
+class ArmEval:
+    """One arm's eval: per item, whether it answered correctly."""
+
+    arm: str
+    correct: tuple[bool, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.correct)
+
+    @property
+    def n_correct(self) -> int:
+        return sum(self.correct)
+
+    @property
+    def accuracy(self) -> float:
+        return self.n_correct / self.n if self.n else float("nan")
+
+
+@dataclass(frozen=True)
+class RunData:
+    run_dir: Path
+    plan: Plan
+    stages: tuple[Stage, ...] = STAGES  # the flow's stages this directory was read by
+    spec: SpecNotes = SpecNotes()
+    gates: dict[str, GateTable] = field(default_factory=dict)  # gate stage key -> its table
+    logs: dict[str, StageLogs] = field(default_factory=dict)  # pilot / calibration / train -> logs
+    evals: dict[str, ArmEval] = field(default_factory=dict)  # arm -> eval
+    feasibility: Feasibility | None = None
+    decision: Decision | None = None
+    revision: BandwidthRevision | None = None
+    problems: tuple[str, ...] = ()  # unreadable files, named
+    # the error's message when the flow run rendering this page ended Failed (`with_stopped`):
+    # then a decision.json in the directory is an earlier run's and is not this run's verdict
+    stopped: str | None = None
+
+    def with_stopped(self, stopped: str | None) -> RunData:
+        return replace(self, stopped=stopped)
+
+    @property
+    def gate_stages(self) -> tuple[GateStage, ...]:
+        return tuple(s for s in self.stages if isinstance(s, GateStage))
+
+    def stage(self, key: str) -> Stage:
+        return next(s for s in self.stages if s.key == key)
+
+    @property
+    def arm_names(self) -> list[str]:
+        names = [a.name for a in self.plan.arms]
+        for by_arm in [*(s.arms for s in self.logs.values()), self.evals]:
+            names += [n for n in by_arm if n not in names]
+        return names
+
+    def role(self, arm: str) -> str | None:
+        run = self.plan.run
+        return "treatment" if arm == run.treatment else "baseline" if arm == run.baseline else None
+
+    def arm_plan(self, arm: str) -> ArmPlan | None:
+        return next((a for a in self.plan.arms if a.name == arm), None)
+
+    def check_for(self, metric: str) -> CheckPlan | None:
+        return next((c for c in self.plan.checks if c.metric == metric), None)
+
+    def arm_logs(self, source: str) -> dict[str, ArmLogs]:
+        stage = self.logs.get(source)
+        return stage.arms if stage else {}
+
+    @property
+    def verdict(self) -> str | None:
+        """This run's verdict: none when it ended Failed (a decision.json on file is then older)."""
+        return self.decision.verdict if self.decision and not self.stopped else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the run directory
+
+
+def _read_json(path: Path, problems: list[str]):
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        problems.append(f"{path}: not readable JSON ({type(e).__name__})")
+        return None
+
+
+def _first_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "top level"
+    return f"{where}: {err['msg']}"
+
+
+def _read_record(model: type[_Record], path: Path, problems: list[str]):
+    raw = _read_json(path, problems)
+    if raw is None:
+        return None
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        problems.append(f"{path}: not a {model.__name__} record ({_first_error(e)})")
+        return None
+
+
+def _read_table(kind: str, path: Path, problems: list[str]) -> pa.Table | None:
+    if not path.is_file():
+        return None
+    try:
+        return read_artifact(kind, path)
+    except UserError as e:
+        problems.append(str(e))
+        return None
+
+
+def _read_step_files(steps_dir: Path, kind: str, suffix: str, problems: list[str]) -> pa.Table | None:
+    tables = [t for f in sorted(steps_dir.glob(f"step-*.{suffix}.parquet")) if (t := _read_table(kind, f, problems)) is not None]
+    return pa.concat_tables(tables) if tables else None
+
+
+def _read_arm_logs(arm_dir: Path, problems: list[str], done: bool) -> ArmLogs | None:
+    """Merged logs when the stage merged them, else the per-step files of a stage in progress.
+    `done`: the stage's own record that it finished for this arm (with the merged logs)."""
+    merged_metrics = arm_dir / "step_metrics.parquet"
+    if merged_metrics.is_file():
+        logs = ArmLogs(
+            rollouts=_read_table("rollouts", arm_dir / "rollouts.parquet", problems),
+            metrics=_read_table("step_metrics", merged_metrics, problems),
+            complete=done,
+        )
+    else:
+        logs = ArmLogs(
+            rollouts=_read_step_files(steps_dir(arm_dir), "rollouts", "rollouts", problems),
+            metrics=_read_step_files(steps_dir(arm_dir), "step_metrics", "metrics", problems),
+        )
+    return logs if logs.metrics is not None or logs.rollouts is not None else None
+
+
+def _read_stage_logs(layout: RunLayout, source: str, arms: list[str], problems: list[str]) -> StageLogs | None:
+    """The logs each planned arm left in a training stage (a pilot stage, or the full runs)."""
+    # pilots finish with timings.json; a full run finishes each arm with its final.json
+    timings = _read_record(Timings, layout.pilot_dir(source) / "timings.json", problems) if source in PILOT_STAGES else None
+    logs = {}
+    for arm in arms:
+        arm_dir = layout.arm_dir(source, arm)
+        if not arm_dir.is_dir():
+            continue
+        done = (arm_dir / "final.json").is_file() if source == "train" else timings is not None
+        found = _read_arm_logs(arm_dir, problems, done)
+        if found is not None:
+            logs[arm] = found
+    if not logs and timings is None:
+        return None
+    return StageLogs(arms=logs, timings=timings)
+
+
+def _read_revision(path: Path, problems: list[str]) -> BandwidthRevision | None:
+    """The last revision of a kernel bandwidth in calibration/revised_spec.json."""
+    raw = _read_json(path, problems)
+    revision = None
+    for rev in (raw or {}).get("revisions", []) if isinstance(raw, dict) else []:
+        change = rev.get("change", {}) if isinstance(rev, dict) else {}
+        if "arm" in change and isinstance(change.get("kernel.bandwidth"), (int, float)):
+            revision = BandwidthRevision(arm=str(change["arm"]), bandwidth=float(change["kernel.bandwidth"]))
+    return revision
+
+
+def _read_detail(stage: GateStage, layout: RunLayout, problems: list[str]) -> DetailTable | None:
+    source = stage.detail
+    table = _read_table(source.kind, stage.gate_dir(layout) / source.file, problems)
+    if table is None:
+        return None
+    rows = tuple(tuple(fmt(v, 12) for v in row.values()) for row in table.to_pylist())
+    return DetailTable(source, tuple(table.column_names), rows)
+
+
+def load_run(run_dir: str | Path, stages: tuple[Stage, ...] = STAGES) -> RunData:
+    """Everything the flow wrote under `run_dir` for `stages`; a missing stage is simply absent.
+
+    A run directory needs `spec/plan.json` (written by the first stage); without it, or when the
+    directory does not exist, this is a one-line UserError. An unreadable artifact is listed in
+    `problems` and treated as absent.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such run directory")
+    problems: list[str] = []
+    layout = RunLayout(run_dir)
+    plan = _read_record(Plan, layout.plan_json, problems)
+    if plan is None:
+        why = f" ({problems[0]})" if problems else ""
+        raise UserError(f"{run_dir}: not a gs1 run directory: no readable spec/plan.json{why}")
+    stages = tuple(stages)
+    spec = _read_record(SpecNotes, layout.spec_json, problems) or SpecNotes()
+    gates = {}
+    for stage in stages:
+        if isinstance(stage, GateStage):
+            table = _read_table("gate_report", stage.gate_dir(layout) / "gate_report.parquet", problems)
+            if table is not None:
+                detail = _read_detail(stage, layout, problems) if stage.detail else None
+                gates[stage.key] = GateTable(stage, tuple(GateRow.from_row(r) for r in table.to_pylist()), detail)
+    arms = [a.name for a in plan.arms]
+    logs = {source: found for source in LOG_SOURCES if (found := _read_stage_logs(layout, source, arms, problems)) is not None}
+    evals = {}
+    for arm in arms:
+        table = _read_table("eval_items", layout.eval_arm_dir(arm) / "eval.parquet", problems)
+        if table is not None and table.num_rows:
+            evals[arm] = ArmEval(arm, tuple(bool(c) for c in table.column("correct").to_pylist()))
+    feasibility = _read_record(Feasibility, layout.feasibility_dir / "feasibility.json", problems)
+    decision = _read_record(Decision, layout.decision_dir / "decision.json", problems)
+    revision = _read_revision(layout.revised_spec_json, problems)
+    return RunData(
+        run_dir=run_dir, plan=plan, stages=stages, spec=spec, gates=gates, logs=logs, evals=evals,
+        feasibility=feasibility, decision=decision, revision=revision, problems=tuple(problems),
+    )

@@ -1,0 +1,279 @@
+"""What the page says, as typed objects the templates lay out: the headline, the spec's facts, the
+arms, the decision's numbers with their meaning, one table per gate, the stage table, the plots.
+
+    page = build_page(data, statuses, plots)      # Page; rendered by report.render
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from report.model import KERNEL_ADVANTAGE, ArmPlan, Decision, GateTable, RunData
+from report.palette import PENDING_COLOUR, STOPPED_COLOUR, verdict_colour
+from report.plots import RenderedPlot
+from report.status import Status, StageStatus, stopping_gate
+from schemas.gate_text import fmt, is_gate_failure
+
+# Stage status -> (badge text, CSS class in report.css)
+BADGES = {
+    Status.PASSED: ("PASSED", "pass"),
+    Status.FAILED: ("FAILED", "fail"),
+    Status.DONE: ("DONE", "done"),
+    Status.SKIPPED: ("SKIPPED", "skip"),
+    Status.NOT_RUN: ("NOT RUN", "notrun"),
+    Status.INCOMPLETE: ("INCOMPLETE", "incomplete"),
+    Status.EARLIER_RUN: ("EARLIER RUN", "notrun"),
+}
+
+
+@dataclass(frozen=True)
+class Headline:
+    label: str  # the verdict in capitals, or why there is none
+    colour: str
+    text: str
+
+    @property
+    def line(self) -> str:
+        return f"{self.label}: {self.text}"
+
+
+@dataclass(frozen=True)
+class StageRow:
+    title: str
+    badge: str
+    badge_class: str
+    detail: str
+    failed: bool
+
+
+@dataclass(frozen=True)
+class ArmRow:
+    """One arm as the Arms table shows it (column headings in ARM_COLUMNS)."""
+
+    arm: str
+    role: str
+    advantage: str
+    per_step: str
+    steps: str
+    lr: str
+    lora_rank: str
+    max_tokens: str
+    temperature: str
+    seed: str
+    kernel: str
+
+
+# (heading, ArmRow field, right-aligned number)
+ARM_COLUMNS = (
+    ("arm", "arm", False),
+    ("role", "role", False),
+    ("advantage", "advantage", False),
+    ("prompts × rollouts per step", "per_step", False),
+    ("steps", "steps", True),
+    ("lr", "lr", True),
+    ("LoRA rank", "lora_rank", True),
+    ("max tokens", "max_tokens", True),
+    ("temperature", "temperature", True),
+    ("seed", "seed", True),
+    ("kernel", "kernel", False),
+)
+
+
+@dataclass(frozen=True)
+class GateSection:
+    heading: str
+    table: GateTable
+    measures: tuple[str, ...]  # per check, what the spec says it measures ('' when it does not)
+
+    @property
+    def passed(self) -> bool:
+        return self.table.passed
+
+    @property
+    def observed_label(self) -> str:
+        return self.table.stage.observed_label
+
+    @property
+    def with_measures(self) -> bool:
+        return any(self.measures)
+
+    @property
+    def rows(self):
+        return list(zip(self.table.checks, self.measures))
+
+    @property
+    def detail(self):
+        """The gate's detail table when it has rows (an audit's mismatches), else None."""
+        detail = self.table.detail
+        return detail if detail is not None and detail.rows else None
+
+
+@dataclass(frozen=True)
+class DecisionView:
+    """The decision section: this run's verdict with its numbers, an earlier run's, or why none."""
+
+    verdict: str | None = None  # this run's
+    lines: tuple[tuple[str, str], ...] = ()  # (quantity, value and meaning)
+    earlier: str | None = None  # a decision.json on file from an earlier run
+    missing: str | None = None  # why there is no decision
+
+
+@dataclass(frozen=True)
+class Page:
+    title: str
+    run_dir_name: str
+    headline: Headline
+    problems: tuple[str, ...]
+    stages: tuple[StageRow, ...]
+    facts: tuple[tuple[str, str], ...]
+    arms: tuple[ArmRow, ...]
+    decision: DecisionView
+    gates: tuple[GateSection, ...]
+    gates_missing: tuple[tuple[str, str], ...]  # (gate heading, why it has no table)
+    plots: tuple[RenderedPlot, ...]
+
+
+def headline(data: RunData, statuses: list[StageStatus]) -> Headline:
+    """The verdict line: the decision when there is one, else where and why the flow stopped."""
+    d = data.decision
+    if data.stopped:
+        earlier = " A decision.json in this directory is from an earlier run, not this one." if d else ""
+        label = "NO DECISION: STOPPED AT A GATE" if is_gate_failure(data.stopped) else "NO DECISION: THE RUN FAILED"
+        return Headline(label, STOPPED_COLOUR, f"This run ended Failed: {data.stopped}.{earlier}")
+    if d:
+        how = {
+            "noninferior": f"the lower bound {d.lower:+.4f} is above the margin {d.margin:+.4f}",
+            "inferior": f"the upper bound {d.upper:+.4f} is below the margin {d.margin:+.4f}",
+            "inconclusive": f"the margin {d.margin:+.4f} lies between the bounds [{d.lower:+.4f}, {d.upper:+.4f}]",
+        }.get(d.verdict, "")
+        return Headline(
+            d.verdict.upper(), verdict_colour(d.verdict),
+            f"{d.treatment} − {d.baseline} accuracy: mean difference {d.mean_diff:+.4f}; {how} "
+            f"(paired Hoeffding, n={d.n}, α={d.alpha:g}).",
+        )
+    stop = stopping_gate(data)
+    if stop:
+        return Headline(
+            "NO DECISION: STOPPED AT A GATE", STOPPED_COLOUR,
+            f"The {data.stage(stop).heading} failed: {data.gates[stop].failing_text}. Later stages did not run.",
+        )
+    last = next((s for s in reversed(statuses) if s.status not in (Status.NOT_RUN, Status.SKIPPED)), statuses[0])
+    return Headline(
+        "NO DECISION YET", PENDING_COLOUR,
+        f"No stage failed a gate; the last stage with a record is {last.title} ({last.status}). "
+        "The flow may still be running, or stopped with an error (see the flow run's logs).",
+    )
+
+
+def earlier_decision_text(d: Decision) -> str:
+    """For a run that ended Failed: the decision.json on file is an earlier run's."""
+    return (f"No decision in this run (it ended Failed). This directory holds an earlier run's decision.json: "
+            f"{d.verdict.upper()}, mean difference {d.mean_diff:+.4f}, n={d.n}.")
+
+
+def decision_lines(d: Decision) -> list[tuple[str, str]]:
+    """The decision's numbers, each with a one-line explanation."""
+    lines = [
+        ("mean difference", f"{d.mean_diff:+.4f}: mean over {d.n} paired eval items of (treatment correct − baseline correct)"),
+        ("Hoeffding bounds", f"[{d.lower:+.4f}, {d.upper:+.4f}]: one-sided bounds at α={d.alpha:g} each; the lower one decides noninferiority"),
+        ("margin", f"{d.margin:+.4f}: the pre-registered noninferiority margin"),
+        ("n", f"{d.n} eval items answered by both arms"),
+    ]
+    if d.treatment_mean is not None and d.baseline_mean is not None:
+        lines.append(("arm accuracies", f"{d.treatment} {d.treatment_mean:.4f}, {d.baseline} {d.baseline_mean:.4f}"))
+    if d.bootstrap_lower is not None and d.bootstrap_upper is not None:
+        boot = d.bootstrap_ci
+        confidence = boot.confidence if boot and boot.confidence is not None else 1 - 2 * d.alpha
+        resamples = boot.n_resamples if boot and boot.n_resamples is not None else "n/a"
+        lines.append(("bootstrap CI", f"[{d.bootstrap_lower:+.4f}, {d.bootstrap_upper:+.4f}]: percentile CI at {confidence:.0%} "
+                      f"from {resamples} paired resamples; descriptive, tighter than Hoeffding, does not decide"))
+    if d.mcnemar_p is not None:
+        mc = d.mcnemar
+        b, c, n = (("?" if v is None else v) for v in ((mc.b, mc.c, mc.n_discordant) if mc else (None, None, None)))
+        lines.append(("McNemar p", f"{d.mcnemar_p:.4g}: exact two-sided test of any difference on the {n} items the arms disagree on "
+                      f"({b} only treatment right, {c} only baseline right); not a noninferiority test"))
+    if d.min_noninferior_true_diff is not None:
+        lines.append(("smallest detectable", f"{d.min_noninferior_true_diff:+.4f}: the smallest true difference this rule can call noninferior at n={d.n} (margin + Hoeffding radius)"))
+    return lines
+
+
+def _kernel_text(data: RunData, arm: ArmPlan) -> str:
+    if arm.advantage != KERNEL_ADVANTAGE:
+        return "—"
+    k = arm.kernel
+    bw = fmt(k.bandwidth if k else None)
+    if data.revision and data.revision.arm == arm.name:
+        bw = f"{bw} → {fmt(data.revision.bandwidth)} (calibration)"
+    features = ", ".join((k.features if k else None) or [])
+    return f"{k.family if k else None}, h={bw}, window {k.window if k else None}, features {features}"
+
+
+def arm_rows(data: RunData) -> list[ArmRow]:
+    return [
+        ArmRow(
+            arm=arm.name, role=data.role(arm.name) or "", advantage=str(arm.advantage),
+            per_step=f"{arm.groups_per_batch} × {arm.group_size} = {arm.rollouts_per_step}",
+            steps=fmt(arm.steps), lr=fmt(arm.lr), lora_rank=fmt(arm.lora_rank), max_tokens=fmt(arm.max_tokens),
+            temperature=fmt(arm.temperature), seed=fmt(arm.seed), kernel=_kernel_text(data, arm),
+        )
+        for arm in data.plan.arms
+    ]
+
+
+def spec_facts(data: RunData) -> list[tuple[str, str]]:
+    plan = data.plan
+    run, rule, budget = plan.run, plan.decision, plan.budget
+    facts = [
+        ("title", plan.title),
+        ("model", f"{run.base_model} (renderer {run.renderer})"),
+        ("environment", str(run.env)),
+        ("treatment vs baseline", f"{run.treatment} vs {run.baseline}"),
+        ("eval items", fmt(plan.n_eval)),
+        ("decision rule", f"{rule.method}: noninferior when the one-sided lower bound at α={fmt(rule.alpha)} exceeds the margin {fmt(rule.margin)}"),
+        ("budget", f"{fmt(budget.max_wall_minutes)} wall minutes, {fmt(budget.gpu_hours)} GPU hours"),
+    ]
+    if data.spec.hypothesis:
+        facts.append(("hypothesis", data.spec.hypothesis))
+    return facts
+
+
+def gate_sections(data: RunData) -> list[GateSection]:
+    """One per gate stage with a gate_report on file, in flow order."""
+    out = []
+    for stage in data.gate_stages:
+        table = data.gates.get(stage.key)
+        if table is None:
+            continue
+        measures = []
+        for check in table.checks:
+            plan = data.check_for(check.metric)
+            measures.append(plan.measures if plan else "")
+        out.append(GateSection(stage.heading, table, tuple(measures)))
+    return out
+
+
+def _decision_view(data: RunData, statuses: list[StageStatus]) -> DecisionView:
+    d = data.decision
+    if d and data.stopped:
+        return DecisionView(earlier=earlier_decision_text(d))
+    if d:
+        return DecisionView(verdict=d.verdict.upper(), lines=tuple(decision_lines(d)))
+    why = next(s for s in statuses if s.key == "decision").detail.removeprefix("not run: ")
+    return DecisionView(missing=f"No decision: {why}.")
+
+
+def build_page(data: RunData, statuses: list[StageStatus], plots: list[RenderedPlot]) -> Page:
+    gate_keys = {s.key for s in data.gate_stages}
+    return Page(
+        title=data.plan.title or data.run_dir.name,
+        run_dir_name=data.run_dir.name,
+        headline=headline(data, statuses),
+        problems=tuple(data.problems),
+        stages=tuple(StageRow(s.title, *BADGES[s.status], s.detail, s.status == Status.FAILED) for s in statuses),
+        facts=tuple(spec_facts(data)),
+        arms=tuple(arm_rows(data)),
+        decision=_decision_view(data, statuses),
+        gates=tuple(gate_sections(data)),
+        gates_missing=tuple((s.stage.heading, s.detail) for s in statuses if s.key in gate_keys and s.key not in data.gates),
+        plots=tuple(plots),
+    )

@@ -1,0 +1,127 @@
+"""How a gate check reads to people: the one wording shared by the gate table artifacts
+(`tasks/gates.py`), `GateFailed`'s message and the run report (`report/`).
+
+    row = GateRow.from_row(mapping)   # one gate_report row (schemas/artifacts.py GATE_REPORT)
+    row.needs                            # '≥ 8', '≤ 0.9', 'one of {1}', or the bound's own text
+    row.text                             # 'metric = 0.3125 (needs ≥ 0.5)'
+    failing_text(checks)                 # every failing check's text, joined by '; '
+    gate_failed_message(gate, checks)    # "gate 'activation_gate' failed: ..."
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+NOT_COMPUTABLE = "not computable"
+NEEDS_SYMBOLS = {"min": "≥", "max": "≤", "one_of": "one of"}
+
+
+def fmt(value, digits: int = 4) -> str:
+    """A number for people: 4 significant digits, 'n/a' for missing or NaN."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        if math.isnan(value):
+            return "n/a"
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def _bound_text(bound: str) -> str:
+    """The gate_report's bound as written ("8.0", "(1.0,)", "0 (excess over tolerance)")."""
+    text = str(bound).strip()
+    try:
+        return fmt(float(text))
+    except ValueError:
+        pass
+    if text.startswith(("(", "[")):
+        try:
+            values = json.loads("[" + text.strip("()[]").rstrip(",") + "]")
+            return "{" + ", ".join(fmt(float(v)) for v in values) + "}"
+        except (ValueError, TypeError):
+            return text
+    return text
+
+
+def needs_text(op: str, bound: str) -> str:
+    """What a check needs, in symbols: '≥ 8', '≤ 0.9', 'one of {1}', or the bound's text."""
+    shown = _bound_text(bound)
+    starts_numeric = shown[:1].isdigit() or shown[:1] in "-+." or shown.startswith("{")
+    if not starts_numeric:
+        return shown  # e.g. "finite"
+    return f"{NEEDS_SYMBOLS.get(op, op)} {shown}"
+
+
+@dataclass(frozen=True)
+class GateRow:
+    """One row of a gate_report: a metric, its value, the bound it was held to, and the result."""
+
+    gate: str
+    metric: str
+    value: float | None  # None (or NaN) when the metric could not be computed: the check fails
+    op: str  # "min", "max" or "one_of"
+    bound: str  # as written, e.g. "0.1" or "(1.0,)"
+    passed: bool
+    observed: str | None = None  # the raw metric when it is not one number
+
+    @classmethod
+    def from_row(cls, row: Mapping) -> GateRow:
+        value = row.get("value")
+        return cls(
+            gate=str(row.get("gate", "")), metric=str(row["metric"]),
+            value=None if value is None else float(value), op=str(row["op"]), bound=str(row["bound"]),
+            passed=bool(row["passed"]), observed=None if row.get("observed") is None else str(row["observed"]),
+        )
+
+    @property
+    def computable(self) -> bool:
+        return self.value is not None and not math.isnan(self.value)
+
+    @property
+    def value_text(self) -> str:
+        return fmt(self.value)
+
+    @property
+    def needs(self) -> str:
+        return needs_text(self.op, self.bound)
+
+    @property
+    def result(self) -> str:
+        return "PASS" if self.passed else "FAIL"
+
+    @property
+    def text(self) -> str:
+        """'metric = value (needs ≥ bound)'."""
+        value = self.value_text if self.computable else NOT_COMPUTABLE
+        return f"{self.metric} = {value} (needs {self.needs})"
+
+
+def gate_passed(checks: Iterable[GateRow]) -> bool:
+    return all(c.passed for c in checks)
+
+
+def failing_text(checks: Iterable[GateRow]) -> str:
+    """Every failing check as 'metric = value (needs ≥ bound)', joined by '; '."""
+    return "; ".join(c.text for c in checks if not c.passed)
+
+
+def gate_failed_message(gate: str, checks: Iterable[GateRow]) -> str:
+    """The message of a failed gate: its name and every failing check (every check if none failed)."""
+    checks = list(checks)
+    shown = failing_text(checks) or "; ".join(c.text for c in checks)
+    return f"gate '{gate}' failed: {shown}"
+
+
+def is_gate_failure(message: str) -> bool:
+    """Whether an error message (a flow run's, say) holds a failed gate's, as written above."""
+    return re.search(r"gate '[^']+' failed: ", message) is not None
