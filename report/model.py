@@ -19,10 +19,13 @@ from pathlib import Path
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from schemas.errors import UserError
+from schemas.arm import ArmConfig
 from schemas.artifacts import read_artifact
-from schemas.layout import PILOT_STAGES, RunLayout, steps_dir
+from schemas.errors import UserError
 from schemas.gate_text import GateRow, failing_text, fmt, gate_passed
+from schemas.layout import PILOT_STAGES, RunLayout, steps_dir
+from schemas.plan import RunPlan
+from schemas.spec import GateCheck
 
 KERNEL_ADVANTAGE = "kernel_cross_prompt_baseline"
 KERNEL_P10_METRIC = "kernel_effective_neighbors_p10"
@@ -92,68 +95,6 @@ LOG_SOURCES = (*PILOT_STAGES, "train")  # stages that train arms and log their s
 
 class _Record(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class KernelPlan(_Record):
-    family: str | None = None
-    bandwidth: float | None = None
-    window: int | None = None
-    features: list[str] | None = None
-
-
-class ArmPlan(_Record):
-    name: str
-    advantage: str | None = None
-    group_size: int | None = None
-    groups_per_batch: int | None = None
-    steps: int | None = None
-    lr: float | None = None
-    lora_rank: int | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    seed: int | None = None
-    kernel: KernelPlan | None = None
-
-    @property
-    def rollouts_per_step(self) -> int:
-        return (self.groups_per_batch or 0) * (self.group_size or 0)
-
-
-class RunNames(_Record):
-    env: str | None = None
-    renderer: str | None = None
-    base_model: str | None = None
-    treatment: str | None = None
-    baseline: str | None = None
-
-
-class CheckPlan(_Record):
-    metric: str
-    measures: str = ""
-    min: float | None = None
-
-
-class DecisionRule(_Record):
-    method: str = "paired_hoeffding"
-    alpha: float | None = None
-    margin: float | None = None
-
-
-class Budget(_Record):
-    max_wall_minutes: float | None = None
-    gpu_hours: float | None = None
-
-
-class Plan(_Record):
-    """spec/plan.json: the validated spec as the flow runs it."""
-
-    title: str = ""
-    run: RunNames = RunNames()
-    arms: list[ArmPlan] = []
-    checks: list[CheckPlan] = []
-    n_eval: int | None = None
-    decision: DecisionRule = DecisionRule()
-    budget: Budget = Budget()
 
 
 class SpecNotes(_Record):
@@ -299,7 +240,7 @@ class ArmEval:
 @dataclass(frozen=True)
 class RunData:
     run_dir: Path
-    plan: Plan
+    plan: RunPlan
     stages: tuple[Stage, ...] = STAGES  # the flow's stages this directory was read by
     spec: SpecNotes = SpecNotes()
     gates: dict[str, GateTable] = field(default_factory=dict)  # gate stage key -> its table
@@ -334,10 +275,10 @@ class RunData:
         run = self.plan.run
         return "treatment" if arm == run.treatment else "baseline" if arm == run.baseline else None
 
-    def arm_plan(self, arm: str) -> ArmPlan | None:
+    def arm_plan(self, arm: str) -> ArmConfig | None:
         return next((a for a in self.plan.arms if a.name == arm), None)
 
-    def check_for(self, metric: str) -> CheckPlan | None:
+    def check_for(self, metric: str) -> GateCheck | None:
         return next((c for c in self.plan.checks if c.metric == metric), None)
 
     def arm_logs(self, source: str) -> dict[str, ArmLogs]:
@@ -370,7 +311,7 @@ def _first_error(e: ValidationError) -> str:
     return f"{where}: {err['msg']}"
 
 
-def _read_record(model: type[_Record], path: Path, problems: list[str]):
+def _read_record(model: type[BaseModel], path: Path, problems: list[str]):
     raw = _read_json(path, problems)
     if raw is None:
         return None
@@ -464,7 +405,7 @@ def load_run(run_dir: str | Path, stages: tuple[Stage, ...] = STAGES) -> RunData
         raise UserError(f"{run_dir}: no such run directory")
     problems: list[str] = []
     layout = RunLayout(run_dir)
-    plan = _read_record(Plan, layout.plan_json, problems)
+    plan = _read_record(RunPlan, layout.plan_json, problems)  # the flow's own plan type: one owner
     if plan is None:
         why = f" ({problems[0]})" if problems else ""
         raise UserError(f"{run_dir}: not a gs1 run directory: no readable spec/plan.json{why}")

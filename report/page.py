@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from report.model import KERNEL_ADVANTAGE, ArmPlan, Decision, GateTable, RunData
+from report.model import KERNEL_ADVANTAGE, Decision, GateTable, RunData
+from schemas.arm import ArmConfig
 from report.palette import PENDING_COLOUR, STOPPED_COLOUR, verdict_colour
 from report.plots import RenderedPlot
 from report.status import Status, StageStatus, stopping_gate
@@ -197,22 +198,21 @@ def decision_lines(d: Decision) -> list[tuple[str, str]]:
     return lines
 
 
-def _kernel_text(data: RunData, arm: ArmPlan) -> str:
+def _kernel_text(data: RunData, arm: ArmConfig) -> str:
     if arm.advantage != KERNEL_ADVANTAGE:
         return "—"
     k = arm.kernel
-    bw = fmt(k.bandwidth if k else None)
+    bw = fmt(k.bandwidth)
     if data.revision and data.revision.arm == arm.name:
         bw = f"{bw} → {fmt(data.revision.bandwidth)} (calibration)"
-    features = ", ".join((k.features if k else None) or [])
-    return f"{k.family if k else None}, h={bw}, window {k.window if k else None}, features {features}"
+    return f"{k.family}, h={bw}, window {k.window}, features {', '.join(k.features)}"
 
 
 def arm_rows(data: RunData) -> list[ArmRow]:
     return [
         ArmRow(
             arm=arm.name, role=data.role(arm.name) or "", advantage=str(arm.advantage),
-            per_step=f"{arm.groups_per_batch} × {arm.group_size} = {arm.rollouts_per_step}",
+            per_step=f"{arm.groups_per_batch} × {arm.group_size} = {arm.batch_size}",
             steps=fmt(arm.steps), lr=fmt(arm.lr), lora_rank=fmt(arm.lora_rank), max_tokens=fmt(arm.max_tokens),
             temperature=fmt(arm.temperature), seed=fmt(arm.seed), kernel=_kernel_text(data, arm),
         )

@@ -93,7 +93,7 @@ def plot_reward_per_step(data: RunData) -> tuple[Figure | None, str]:
         steps, mean = _column(m, "step"), _column(m, "reward_mean")
         all_steps.append(steps)
         plan = data.arm_plan(arm)
-        per_step = plan.rollouts_per_step if plan else 0
+        per_step = plan.batch_size if plan else 0
         label = f"{arm} ({data.role(arm) or 'arm'}" + (f", {per_step} rollouts/step)" if per_step else ")")
         ax.plot(steps, mean, marker="o", markersize=4, color=arm_colour(data, arm), label=label)
         n_R = np.full(len(steps), float(per_step)) if per_step else np.maximum(_column(m, "num_datums"), 1.0)

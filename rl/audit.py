@@ -164,5 +164,5 @@ def audit_log(arm: ArmConfig, log: RolloutLog, tolerance: float = TOLERANCE, max
         for row in np.flatnonzero(diff_R > allowed_R):
             mismatches.append(Mismatch(arm.name, int(log.step_R[row]), int(row), column, float(logged_R[row]), float(expected_R[row])))
     mismatches.sort(key=lambda m: (m.row, m.column))
-    bound = f"<= {tolerance:g}" + (" + float32 rounding of the cookbook" if float32 else "")
+    bound = f"{tolerance:g}" + (" + float32 rounding of the cookbook" if float32 else "")
     return AuditResult(arm.name, arm.estimator, name, len(log), len(np.unique(log.step_R)), max_abs_diff, len(mismatches), tuple(mismatches[:max_listed]), bound)

@@ -35,20 +35,22 @@ def _plan() -> dict:
     kernel = {"family": "gaussian", "features": ["log_prompt_num_tokens", "prompt_mean_logprob"], "scales": None,
               "bandwidth": 0.5, "window": 64, "min_mass": 1e-3}  # fmt: skip
     common = {"base_model": "HuggingFaceTB/SmolLM2-135M-Instruct", "lora_rank": 8, "lr": 1e-4, "max_tokens": 16,
-              "seed": 0, "steps": 4, "temperature": 1.0, "kernel": kernel}  # fmt: skip
+              "seed": 0, "steps": 4, "temperature": 1.0}
     return {
         "title": "Synthetic report run",
-        "run": {"env": "arithmetic", "renderer": "qwen3_instruct", "base_model": common["base_model"],
-                "treatment": TREATMENT, "baseline": BASELINE},  # fmt: skip
+        "run": {"env": "arithmetic", "env_options": {}, "renderer": "qwen3_instruct", "base_model": common["base_model"],
+                "treatment": TREATMENT, "baseline": BASELINE},
         "arms": [
             {**common, "name": BASELINE, "advantage": "group_mean", "group_size": 8, "groups_per_batch": 2},
-            {**common, "name": TREATMENT, "advantage": "kernel_cross_prompt_baseline", "group_size": 1, "groups_per_batch": 16},
+            {**common, "name": TREATMENT, "advantage": "kernel_cross_prompt_baseline", "group_size": 1, "groups_per_batch": 16,
+             "kernel": kernel},
         ],
         "pilot": {"steps": 2, "heldout_prompts": 8, "heldout_samples": 8},
         "checks": CHECKS,
         "n_eval": 40,
         "decision": {"alpha": 0.05, "margin": -0.03, "bounds": [0.0, 1.0], "criterion": "primary", "method": "paired_hoeffding"},
         "budget": {"gpu_hours": 0.5, "max_wall_minutes": 30.0},
+        "preflight": {"paths": []},
     }
 
 
