@@ -123,8 +123,8 @@ def _activation_rows(frac_nonzero: float, p10: float = 11.5) -> list[tuple]:
 def _audit(out: Path, passed: bool = True) -> None:
     """An audit's gate_report as tasks/gates.py writes it: one row per arm, its largest
     |logged - recomputed| against the tolerance."""
-    rows = [(f"{TREATMENT}.max_abs_diff", 0.0 if passed else 0.25, "max", "<= 1e-09", passed),
-            (f"{BASELINE}.max_abs_diff", 0.0, "max", "<= 1e-09 + float32 rounding of the cookbook", True)]
+    rows = [(f"{TREATMENT}.max_abs_diff", 0.0 if passed else 0.25, "max", "1e-09", passed),
+            (f"{BASELINE}.max_abs_diff", 0.0, "max", "1e-09 + float32 rounding of the cookbook", True)]
     _gate("audit", rows, out)
 
 
