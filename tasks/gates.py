@@ -37,7 +37,7 @@ def _gate_rows(gate: str, results) -> list[dict]:
 
 
 def record_gate(gate: str, rows: list[dict], out_dir: Path, stage: str | None = None,
-                table: list[dict] | None = None) -> None:  # fmt: skip
+                table: list[dict] | None = None) -> None:
     """Write the gate report (Parquet + table artifact); raise GateFailed if any check failed.
 
     `stage` names the stage a gate judges when it judges more than one, told by the caller (never
@@ -54,7 +54,7 @@ def record_gate(gate: str, rows: list[dict], out_dir: Path, stage: str | None = 
         table=table or [{"metric": c.metric, "value": c.value_text, "needs": c.needs, "result": c.result} for c in checks],
         description=(f"{prefix.replace('-', ' ')}{gate}: "
                      + (f"FAILED on {failing}" if failing else f"passed, {len(rows)} checks")),
-    )  # fmt: skip
+    )
     if failing:
         raise GateFailed(gate + (f" ({stage})" if prefix else ""), rows)
 
@@ -67,7 +67,7 @@ def offline_unit_checks(run_dir: str) -> list[dict]:
         {"gate": "offline_unit_checks", "metric": r.name, "value": 1.0 if r.passed else 0.0, "op": "min",
          "bound": "1", "passed": bool(r.passed)}
         for r in results
-    ]  # fmt: skip
+    ]
     out = RunLayout(run_dir).unit_checks_dir
     write_json_atomic(out / "details.json", [{"name": r.name, **r.details} for r in results])
     record_gate("offline_unit_checks", rows, out)
@@ -83,7 +83,7 @@ def _gate_run_name() -> str:
 @task(name="activation gate", task_run_name=_gate_run_name,
       cache_policy=stage_cache("treatment_path", "baseline_path", "heldout_path"), persist_result=True)
 def activation_gate(checks: tuple[GateCheck, ...], treatment_path: str, baseline_path: str, heldout_path: str,
-                    n_pilot_steps: int, run_dir: str, stage: PilotStage = "pilot") -> dict:  # fmt: skip
+                    n_pilot_steps: int, run_dir: str, stage: PilotStage = "pilot") -> dict:
     """Every check of the spec's activation_gate on the logs of the pilot stage `stage`."""
     metrics = compute_gate_metrics(
         read_artifact("rollouts", treatment_path),
@@ -116,7 +116,7 @@ def audit_gate(arms: tuple[ArmConfig, ...], rollout_paths: list[str], run_dir: s
          "observed": json.dumps({"arm": r.arm, "estimator": r.estimator, "reference": r.reference, "rows": r.rows,
                                  "steps": r.steps, "mismatches": r.n_mismatches, "max_abs_diff": r.max_abs_diff})}
         for r in results
-    ]  # fmt: skip
+    ]
     table = [
         {"arm": m["arm"], "step": m["step"], "row": m["row"], "column": m["column"], "logged": fmt(m["logged"], 12),
          "recomputed": fmt(m["recomputed"], 12)}
@@ -126,14 +126,14 @@ def audit_gate(arms: tuple[ArmConfig, ...], rollout_paths: list[str], run_dir: s
          "max |logged - recomputed|": fmt(max(r.max_abs_diff.values(), default=float("nan"))), "needs": r.tolerance,
          "result": "PASS" if r.passed else "FAIL"}
         for r in results
-    ]  # fmt: skip
+    ]
     record_gate("audit", rows, out, stage=stage, table=table)
     return rows
 
 
 @task(name="feasibility", cache_policy=stage_cache("timings_path"), persist_result=True)
 def feasibility(timings_path: str, steps: int, n_eval: int, budget: Budget, backend: str, out_dir: str,
-                recovery_reserve: float = 0.25) -> dict:  # fmt: skip
+                recovery_reserve: float = 0.25) -> dict:
     """Project the full run from the pilot's timings; over budget is a gate failure."""
     timings = json.loads(Path(timings_path).read_text())
     measured = PilotTimings(
@@ -145,7 +145,7 @@ def feasibility(timings_path: str, steps: int, n_eval: int, budget: Budget, back
     projection = project_full_run(
         measured, steps=steps, n_eval=n_eval, budget_gpu_hours=budget.gpu_hours,
         budget_wall_minutes=budget.max_wall_minutes, arms_in_parallel=True, recovery_reserve=recovery_reserve,
-    )  # fmt: skip
+    )
     record = {"source": str(timings_path), "measurements": timings, **projection.as_record()}
     write_json_atomic(Path(out_dir) / "feasibility.json", record)
     write_json_atomic(Path(out_dir) / "spec_with_feasibility.json", spec_with_feasibility(Path(out_dir).parent, record))
@@ -154,7 +154,7 @@ def feasibility(timings_path: str, steps: int, n_eval: int, budget: Budget, back
          "op": "max", "bound": str(budget.max_wall_minutes), "passed": projection.wall_seconds <= projection.budget_wall_seconds},
         {"gate": "feasibility", "metric": "projected_gpu_hours", "value": projection.gpu_hours,
          "op": "max", "bound": str(budget.gpu_hours), "passed": projection.gpu_hours <= budget.gpu_hours},
-    ]  # fmt: skip
+    ]
     record_gate("feasibility", rows, Path(out_dir))
     return record
 

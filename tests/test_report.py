@@ -33,7 +33,7 @@ CHECKS = [
 
 def _plan() -> dict:
     kernel = {"family": "gaussian", "features": ["log_prompt_num_tokens", "prompt_mean_logprob"], "scales": None,
-              "bandwidth": 0.5, "window": 64, "min_mass": 1e-3}  # fmt: skip
+              "bandwidth": 0.5, "window": 64, "min_mass": 1e-3}
     common = {"base_model": "HuggingFaceTB/SmolLM2-135M-Instruct", "lora_rank": 8, "lr": 1e-4, "max_tokens": 16,
               "seed": 0, "steps": 4, "temperature": 1.0}
     return {
@@ -71,7 +71,7 @@ def _rollouts(arm: str, steps: range, rng) -> list[dict]:
                     "kernel_mass": float(rng.uniform(5, 20)) if kernel else None,
                     "effective_neighbors": float(rng.uniform(5, 30)) if kernel else None,
                     "fallback": False if kernel else None, "response": f"{step}-{g}-{s}",
-                })  # fmt: skip
+                })
     return rows
 
 
@@ -88,7 +88,7 @@ def _metrics(arm: str, rollouts: list[dict]) -> list[dict]:
             "baseline_mean": float(np.mean([r["baseline"] for r in of_step])), "loss": 0.1, "num_datums": len(of_step),
             "num_tokens": 40 * len(of_step), "effective_neighbors_p10": float(np.percentile(eff, 10)) if eff else None,
             "sample_seconds": 2.0, "train_seconds": 3.0, "step_seconds": 5.5, "wall_time": 1.7e9 + 10 * step,
-        })  # fmt: skip
+        })
     return rows
 
 
@@ -106,7 +106,7 @@ def _write_arm_logs(arm_dir: Path, arm: str, steps: range, rng, merged: bool = T
 def _gate(gate: str, rows: list[tuple], out: Path) -> None:
     write_artifact("gate_report", [
         {"gate": gate, "metric": m, "value": v, "op": op, "bound": b, "passed": ok, "observed": None} for m, v, op, b, ok in rows
-    ], out / "gate_report.parquet")  # fmt: skip
+    ], out / "gate_report.parquet")
 
 
 def _activation_rows(frac_nonzero: float, p10: float = 11.5) -> list[tuple]:
@@ -136,16 +136,16 @@ def make_run(root: Path, *, stop_at_activation: bool = False, calibrated: bool =
     write_json_atomic(run / "spec" / "plan.json", plan)
     write_json_atomic(run / "spec" / "spec.json", {"title": plan["title"], "hypothesis": "GS1 is noninferior to GRPO."})
     _gate("correctness_preflight", [("reference_loss", -1e-6, "max", "0 (excess over tolerance)", True),
-                                    ("probe_gs1_kernel", 0.0, "max", "finite", True)], run / "preflight")  # fmt: skip
+                                    ("probe_gs1_kernel", 0.0, "max", "finite", True)], run / "preflight")
     write_json_atomic(run / "preflight" / "record.json", {"backend": "local", "checks": []})
     _gate("offline_unit_checks", [("forced_activation", 1.0, "min", "1", True)], run / "unit_checks")
     for arm, n_steps in ((TREATMENT, 2), (BASELINE, 1)):
         _write_arm_logs(run / "pilot" / arm, arm, range(n_steps), rng)
     _audit(run / "audit" / "pilot")
     write_artifact("heldout", [{"prompt_id": f"arithmetic/train/{k}", "sample_idx": 0, "reward": 1.0} for k in range(8)],
-                   run / "pilot" / "heldout.parquet")  # fmt: skip
+                   run / "pilot" / "heldout.parquet")
     write_json_atomic(run / "pilot" / "timings.json", {"setup_seconds": {TREATMENT: 12.0, BASELINE: 11.0},
-                      "step_seconds": {TREATMENT: 5.5, BASELINE: 5.5}, "eval_seconds_per_item": 0.2, "bandwidth": None})  # fmt: skip
+                      "step_seconds": {TREATMENT: 5.5, BASELINE: 5.5}, "eval_seconds_per_item": 0.2, "bandwidth": None})
     if stop_at_activation:
         _gate("activation_gate", _activation_rows(frac_nonzero=0.3125), run / "gate")
         return run
@@ -155,28 +155,28 @@ def make_run(root: Path, *, stop_at_activation: bool = False, calibrated: bool =
         _audit(run / "audit" / "calibration")
         _gate("activation_gate", _activation_rows(frac_nonzero=0.9, p10=9.5), run / "calibration" / "gate")
         write_json_atomic(run / "calibration" / "revised_spec.json",
-                          {"revisions": [{"change": {"arm": TREATMENT, "kernel.bandwidth": 1.0}}]})  # fmt: skip
+                          {"revisions": [{"change": {"arm": TREATMENT, "kernel.bandwidth": 1.0}}]})
     else:
         _gate("activation_gate", _activation_rows(frac_nonzero=0.9), run / "gate")
     write_json_atomic(run / "feasibility" / "feasibility.json", {
         "phases": {"setup": 12.0, "train": 22.0, "eval": 16.0, "reserve": 12.5}, "wall_seconds": 62.5,
-        "gpu_hours": 0.0, "budget_wall_seconds": 1800.0, "budget_gpu_hours": 0.5, "status": "feasible"})  # fmt: skip
+        "gpu_hours": 0.0, "budget_wall_seconds": 1800.0, "budget_gpu_hours": 0.5, "status": "feasible"})
     _gate("feasibility", [("projected_wall_minutes", 62.5 / 60, "max", "30.0", True),
-                          ("projected_gpu_hours", 0.0, "max", "0.5", True)], run / "feasibility")  # fmt: skip
+                          ("projected_gpu_hours", 0.0, "max", "0.5", True)], run / "feasibility")
     for arm in (BASELINE, TREATMENT):
         _write_arm_logs(run / "train" / arm, arm, range(4), rng)
         write_json_atomic(run / "train" / arm / "final.json", {"arm": arm, "sampler_path": "/tmp/x"})
         write_artifact("checkpoints", [{"next_step": 2, "state_path": "/tmp/state", "wall_time": 1.7e9}],
-                       run / "train" / arm / "checkpoints.parquet")  # fmt: skip
+                       run / "train" / arm / "checkpoints.parquet")
     _audit(run / "audit" / "train")
     correct = {TREATMENT: rng.random(40) < 0.7, BASELINE: rng.random(40) < 0.5}
     for arm, flags in correct.items():
         rows = [{"item_id": f"arithmetic/test/{k}", "arm": arm, "correct": bool(c), "extracted_answer": "3",
-                 "reference": "3", "response": "3", "num_tokens": 4} for k, c in enumerate(flags)]  # fmt: skip
+                 "reference": "3", "response": "3", "num_tokens": 4} for k, c in enumerate(flags)]
         write_artifact("eval_items", rows, run / "eval" / arm / "eval.parquet")
         write_jsonl_atomic(run / "eval" / arm / "eval.jsonl", [{"item_id": r["item_id"], "correct": r["correct"]} for r in rows])
     record = paired_decision(run / "eval" / TREATMENT / "eval.jsonl", run / "eval" / BASELINE / "eval.jsonl",
-                             alpha=0.05, margin=-0.03, n_resamples=500)  # fmt: skip
+                             alpha=0.05, margin=-0.03, n_resamples=500)
     record = {**record, "criterion": "primary", "treatment": TREATMENT, "baseline": BASELINE}
     write_json_atomic(run / "decision" / "decision.json", record)
     return run
@@ -434,7 +434,7 @@ def test_gate_artifact_reads_like_the_report(tmp_path, prefect_harness):
          "passed": False, "observed": "0.1875"},
         {"gate": "activation_gate", "metric": "executed_group_size_treatment", "value": 1.0, "op": "one_of",
          "bound": "(1.0,)", "passed": True, "observed": "1.0"},
-    ]  # fmt: skip
+    ]
 
     @flow
     def gates_flow() -> None:
