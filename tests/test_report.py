@@ -475,7 +475,7 @@ def test_a_failed_training_audit_stops_the_run_before_eval(tmp_path):
     result = write_report(run)
     assert result.stopped_at == "audit_train" and result.stages["audit_train"] == "failed"
     page = Path(result.html).read_text()
-    assert "The training log audit failed: gs1_kernel.max_abs_diff = 0.25 (needs &lt;= 1e-09)" in page
+    assert "The training log audit failed: gs1_kernel.max_abs_diff = 0.25 (needs ≤ 1e-09)" in page
     assert page.count("not run: the flow stopped at the training log audit") == 2  # eval, decision
     # each mismatch: where (arm, step, row, column) and both values
     assert "Logged values the audit could not reproduce (1):" in page
