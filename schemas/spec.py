@@ -1,8 +1,9 @@
 """The pre-registered experiment spec (`specs/*.json`) as pydantic v2 models.
 
-Every field of the user's spec is modelled and the file validates unchanged. Unknown keys are kept
-(`extra="allow"` on every model): the spec is a record, so nothing is silently dropped, and they
-come back out of `model_dump`.
+Every field of the user's spec is modelled and the file validates unchanged. Unknown keys at the
+top level are kept (the spec is a record: they come back out of `model_dump`); inside a section
+an unknown key is an error naming the closest known key. NaN, Infinity and a key given twice are
+errors (`schemas.io.loads_strict`).
 
 Optional fields this project adds (defaults make the user's spec valid as it is):
 - `sampling`: `{max_tokens: 512, temperature: 1.0}` for training rollouts. When `sampling` is
@@ -26,7 +27,7 @@ import importlib.util
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -72,9 +73,33 @@ class _Problems(ValueError):
 
 
 class Record(BaseModel):
-    """Base of every spec model: unknown keys are kept, not dropped."""
+    """Base of every spec model. Inside a section the schema defines, an unknown key is an error
+    naming the closest known key (a typo such as `sampling.temprature` would otherwise leave the
+    default in force). The spec's top level keeps unknown keys (`keeps_unknown_keys`): it is a
+    record, and notes or revision records written there come back out of `model_dump`.
+    Non-finite numbers are errors everywhere."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, allow_inf_nan=False)
+    keeps_unknown_keys: ClassVar[bool] = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys_only(cls, data):
+        if cls.keeps_unknown_keys or not isinstance(data, dict):
+            return data
+        known = {name for name in cls.model_fields} | {f.alias for f in cls.model_fields.values() if f.alias}
+        unknown = [k for k in data if k not in known]
+        if unknown:
+            raise _Problems([(str(k), _unknown_key_text(str(k), known)) for k in unknown])
+        return data
+
+
+def _unknown_key_text(key: str, known: set[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(sorted(known))}"
+    return f"unknown key ({hint})"
 
 
 def _bound(holds, what: str) -> AfterValidator:
@@ -470,6 +495,8 @@ class Pilot(Record):
 
 
 class ExperimentSpec(Record):
+    keeps_unknown_keys: ClassVar[bool] = True  # the top level is the user's record
+
     title: str
     hypothesis: str | None = None
     training_type: str = "rl"
@@ -773,22 +800,26 @@ def parse_spec(data: Any, source: str | None = None) -> ExperimentSpec:
         return ExperimentSpec.model_validate(data)
     except ValidationError as e:
         raise SpecError(spec_problems(e), source) from None
+    except RecursionError:
+        raise UserError(f"{source or 'spec'}: nested too deeply to read") from None
 
 
 def load_spec(path: str | Path) -> ExperimentSpec:
     """Read and validate a spec file. Missing file or bad JSON: a one-line UserError."""
+    from schemas.io import loads_strict
+
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory, not a spec file")
     if not path.is_file():
         raise UserError(f"{path}: no such spec file")
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read ({type(e).__name__})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
-    return parse_spec(data, str(path))
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or type(e).__name__})") from None
+    return parse_spec(loads_strict(text, str(path)), str(path))
 
 
 class SpecOverrides(BaseModel):
