@@ -6,10 +6,11 @@ crash never leaves a half-written file and a failed write never clobbers the pre
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,6 +22,15 @@ from gs1.errors import UserError
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
+# Told of every artifact once it is in place (tasks.common records what each stage produced).
+_ON_WRITTEN: list[Callable[[Path], None]] = []
+
+
+def on_artifact_written(hook: Callable[[Path], None]) -> None:
+    """Call `hook(path)` after every atomic write in this process."""
+    if hook not in _ON_WRITTEN:
+        _ON_WRITTEN.append(hook)
+
 
 def _atomic_write(path: Path, write) -> Path:
     path = Path(path)
@@ -31,10 +41,14 @@ def _atomic_write(path: Path, write) -> Path:
         write(tmp)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; artifacts are ordinary files
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise UserError(f"no space left to write {path}: free some and run again (it resumes)") from None
         raise
+    for hook in _ON_WRITTEN:
+        hook(path)
     return path
 
 

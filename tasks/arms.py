@@ -21,7 +21,8 @@ from rl.envs import get_env
 from rl.loop import ArmConfig, HeldoutRequest, StepLog, eval_rows, new_window, train_arm, window_from_logs
 from schemas.artifacts import read_artifact, write_artifact
 from schemas.io import write_json_atomic, write_jsonl_atomic
-from tasks.common import service_client, stage_cache
+from gs1.errors import UserError
+from tasks.common import digest_paths, record_output, service_client, stage_cache
 
 
 def env_for(run: dict, data_dir: str | None):
@@ -204,16 +205,18 @@ def train_with_checkpoints(arm_dict: dict, run: dict, run_dir: str, backend: str
     training_client, renderer = open_arm(run, arm, backend)
 
     checkpoints_path = arm_dir / "checkpoints.parquet"
-    checkpoints = read_artifact("checkpoints", checkpoints_path).to_pylist() if checkpoints_path.exists() else []
-    first_step = 0
-    if checkpoints:
-        last = checkpoints[-1]
-        training_client.load_state_with_optimizer(last["state_path"]).result()
-        first_step = last["next_step"]
+    try:
+        checkpoints, first_step, window = _resume_point(arm, arm_dir, checkpoints_path, training_client)
+    except UserError as damaged:
+        # A damaged checkpoint or step log before it: the arm cannot resume, so it starts over
+        # (the steps are seeded, so it retraces the same run).
+        logging.getLogger("gs1.train").warning(f"{damaged}; training {arm.name} again from step 0")
+        checkpoints_path.unlink(missing_ok=True)
+        training_client, renderer = open_arm(run, arm, backend)
+        checkpoints, first_step, window = [], 0, new_window(arm)
     for f in _steps_dir(arm_dir).glob("step-*.parquet"):  # logs of steps after the checkpoint are stale
         if int(f.name.split(".")[0].split("-")[1]) >= first_step:
             f.unlink()
-    window = window_from_logs(read_step_logs(arm_dir, "rollouts", before=first_step), arm)
     report = _progress_reporter(arm, arm.steps, first_step, "train")
 
     def on_step(log: StepLog):
@@ -229,9 +232,24 @@ def train_with_checkpoints(arm_dict: dict, run: dict, run_dir: str, backend: str
               steps=range(first_step, arm.steps), window=window, on_step=on_step)  # fmt: skip
     rollouts_path, metrics_path = merge_step_logs(arm_dir)
     sampler_path = training_client.save_weights_for_sampler(f"{Path(run_dir).name}-{arm.name}-final").result().path
-    final = {"arm": arm.name, "sampler_path": sampler_path, "rollouts": str(rollouts_path), "metrics": str(metrics_path)}
+    record_output(sampler_path)  # the local engine's adapter files: verified before a cache hit
+    final = {"arm": arm.name, "sampler_path": sampler_path, "rollouts": str(rollouts_path), "metrics": str(metrics_path),
+             # eval keys on the weights themselves: a retrained arm with other weights is evaluated again
+             "sampler_digest": digest_paths(sampler_path)}  # fmt: skip
     write_json_atomic(arm_dir / "final.json", final)
     return final
+
+
+def _resume_point(arm: ArmConfig, arm_dir: Path, checkpoints_path: Path, training_client):
+    """(checkpoints, first step to train, kernel window) from the arm's last checkpoint, with the
+    checkpointed state loaded; a UserError when the checkpoint or an earlier step log is damaged."""
+    checkpoints = read_artifact("checkpoints", checkpoints_path).to_pylist() if checkpoints_path.exists() else []
+    first_step = 0
+    if checkpoints:
+        last = checkpoints[-1]
+        training_client.load_state_with_optimizer(last["state_path"]).result()
+        first_step = last["next_step"]
+    return checkpoints, first_step, window_from_logs(read_step_logs(arm_dir, "rollouts", before=first_step), arm)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -238,7 +238,10 @@ class _Engine:
         f = path / "adapter_model.safetensors"
         if not f.is_file():
             raise UserError(f"no LoRA weights at {path} (expected adapter_model.safetensors)")
-        sd = load_file(str(f), device=str(self.device))
+        try:
+            sd = load_file(str(f), device=str(self.device))
+        except Exception as e:  # safetensors raises its own SafetensorError for a damaged file
+            raise UserError(f"{f}: damaged LoRA weights file ({type(e).__name__}: {e})") from None
         res = set_peft_model_state_dict(self.model, sd)
         missing = [k for k in getattr(res, "missing_keys", []) if "lora_" in k]
         if missing:
@@ -593,7 +596,11 @@ class LocalTrainingClient:
             f = d / "optimizer.pt"
             if not f.is_file():
                 raise UserError(f"{path} holds no optimizer state (saved with save_weights_for_sampler?)")
-            self._opt.load_state_dict(torch.load(f, map_location=self._engine.device, weights_only=True))
+            try:
+                state = torch.load(f, map_location=self._engine.device, weights_only=True)
+            except Exception as e:  # a truncated or overwritten file
+                raise UserError(f"{f}: damaged optimizer state ({type(e).__name__})") from None
+            self._opt.load_state_dict(state)
         meta_f = d / META_FILE
         if meta_f.is_file():
             self._optim_steps = int(json.loads(meta_f.read_text()).get("optim_steps", 0))
