@@ -34,7 +34,12 @@ def on_artifact_written(hook: Callable[[Path], None]) -> None:
 
 def _atomic_write(path: Path, write) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory; name a file to write")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UserError(f"{path}: cannot be written ({path.parent} is not a directory)") from None
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:

@@ -169,7 +169,8 @@ def test_decide_flags(tmp_path, capsys):
     assert report["verdict"] == "noninferior"  # 0 - sqrt(2 ln 10 / 50) = -0.30 > -0.5
 
 
-@pytest.mark.parametrize("case", ["differ", "duplicate", "bad json", "bad correct", "missing file", "empty", "bad alpha"])
+@pytest.mark.parametrize("case", ["differ", "duplicate", "bad json", "bad correct", "missing file", "empty", "bad alpha",
+                                  "not utf-8", "deep json", "a directory"])
 def test_decide_bad_input_exits_2(tmp_path, capsys, case):
     rows = _eval_rows(20, 0.5, 0)
     _write_jsonl(tmp_path / "b.jsonl", rows)
@@ -188,6 +189,16 @@ def test_decide_bad_input_exits_2(tmp_path, capsys, case):
     if case == "bad json":
         (tmp_path / "t.jsonl").write_text('{"item_id": "a", "correct": true}\n{not json\n')
         needle = "line 2"
+    elif case == "not utf-8":
+        (tmp_path / "t.jsonl").write_bytes('{"item_id": "caf\u00e9", "correct": true}\n'.encode("latin-1"))
+        needle = "not UTF-8"
+    elif case == "deep json":
+        (tmp_path / "t.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
+        needle = "line 1: not valid JSON"
+    elif case == "a directory":
+        (tmp_path / "t.jsonl").unlink()
+        (tmp_path / "t.jsonl").mkdir()
+        needle = "is a directory"
     treatment = str(tmp_path / ("nope.jsonl" if case == "missing file" else "t.jsonl"))
     needle = needle or "no such file"
     argv = ["decide", "--treatment", treatment, "--baseline", str(tmp_path / "b.jsonl"), *extra]
@@ -195,6 +206,14 @@ def test_decide_bad_input_exits_2(tmp_path, capsys, case):
     assert code == 2 and out == ""
     assert needle in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_advantages_out_naming_a_directory_is_one_line_before_any_work(tmp_path, capsys):
+    (tmp_path / "out").mkdir()
+    code, out, err = _exit_code(capsys, ["advantages", "--estimator", "grpo", "--rollouts", str(tmp_path / "nope.parquet"),
+                                         "--out", str(tmp_path / "out")])
+    assert code == 2 and out == "" and "is a directory" in err and len(err.strip().splitlines()) == 1
+    assert list((tmp_path / "out").iterdir()) == []
 
 
 def test_console_script_exit_code(tmp_path):
