@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -223,3 +224,13 @@ def test_console_script_exit_code(tmp_path):
                            "--baseline", str(tmp_path / "b.jsonl")], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "gs1: error: item sets differ: 1 item(s) differ (0 only in treatment, 1 only in baseline)"
+
+
+def test_gs1_run_checks_the_data_dir_for_both_splits_before_anything_runs(tmp_path, capsys):
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    (data / "train.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n')
+    run_dir = tmp_path / "run"
+    code, out, err = _exit_code(capsys, ["run", str(Path(__file__).parents[1] / "specs/gs1_vs_grpo_gsm8k.json"), "--data-dir", str(data), "--run-dir", str(run_dir)])
+    assert code == 2 and "has no test.jsonl" in err and len(err.strip().splitlines()) == 1
+    assert not run_dir.exists()  # nothing started

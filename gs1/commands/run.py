@@ -33,10 +33,13 @@ def run(args: argparse.Namespace) -> int:
     from schemas.spec import load_spec
 
     spec_path = Path(args.spec) if args.spec else default_spec()
-    load_spec(spec_path)  # SpecError (a UserError) -> one line per problem, exit 2
+    spec = load_spec(spec_path)  # SpecError (a UserError) -> one line per problem, exit 2
     data_dir = args.data_dir or os.environ.get("GS1_GSM8K_DIR")
     if data_dir and not Path(data_dir).is_dir():
         raise UserError(f"--data-dir {data_dir}: no such directory")
+    from rl.envs import get_env
+
+    get_env(spec.dataset.name, data_dir=data_dir, **dict(spec.dataset.options))  # its data files, now
     if args.backend == "tinker":
         from rl.backends.tinker_backend import make_tinker_service_client
 
