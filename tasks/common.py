@@ -213,6 +213,7 @@ class OutputsVerified(CachePolicy):
     def compute_key(self, task_ctx, inputs, flow_parameters, **kwargs) -> str | None:
         key = self.inner.compute_key(task_ctx, inputs, flow_parameters, **kwargs)
         folder = _record_dir(getattr(task_ctx, "result_store", None)) if key else None
+        _started(task_ctx, inputs, folder / key if folder is not None else None)
         if folder is None:
             return key
         record, manifest = folder / key, folder / f"{key}{OUTPUTS_SUFFIX}"
@@ -231,6 +232,28 @@ class OutputsVerified(CachePolicy):
             record.unlink(missing_ok=True)
             manifest.unlink(missing_ok=True)
         return key
+
+
+# Stages of this process that have started, with where their result will be stored: one whose
+# result is not there yet is still running (what `gs1 run` names when it is stopped).
+_STARTED: dict[str, tuple[str, Path | None]] = {}
+
+
+def _started(task_ctx, inputs: dict, record: Path | None) -> None:
+    import re
+
+    name = re.sub(r"-[0-9a-f]{3}$", "", task_ctx.task_run.name)
+    arm = (inputs or {}).get("arm_dict")
+    label = f"{name} ({arm['name']})" if isinstance(arm, dict) and "name" in arm else name
+    with _OUTPUTS_LOCK:
+        _STARTED[str(task_ctx.task_run.id)] = (label, record)
+
+
+def running_stages() -> list[str]:
+    """The stages started in this process whose result is not stored yet."""
+    with _OUTPUTS_LOCK:
+        started = list(_STARTED.values())
+    return [label for label, record in started if record is None or not record.exists()]
 
 
 def _warn(task_ctx, message: str) -> None:
