@@ -44,6 +44,7 @@ Sampled logprobs are those of the distribution sampled from (temperature-scaled;
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import math
@@ -562,13 +563,21 @@ class LocalTrainingClient:
             raise UserError(f"checkpoint name {name!r} must be a plain file name")
         final = self._run_dir / kind / name
         tmp = self._run_dir / kind / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir(parents=True)
-        # LoRA never touches the embeddings; saying so skips peft's vocabulary check, which looks
-        # the base model up on the hub (and warns when it is a local directory).
-        self._engine.model.save_pretrained(str(tmp), save_embedding_layers=False)
-        if with_optimizer:
-            torch.save(self._opt.state_dict(), tmp / "optimizer.pt")
-        (tmp / META_FILE).write_text(json.dumps(self._meta(), indent=1))
+        try:
+            tmp.mkdir(parents=True)
+            # LoRA never touches the embeddings; saying so skips peft's vocabulary check, which looks
+            # the base model up on the hub (and warns when it is a local directory).
+            self._engine.model.save_pretrained(str(tmp), save_embedding_layers=False)
+            if with_optimizer:
+                torch.save(self._opt.state_dict(), tmp / "optimizer.pt")
+            (tmp / META_FILE).write_text(json.dumps(self._meta(), indent=1))
+        except (OSError, RuntimeError) as e:  # torch reports a full disk as a RuntimeError
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(e, OSError) and e.errno not in (errno.ENOSPC, errno.EDQUOT) and "No space" not in str(e):
+                raise
+            if isinstance(e, RuntimeError) and "No space" not in str(e) and "write" not in str(e).lower():
+                raise
+            raise UserError(f"no space left to save {kind} {name!r} under {self._run_dir}: free some and run again (it resumes)") from None
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
