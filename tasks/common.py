@@ -243,8 +243,9 @@ def _started(task_ctx, inputs: dict, record: Path | None) -> None:
     import re
 
     name = re.sub(r"-[0-9a-f]{3}$", "", task_ctx.task_run.name)
-    arm = (inputs or {}).get("arm_dict")
-    label = f"{name} ({arm['name']})" if isinstance(arm, dict) and "name" in arm else name
+    arm = (inputs or {}).get("arm_dict") or (inputs or {}).get("arm")  # an arm's stages: which arm
+    arm_name = arm.get("name") if isinstance(arm, dict) else getattr(arm, "name", None)
+    label = f"{name} ({arm_name})" if arm_name else name
     with _OUTPUTS_LOCK:
         _STARTED[str(task_ctx.task_run.id)] = (label, record)
 
