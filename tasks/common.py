@@ -13,6 +13,7 @@ on the content of what they read, so only those whose inputs came out different 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -26,6 +27,7 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
 
 import rl
 import schemas
+from gs1.errors import UserError
 from schemas.io import on_artifact_written
 
 # ---------------------------------------------------------------------------------------------
@@ -176,10 +178,16 @@ def record_output(path: str | Path) -> None:
         outputs = _read_outputs(manifest) or {}
         for f in files:
             outputs[str(f.resolve())] = _file_digest(f)
-        folder.mkdir(parents=True, exist_ok=True)
         tmp = manifest.with_name(f".{manifest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(outputs, indent=1, sort_keys=True))
-        os.replace(tmp, manifest)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(outputs, indent=1, sort_keys=True))
+            os.replace(tmp, manifest)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise UserError(f"no space left to write {manifest}: free some and run again (it resumes)") from None
+            raise
 
 
 def _read_outputs(manifest: Path) -> dict[str, str] | None:
