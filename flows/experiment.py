@@ -63,6 +63,9 @@ def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: s
             arm["name"]: eval_items.submit(trained[arm["name"]], arm, run, plan["n_eval"], run_dir, backend, data_dir)
             for arm in plan["arms"]
         }
+        # A failed training arm is the run's error (its eval never ran, and asking an eval that
+        # never ran for its result says only that it is unfinished).
+        trained = {name: future.result() for name, future in trained.items()}
         evals = {name: future.result() for name, future in evals.items()}
         decision = paired_decision_record(
             evals[run["treatment"]]["jsonl"], evals[run["baseline"]]["jsonl"], plan["decision"],

@@ -73,7 +73,21 @@ def _run(args: argparse.Namespace, server) -> int:
         if not api_url:
             api_url = server.start()  # our child: it ends when gs1 run does, however that happens
         with temporary_settings({PREFECT_API_URL: api_url}):
-            return _run_flow(spec_path, run_dir, args.backend, data_dir)
+            try:
+                return _run_flow(spec_path, run_dir, args.backend, data_dir)
+            finally:
+                _send_pending_logs()  # while the server is still up: it stops when the run ends
+
+
+def _send_pending_logs(timeout: float = 5.0) -> None:
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        try:
+            worker.drain_all(timeout=timeout, at_exit=False)
+        except Exception:  # best effort: the run's outcome is already decided
+            pass
 
 
 def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None) -> int:

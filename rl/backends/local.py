@@ -571,11 +571,9 @@ class LocalTrainingClient:
             if with_optimizer:
                 torch.save(self._opt.state_dict(), tmp / "optimizer.pt")
             (tmp / META_FILE).write_text(json.dumps(self._meta(), indent=1))
-        except (OSError, RuntimeError) as e:  # torch reports a full disk as a RuntimeError
+        except Exception as e:  # torch (RuntimeError) and safetensors (SafetensorError) wrap ENOSPC
             shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(e, OSError) and e.errno not in (errno.ENOSPC, errno.EDQUOT) and "No space" not in str(e):
-                raise
-            if isinstance(e, RuntimeError) and "No space" not in str(e) and "write" not in str(e).lower():
+            if getattr(e, "errno", None) not in (errno.ENOSPC, errno.EDQUOT) and "No space left" not in str(e):
                 raise
             raise UserError(f"no space left to save {kind} {name!r} under {self._run_dir}: free some and run again (it resumes)") from None
         if final.exists():
