@@ -61,6 +61,7 @@ def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: s
         feasibility(pilot.timings, plan.steps, plan.n_eval, plan.budget, backend, str(RunLayout(run_dir).feasibility_dir))
 
         trained = {arm.name: trained_arm.submit(arm, run, run_dir, backend, data_dir) for arm in plan.arms}
+        # Every arm's result first: a failed arm is the run's error (and the audit reads them all).
         trained = {name: future.result() for name, future in trained.items()}
         audit_gate(plan.arms, [trained[arm.name].rollouts for arm in plan.arms], run_dir, stage="train")
         evals = {

@@ -65,11 +65,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UserError as e:
-        sys.stderr.write(f"gs1: error: {e}\n")
+        _say(f"gs1: error: {e}")
         return 2
     except KeyboardInterrupt:
-        sys.stderr.write("gs1: interrupted\n")
+        _say("gs1: interrupted")
         return 130
+    except RecursionError:
+        _say("gs1: error: the input is nested too deeply to read")
+        return 2
+    except Exception as e:  # a crash is still one line (the key redacted), never a traceback
+        if os.environ.get("GS1_TRACEBACK"):
+            raise
+        _say(f"gs1: failed: {type(e).__name__}: {e} (set GS1_TRACEBACK=1 to see where)")
+        return 1
+
+
+def _say(message: str) -> None:
+    """One line on stderr, with the Tinker API key redacted in whatever form the message holds it."""
+    from schemas.redaction import one_line, redact_key
+
+    sys.stderr.write(one_line(redact_key(message)) + "\n")
 
 
 if __name__ == "__main__":

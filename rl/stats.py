@@ -161,6 +161,8 @@ def read_eval_items(path) -> dict[str, float]:
     """item_id -> correct (0.0 / 1.0) from an eval file: `.parquet` (the eval_items table, or any
     Parquet with item_id and correct) or JSON lines with item_id and correct."""
     path = Path(path)
+    if path.is_dir():
+        raise EvalDataError(f"{path}: is a directory, not an eval file")
     if not path.is_file():
         raise EvalDataError(f"{path}: no such file")
     rows: list[tuple] = []
@@ -175,18 +177,23 @@ def read_eval_items(path) -> dict[str, float]:
         pairs = zip(table.column("item_id").to_pylist(), table.column("correct").to_pylist())
         rows = [(item_id, correct, f"{path}: row {k}") for k, (item_id, correct) in enumerate(pairs)]
     else:
-        with open(path, encoding="utf-8") as f:
-            for line_number, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                where = f"{path}: line {line_number}"
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    raise EvalDataError(f"{where}: not valid JSON") from None
-                if not isinstance(row, dict) or "item_id" not in row or "correct" not in row:
-                    raise EvalDataError(f"{where}: needs item_id and correct")
-                rows.append((row["item_id"], row["correct"], where))
+        try:
+            lines = path.read_text(encoding="utf-8").split("\n")
+        except UnicodeDecodeError as e:
+            raise EvalDataError(f"{path}: not UTF-8 text (byte {e.start})") from None
+        except OSError as e:
+            raise EvalDataError(f"{path}: cannot read ({e.strerror or type(e).__name__})") from None
+        for line_number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}: line {line_number}"
+            try:
+                row = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
+                raise EvalDataError(f"{where}: not valid JSON") from None
+            if not isinstance(row, dict) or "item_id" not in row or "correct" not in row:
+                raise EvalDataError(f"{where}: needs item_id and correct")
+            rows.append((row["item_id"], row["correct"], where))
     if not rows:
         raise EvalDataError(f"{path}: no eval items")
     items: dict[str, float] = {}

@@ -12,6 +12,8 @@ layer raises or catches it.)
 
 from __future__ import annotations
 
+import difflib
+
 
 class UserError(Exception):
     """Bad input from the user (spec, data files, CLI arguments, service, key).
@@ -66,3 +68,21 @@ class FieldProblems(ValueError):
     def __init__(self, problems: list[tuple[str, str]]):
         self.problems = problems
         super().__init__("; ".join(f"{p}: {m}" if p else m for p, m in problems))
+
+
+def known_keys_only(model, data):
+    """`data` for a pydantic `model`, or FieldProblems naming each unknown key with the closest
+    known one (a typo such as `sampling.temprature` must not leave the default in force)."""
+    if not isinstance(data, dict):
+        return data
+    known = set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
+    unknown = [str(k) for k in data if k not in known]
+    if unknown:
+        raise FieldProblems([(k, _unknown_key_text(k, known)) for k in unknown])
+    return data
+
+
+def _unknown_key_text(key: str, known: set[str]) -> str:
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(sorted(known))}"
+    return f"unknown key ({hint})"

@@ -6,10 +6,11 @@ crash never leaves a half-written file and a failed write never clobbers the pre
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,20 +22,38 @@ from schemas.errors import UserError
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
+# Told of every artifact once it is in place (tasks.common records what each stage produced).
+_ON_WRITTEN: list[Callable[[Path], None]] = []
+
+
+def on_artifact_written(hook: Callable[[Path], None]) -> None:
+    """Call `hook(path)` after every atomic write in this process."""
+    if hook not in _ON_WRITTEN:
+        _ON_WRITTEN.append(hook)
+
 
 def _atomic_write(path: Path, write) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory; name a file to write")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UserError(f"{path}: cannot be written ({path.parent} is not a directory)") from None
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         write(tmp)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; artifacts are ordinary files
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise UserError(f"no space left to write {path}: free some and run again (it resumes)") from None
         raise
+    for hook in _ON_WRITTEN:
+        hook(path)
     return path
 
 
@@ -88,3 +107,52 @@ def read_parquet(path: str | Path, schema: pa.Schema | None = None, required: It
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as e:
             raise UserError(f"{path}: columns do not match the schema ({e})") from None
     return table
+
+
+class _NonFinite:
+    """What `Infinity`, `-Infinity` or `NaN` parse to here: JSON has no such numbers."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+class _Pairs(dict):
+    """A JSON object that remembers the keys it was given more than once."""
+
+    def __init__(self, pairs: list[tuple[str, object]]):
+        super().__init__(pairs)
+        seen: set[str] = set()
+        self.duplicates = sorted({k for k, _ in pairs if k in seen or seen.add(k)})
+
+
+def loads_strict(text: str, source: str) -> object:
+    """Parse JSON as the standard defines it: a duplicate key or a non-finite number (`NaN`,
+    `Infinity`, which Python's json accepts) is a UserError naming where it is, and so is
+    nesting too deep to read. Objects come back as plain dicts."""
+    try:
+        data = json.loads(text, object_pairs_hook=_Pairs, parse_constant=_NonFinite)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{source}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except RecursionError:
+        raise UserError(f"{source}: JSON nested too deeply to read") from None
+    problems: list[str] = []
+    try:
+        data = _plain(data, "", problems)
+    except RecursionError:
+        raise UserError(f"{source}: JSON nested too deeply to read") from None
+    if problems:
+        raise UserError(f"{source}: not valid JSON: " + "; ".join(problems))
+    return data
+
+
+def _plain(value, path: str, problems: list[str]):
+    where = path or "(top level)"
+    if isinstance(value, _NonFinite):
+        problems.append(f"{where}: {value.text} is not a JSON number")
+        return None
+    if isinstance(value, _Pairs):
+        problems += [f"{where}: key {k!r} given more than once" for k in value.duplicates]
+        return {k: _plain(v, f"{path}.{k}" if path else k, problems) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v, f"{path}.{i}" if path else str(i), problems) for i, v in enumerate(value)]
+    return value

@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from schemas.errors import FieldProblems
+from schemas.errors import FieldProblems, known_keys_only
 
 # The prompt features the training loop logs, in the order the spec pins them.
 FEATURE_NAMES = ("log_prompt_num_tokens", "prompt_mean_logprob")
@@ -39,6 +39,11 @@ class KernelSpec(BaseModel):
     bandwidth: float = 0.5  # h (gaussian, laplace); k = round(h) (knn)
     window: int = 256
     min_mass: float = 1e-3
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys_only(cls, data):
+        return known_keys_only(cls, data)
 
     @field_validator("family")
     @classmethod

@@ -93,6 +93,7 @@ class TrainedArm(_Plan):
     sampler_path: str
     rollouts: str
     metrics: str
+    sampler_digest: str  # content hash of the sampler weights: eval keys on the weights themselves
 
 
 class EvalResult(_Plan):

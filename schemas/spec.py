@@ -1,8 +1,9 @@
 """The pre-registered experiment spec (`specs/*.json`) as pydantic v2 models.
 
-Every field of the user's spec is modelled and the file validates unchanged. Unknown keys are kept
-(`extra="allow"` on every model): the spec is a record, so nothing is silently dropped, and they
-come back out of `model_dump`.
+Every field of the user's spec is modelled and the file validates unchanged. Unknown keys at the
+top level are kept (the spec is a record: they come back out of `model_dump`); inside a section
+an unknown key is an error naming the closest known key. NaN, Infinity and a key given twice are
+errors (`schemas.io.loads_strict`).
 
 Optional fields this project adds (defaults make the user's spec valid as it is):
 - `sampling`: `{max_tokens: 512, temperature: 1.0}` for training rollouts. When `sampling` is
@@ -26,12 +27,12 @@ import importlib.util
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from schemas.arm import ADVANTAGE_ESTIMATORS
-from schemas.errors import FieldProblems, SpecError, UserError
+from schemas.errors import FieldProblems, SpecError, UserError, known_keys_only
 from schemas.kernel import KernelSpec
 from schemas.names import GATE_METRICS, env_names, unknown_env_options
 
@@ -49,9 +50,21 @@ ROLES = ("treatment", "baseline")
 
 
 class Record(BaseModel):
-    """Base of every spec model: unknown keys are kept, not dropped."""
+    """Base of every spec model. Inside a section the schema defines, an unknown key is an error
+    naming the closest known key (a typo such as `sampling.temprature` would otherwise leave the
+    default in force). The spec's top level keeps unknown keys (`keeps_unknown_keys`): it is a
+    record, and notes or revision records written there come back out of `model_dump`.
+    Non-finite numbers are errors everywhere."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, allow_inf_nan=False)
+    keeps_unknown_keys: ClassVar[bool] = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys_only(cls, data):
+        if cls.keeps_unknown_keys or not isinstance(data, dict):
+            return data
+        return known_keys_only(cls, data)
 
 
 def _bound(holds, what: str) -> AfterValidator:
@@ -402,6 +415,8 @@ class Pilot(Record):
 
 
 class ExperimentSpec(Record):
+    keeps_unknown_keys: ClassVar[bool] = True  # the top level is the user's record
+
     title: str
     hypothesis: str | None = None
     training_type: str = "rl"
@@ -694,22 +709,26 @@ def parse_spec(data: Any, source: str | None = None) -> ExperimentSpec:
         return ExperimentSpec.model_validate(data)
     except ValidationError as e:
         raise SpecError(spec_problems(e), source) from None
+    except RecursionError:
+        raise UserError(f"{source or 'spec'}: nested too deeply to read") from None
 
 
 def load_spec(path: str | Path) -> ExperimentSpec:
     """Read and validate a spec file. Missing file or bad JSON: a one-line UserError."""
+    from schemas.io import loads_strict
+
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory, not a spec file")
     if not path.is_file():
         raise UserError(f"{path}: no such spec file")
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read ({type(e).__name__})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
-    return parse_spec(data, str(path))
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or type(e).__name__})") from None
+    return parse_spec(loads_strict(text, str(path)), str(path))
 
 
 class SpecOverrides(BaseModel):

@@ -23,10 +23,11 @@ from rl.loop import HeldoutRequest, StepLog, eval_rows, new_window, train_arm, w
 from schemas.arm import ArmConfig
 from schemas.artifacts import read_artifact, write_artifact
 from schemas.io import write_json_atomic, write_jsonl_atomic
+from schemas.errors import UserError
 from schemas.layout import PilotStage, RunLayout, step_log, step_of, steps_dir
 from schemas.plan import EvalResult, PilotLogs, RunContext, TrainedArm
 from schemas.spec import Pilot
-from tasks.common import GateFailed, service_client, stage_cache
+from tasks.common import GateFailed, digest_paths, record_output, service_client, stage_cache
 
 
 def env_for(run: RunContext, data_dir: str | None):
@@ -195,16 +196,18 @@ def train_with_checkpoints(arm: ArmConfig, run: RunContext, run_dir: str, backen
     training_client, renderer = open_arm(run, arm, backend)
 
     checkpoints_path = arm_dir / "checkpoints.parquet"
-    checkpoints = read_artifact("checkpoints", checkpoints_path).to_pylist() if checkpoints_path.exists() else []
-    first_step = 0
-    if checkpoints:
-        last = checkpoints[-1]
-        training_client.load_state_with_optimizer(last["state_path"]).result()
-        first_step = last["next_step"]
+    try:
+        checkpoints, first_step, window = _resume_point(arm, arm_dir, checkpoints_path, training_client)
+    except UserError as damaged:
+        # A damaged checkpoint or step log before it: the arm cannot resume, so it starts over
+        # (the steps are seeded, so it retraces the same run).
+        logging.getLogger("gs1.train").warning(f"{damaged}; training {arm.name} again from step 0")
+        checkpoints_path.unlink(missing_ok=True)
+        training_client, renderer = open_arm(run, arm, backend)
+        checkpoints, first_step, window = [], 0, new_window(arm)
     for f in steps_dir(arm_dir).glob("step-*.parquet"):  # logs of steps after the checkpoint are stale
         if step_of(f) >= first_step:
             f.unlink()
-    window = window_from_logs(read_step_logs(arm_dir, "rollouts", before=first_step), arm)
     report = _progress_reporter(arm, arm.steps, first_step, "train")
 
     def on_step(log: StepLog):
@@ -220,9 +223,24 @@ def train_with_checkpoints(arm: ArmConfig, run: RunContext, run_dir: str, backen
               steps=range(first_step, arm.steps), window=window, on_step=on_step)
     rollouts_path, metrics_path = merge_step_logs(arm_dir)
     sampler_path = training_client.save_weights_for_sampler(f"{Path(run_dir).name}-{arm.name}-final").result().path
-    final = TrainedArm(arm=arm.name, sampler_path=sampler_path, rollouts=str(rollouts_path), metrics=str(metrics_path))
+    record_output(sampler_path)  # the local engine's adapter files: verified before a cache hit
+    # eval keys on the weights themselves: a retrained arm with other weights is evaluated again
+    final = TrainedArm(arm=arm.name, sampler_path=sampler_path, rollouts=str(rollouts_path), metrics=str(metrics_path),
+                       sampler_digest=digest_paths(sampler_path))
     write_json_atomic(arm_dir / "final.json", final.model_dump())
     return final
+
+
+def _resume_point(arm: ArmConfig, arm_dir: Path, checkpoints_path: Path, training_client):
+    """(checkpoints, first step to train, kernel window) from the arm's last checkpoint, with the
+    checkpointed state loaded; a UserError when the checkpoint or an earlier step log is damaged."""
+    checkpoints = read_artifact("checkpoints", checkpoints_path).to_pylist() if checkpoints_path.exists() else []
+    first_step = 0
+    if checkpoints:
+        last = checkpoints[-1]
+        training_client.load_state_with_optimizer(last["state_path"]).result()
+        first_step = last["next_step"]
+    return checkpoints, first_step, window_from_logs(read_step_logs(arm_dir, "rollouts", before=first_step), arm)
 
 
 # ---------------------------------------------------------------------------------------------

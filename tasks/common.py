@@ -3,11 +3,20 @@
 Caching (resume): a stage's key is its inputs + its own source + the source of the `rl/` and
 `schemas/` library it calls + the path and content hash of every file it reads. A re-run of the
 same spec, or a Retry from the UI, is served from cache up to the first stage whose key changed.
+
+A cache hit is served only while the stage's outputs still verify: every file a stage writes
+(each atomic artifact write, and what it names with `record_output`) goes with its SHA-256 into
+`<key>.outputs.json` beside the stage's stored result. If one is missing or changed, the stored
+result is dropped with one warning naming the file, and the stage runs again; later stages key
+on the content of what they read, so only those whose inputs came out different run again.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import json
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -19,7 +28,9 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
 import rl
 import schemas
 from rl.backends import make_service_client
+from schemas.errors import UserError
 from schemas.gate_text import GateRow, gate_failed_message
+from schemas.io import on_artifact_written
 
 # ---------------------------------------------------------------------------------------------
 # Gates
@@ -115,8 +126,148 @@ class LibrarySource(CachePolicy):
 
 
 def stage_cache(*files_read: str) -> CachePolicy:
-    """INPUTS + TASK_SOURCE + library source + the files the stage reads."""
-    return INPUTS + TASK_SOURCE + LibrarySource() + FilesRead(params=tuple(files_read))
+    """INPUTS + TASK_SOURCE + library source + the files the stage reads; a hit only while the
+    files the stage wrote still verify."""
+    return OutputsVerified(inner=INPUTS + TASK_SOURCE + LibrarySource() + FilesRead(params=tuple(files_read)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs: what a stage wrote, with content hashes, checked before its cached result is served
+
+OUTPUTS_SUFFIX = ".outputs.json"
+_OUTPUTS_LOCK = threading.Lock()
+log = logging.getLogger("gs1.cache")
+
+
+def _record_dir(store) -> Path | None:
+    """The folder holding stored stage results (a local one; other storage is not verified)."""
+    basepath = getattr(getattr(store, "result_storage", None), "basepath", None)
+    return Path(basepath).expanduser() if basepath else None
+
+
+def _files_under(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.is_file())
+    return []
+
+
+def record_output(path: str | Path) -> None:
+    """Record `path` (a file, or every file under a directory) as an output of the stage now
+    running, with its content hash. Outside a cached stage, or for a path that is not a local
+    file (e.g. a `tinker://` one), nothing is recorded."""
+    from prefect.transactions import get_transaction
+
+    txn = get_transaction()
+    folder = _record_dir(txn.store) if txn is not None and txn.key else None
+    if folder is None:
+        return
+    files = _files_under(Path(path))
+    if not files:
+        return
+    manifest = folder / f"{txn.key}{OUTPUTS_SUFFIX}"
+    with _OUTPUTS_LOCK:
+        outputs = _read_outputs(manifest) or {}
+        for f in files:
+            outputs[str(f.resolve())] = _file_digest(f)
+        tmp = manifest.with_name(f".{manifest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(outputs, indent=1, sort_keys=True))
+            os.replace(tmp, manifest)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise UserError(f"no space left to write {manifest}: free some and run again (it resumes)") from None
+            raise
+
+
+def _read_outputs(manifest: Path) -> dict[str, str] | None:
+    try:
+        outputs = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return None
+    return outputs if isinstance(outputs, dict) else None
+
+
+def damaged_output(outputs: dict[str, str]) -> tuple[str, str] | None:
+    """The first recorded output that no longer verifies, with what is wrong with it."""
+    for name, digest in sorted(outputs.items()):
+        path = Path(name)
+        if not path.is_file():
+            return name, "is missing"
+        try:
+            if _file_digest(path) != digest:
+                return name, "changed since the stage wrote it"
+        except OSError as e:
+            return name, f"cannot be read ({e.strerror or type(e).__name__})"
+    return None
+
+
+@dataclass
+class OutputsVerified(CachePolicy):
+    """`inner`'s key, served from the cache only while the stage's recorded outputs verify."""
+
+    inner: CachePolicy | None = None
+
+    def compute_key(self, task_ctx, inputs, flow_parameters, **kwargs) -> str | None:
+        key = self.inner.compute_key(task_ctx, inputs, flow_parameters, **kwargs)
+        folder = _record_dir(getattr(task_ctx, "result_store", None)) if key else None
+        _started(task_ctx, inputs, folder / key if folder is not None else None)
+        if folder is None:
+            return key
+        record, manifest = folder / key, folder / f"{key}{OUTPUTS_SUFFIX}"
+        if not record.exists():
+            manifest.unlink(missing_ok=True)  # a stage that never finished: its list is stale
+            return key
+        outputs = _read_outputs(manifest)
+        if outputs is None:
+            if not manifest.exists():
+                return key  # stored before outputs were recorded: nothing to check against
+            damaged = (str(manifest), "cannot be read")
+        else:
+            damaged = damaged_output(outputs)
+        if damaged is not None:
+            _warn(task_ctx, f"{damaged[0]} {damaged[1]}: running the stage '{task_ctx.task.name}' again")
+            record.unlink(missing_ok=True)
+            manifest.unlink(missing_ok=True)
+        return key
+
+
+# Stages of this process that have started, with where their result will be stored: one whose
+# result is not there yet is still running (what `gs1 run` names when it is stopped).
+_STARTED: dict[str, tuple[str, Path | None]] = {}
+
+
+def _started(task_ctx, inputs: dict, record: Path | None) -> None:
+    import re
+
+    name = re.sub(r"-[0-9a-f]{3}$", "", task_ctx.task_run.name)
+    arm = (inputs or {}).get("arm")  # an arm's stages: which arm
+    arm_name = getattr(arm, "name", None)
+    label = f"{name} ({arm_name})" if arm_name else name
+    with _OUTPUTS_LOCK:
+        _STARTED[str(task_ctx.task_run.id)] = (label, record)
+
+
+def running_stages() -> list[str]:
+    """The stages started in this process whose result is not stored yet."""
+    with _OUTPUTS_LOCK:
+        started = list(_STARTED.values())
+    return [label for label, record in started if record is None or not record.exists()]
+
+
+def _warn(task_ctx, message: str) -> None:
+    try:
+        from prefect import get_run_logger
+
+        get_run_logger().warning(message)
+    except Exception:  # no run context (a plain call): the module logger
+        log.warning(message)
+
+
+on_artifact_written(record_output)
 
 
 # ---------------------------------------------------------------------------------------------

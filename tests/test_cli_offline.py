@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -169,7 +170,8 @@ def test_decide_flags(tmp_path, capsys):
     assert report["verdict"] == "noninferior"  # 0 - sqrt(2 ln 10 / 50) = -0.30 > -0.5
 
 
-@pytest.mark.parametrize("case", ["differ", "duplicate", "bad json", "bad correct", "missing file", "empty", "bad alpha"])
+@pytest.mark.parametrize("case", ["differ", "duplicate", "bad json", "bad correct", "missing file", "empty", "bad alpha",
+                                  "not utf-8", "deep json", "a directory"])
 def test_decide_bad_input_exits_2(tmp_path, capsys, case):
     rows = _eval_rows(20, 0.5, 0)
     _write_jsonl(tmp_path / "b.jsonl", rows)
@@ -188,6 +190,16 @@ def test_decide_bad_input_exits_2(tmp_path, capsys, case):
     if case == "bad json":
         (tmp_path / "t.jsonl").write_text('{"item_id": "a", "correct": true}\n{not json\n')
         needle = "line 2"
+    elif case == "not utf-8":
+        (tmp_path / "t.jsonl").write_bytes('{"item_id": "caf\u00e9", "correct": true}\n'.encode("latin-1"))
+        needle = "not UTF-8"
+    elif case == "deep json":
+        (tmp_path / "t.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
+        needle = "line 1: not valid JSON"
+    elif case == "a directory":
+        (tmp_path / "t.jsonl").unlink()
+        (tmp_path / "t.jsonl").mkdir()
+        needle = "is a directory"
     treatment = str(tmp_path / ("nope.jsonl" if case == "missing file" else "t.jsonl"))
     needle = needle or "no such file"
     argv = ["decide", "--treatment", treatment, "--baseline", str(tmp_path / "b.jsonl"), *extra]
@@ -197,6 +209,14 @@ def test_decide_bad_input_exits_2(tmp_path, capsys, case):
     assert len(err.strip().splitlines()) == 1
 
 
+def test_advantages_out_naming_a_directory_is_one_line_before_any_work(tmp_path, capsys):
+    (tmp_path / "out").mkdir()
+    code, out, err = _exit_code(capsys, ["advantages", "--estimator", "grpo", "--rollouts", str(tmp_path / "nope.parquet"),
+                                         "--out", str(tmp_path / "out")])
+    assert code == 2 and out == "" and "is a directory" in err and len(err.strip().splitlines()) == 1
+    assert list((tmp_path / "out").iterdir()) == []
+
+
 def test_console_script_exit_code(tmp_path):
     _write_jsonl(tmp_path / "t.jsonl", _eval_rows(5, 0.5, 0))
     _write_jsonl(tmp_path / "b.jsonl", _eval_rows(6, 0.5, 0))
@@ -204,3 +224,13 @@ def test_console_script_exit_code(tmp_path):
                            "--baseline", str(tmp_path / "b.jsonl")], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "gs1: error: item sets differ: 1 item(s) differ (0 only in treatment, 1 only in baseline)"
+
+
+def test_gs1_run_checks_the_data_dir_for_both_splits_before_anything_runs(tmp_path, capsys):
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    (data / "train.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n')
+    run_dir = tmp_path / "run"
+    code, out, err = _exit_code(capsys, ["run", str(Path(__file__).parents[1] / "specs/gs1_vs_grpo_gsm8k.json"), "--data-dir", str(data), "--run-dir", str(run_dir)])
+    assert code == 2 and "has no test.jsonl" in err and len(err.strip().splitlines()) == 1
+    assert not run_dir.exists()  # nothing started

@@ -218,7 +218,8 @@ def test_grading_works_off_the_main_thread_and_inside_an_event_loop(gsm8k, rende
 # --- GSM8K data errors -----------------------------------------------------------------------
 
 
-def write_split_dir(tmp_path, train_lines, test_lines=None):
+def write_split_dir(tmp_path, train_lines, test_lines=()):
+    """A GSM8K folder; `test_lines=None` leaves test.jsonl out."""
     d = tmp_path / "gsm8k"
     d.mkdir()
     (d / "train.jsonl").write_text("".join(line + "\n" for line in train_lines))
@@ -254,11 +255,13 @@ def test_gsm8k_bad_rows(tmp_path, line, reason):
 
 
 def test_gsm8k_missing_file_or_dir(tmp_path):
-    d = write_split_dir(tmp_path, [GOOD])
+    d = write_split_dir(tmp_path, [GOOD], test_lines=None)
+    # Checked when the env is made (before any training), not when eval first reads the split.
+    with pytest.raises(UserError, match=r"has no test\.jsonl \(it needs train\.jsonl and test\.jsonl\)"):
+        get_env("gsm8k", data_dir=d)
+    (d / "test.jsonl").write_text(GOOD + "\n")
     env = get_env("gsm8k", data_dir=d)
-    assert len(env.train_problems()) == 1
-    with pytest.raises(UserError, match=r"test\.jsonl: no such GSM8K data file"):
-        env.test_problems()
+    assert len(env.train_problems()) == 1 and len(env.test_problems()) == 1
     with pytest.raises(UserError, match="GSM8K data directory not found"):
         get_env("gsm8k", data_dir=tmp_path / "nowhere")
 

@@ -185,3 +185,34 @@ def test_gs1_run_gate_failure_is_one_line_exit_1_without_traceback(prefect_harne
     assert last.startswith("gs1: gate 'activation_gate' failed: pilot_mean_reward = ") and "(needs ≥ 0.95)" in last
     assert "Task run failed with exception: GateFailed" in out + err  # Prefect's line is still there
     assert "Traceback" not in out + err
+
+
+def test_gs1_run_user_error_inside_the_flow_is_one_line_exit_2_without_traceback(
+    prefect_harness, tmp_path, repo_root, tiny_model_dir, capfd
+):
+    """A malformed data line found by a stage: the run ends on that one line, exit 2, and no
+    traceback of Prefect's (task or flow failure) reaches the terminal."""
+    import logging
+    import sys
+
+    from gs1.cli import main
+
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    good = json.dumps({"question": "What is 2 + 2?", "answer": "2 + 2 = 4\n#### 4"})
+    (data / "train.jsonl").write_text(f"{good}\n{good}\n{{not json\n")
+    (data / "test.jsonl").write_text(f"{good}\n")
+    spec = flow_spec(repo_root, tiny_model_dir)
+    spec["dataset"] = {"name": "gsm8k", "n_examples": 3}
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    terminal = logging.StreamHandler(sys.stderr)
+    logging.getLogger().addHandler(terminal)
+    try:
+        rc = main(["run", str(spec_path), "--run-dir", str(tmp_path / "run"), "--data-dir", str(data)])
+    finally:
+        logging.getLogger().removeHandler(terminal)
+    out, err = capfd.readouterr()
+    assert rc == 2
+    assert err.strip().splitlines()[-1].startswith(f"gs1: error: {data / 'train.jsonl'}:3: not valid JSON"), err[-500:]
+    assert "Traceback" not in out + err

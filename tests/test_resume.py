@@ -1,8 +1,10 @@
-"""Resume: stages served from cache on a re-run, and a killed training arm resumed from its checkpoint."""
+"""Resume: stages served from cache on a re-run (only while their outputs verify), and a killed
+training arm resumed from its checkpoint."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -146,6 +148,8 @@ def test_rerun_is_served_from_cache_and_a_changed_gate_bound_reruns_only_the_gat
     assert states["report"] == ["Completed"]  # the report always re-renders
     assert (run_dir / "decision" / "decision.json").read_text() == decision
 
+    damaged_outputs_rerun_their_stage(tmp_path, spec, run_dir)
+
     # Change only a gate bound: the gate re-evaluates on the cached pilot; training is untouched.
     changed = flow_spec(repo_root, tiny_model_dir, bounds={"frac_nonzero_advantage_treatment": {"min": 0.4}})
     third, _ = run_flow(tmp_path, changed)
@@ -155,3 +159,76 @@ def test_rerun_is_served_from_cache_and_a_changed_gate_bound_reruns_only_the_gat
     assert states["activation gate"] == ["Completed"]
     for stage in ("correctness preflight", "pilot rollouts (pilot)", "trained arm", "eval items"):
         assert set(states[stage]) == {"Cached"}, (stage, states[stage])
+
+
+class _Warnings(logging.Handler):
+    """Collects the cache's warnings from Prefect's run loggers (they do not reach caplog)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        if "running the stage" in record.getMessage():
+            self.lines.append(record.getMessage())
+
+
+def damaged_outputs_rerun_their_stage(tmp_path: Path, spec: dict, run_dir: Path) -> None:
+    """Damage each kind of output in turn; each re-run redoes that stage (one warning naming the
+    file), serves every other stage from cache, and ends on the same decision."""
+    decision = (run_dir / "decision" / "decision.json").read_text()
+    rollouts = run_dir / "train" / "gs1_kernel" / "rollouts.parquet"
+    rows = pq.read_table(rollouts).to_pylist()
+    eval_jsonl = run_dir / "eval" / "grpo_gs8" / "eval.jsonl"
+    eval_text = eval_jsonl.read_text()
+    final = json.loads((run_dir / "train" / "grpo_gs8" / "final.json").read_text())
+    adapter = Path(final["sampler_path"]) / "adapter_model.safetensors"
+    upstream = ("validate spec", "correctness preflight", "offline unit checks", "pilot rollouts (pilot)",
+                "activation gate", "feasibility")  # fmt: skip
+    warnings = _Warnings()
+    logging.getLogger("prefect").addHandler(warnings)
+
+    def rerun(damaged_file: Path, redone: str) -> dict:
+        warnings.lines.clear()
+        state, _ = run_flow(tmp_path, spec)
+        assert state.is_completed(), state.message
+        states = _task_states(state)
+        for stage in upstream:
+            assert set(states[stage]) == {"Cached"}, (stage, states[stage])
+        assert sorted(states[redone]) == ["Cached", "Completed"], states[redone]  # that arm only
+        assert len(warnings.lines) == 1 and str(damaged_file.resolve()) in warnings.lines[0], warnings.lines
+        assert (run_dir / "decision" / "decision.json").read_text() == decision
+        return states
+
+    try:
+        # A truncated rollout log: the arm that wrote it trains again; the other arm is untouched.
+        rollouts.write_bytes(rollouts.read_bytes()[:100])
+        states = rerun(rollouts, "trained arm")
+        assert "Cached" in states["eval items"]
+        assert pq.read_table(rollouts).to_pylist() == rows
+
+        # A cut eval file, then a deleted one: that arm's eval runs again; training is untouched,
+        # and the decision (keyed on the eval files' content) is served from cache.
+        eval_jsonl.write_text(eval_text[: len(eval_text) // 2])
+        states = rerun(eval_jsonl, "eval items")
+        assert set(states["trained arm"]) == {"Cached"} and states["paired decision"] == ["Cached"]
+        assert eval_jsonl.read_text() == eval_text
+        eval_jsonl.unlink()
+        rerun(eval_jsonl, "eval items")
+        assert eval_jsonl.read_text() == eval_text
+
+        # A truncated sampler adapter under the local engine's cache: that arm trains again.
+        adapter.write_bytes(adapter.read_bytes()[:100])
+        rerun(adapter, "trained arm")
+        from safetensors.torch import load_file
+
+        final = json.loads((run_dir / "train" / "grpo_gs8" / "final.json").read_text())
+        assert load_file(str(Path(final["sampler_path"]) / "adapter_model.safetensors"))  # whole
+
+        # Nothing damaged: every stage is served from cache, with no warning.
+        warnings.lines.clear()
+        state, _ = run_flow(tmp_path, spec)
+        assert all(set(v) == {"Cached"} for k, v in _task_states(state).items() if k != "report")
+        assert warnings.lines == []
+    finally:
+        logging.getLogger("prefect").removeHandler(warnings)

@@ -88,21 +88,64 @@ def test_sampling_given_explicitly_wins_over_effective_config(raw):
     assert problems_of(raw) == ["feasibility.effective_config.max_tokens: 256 differs from sampling.max_tokens 512"]
 
 
-def test_extra_keys_are_kept_at_every_level(raw):
+def test_extra_keys_are_kept_at_the_top_level(raw):
     raw["notes_top"] = {"who": "me", "n": [1, 2]}
-    raw["arms"][1]["comment"] = "treatment"
-    raw["activation_gate"]["checks"][3]["why"] = "neighbours"
-    raw["decision_rule"]["criteria"][0]["extra"] = 7
-    raw["feasibility"]["effective_config"]["gpu"] = "H200"
     spec = parse_spec(raw)
     assert spec.model_dump(mode="json", exclude_unset=True) == raw
-    full = spec.model_dump(mode="json")
-    assert full["notes_top"] == {"who": "me", "n": [1, 2]}
-    assert full["arms"][1]["comment"] == "treatment"
-    assert full["activation_gate"]["checks"][3]["why"] == "neighbours"
+    assert spec.model_dump(mode="json")["notes_top"] == {"who": "me", "n": [1, 2]}
     # and the extras survive a write-read round trip through JSON
     again = ExperimentSpec.model_validate_json(spec.model_dump_json())
-    assert again.model_dump(mode="json") == full
+    assert again.model_dump(mode="json") == spec.model_dump(mode="json")
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda r: r.__setitem__("sampling", {"max_tokens": 512, "temprature": 0.7}),
+         "sampling.temprature: unknown key (did you mean 'temperature'?)"),
+        (lambda r: r["arms"][1].__setitem__("learning_rate", 1e-4), "arms.1.learning_rate: unknown key"),
+        (lambda r: r["activation_gate"]["checks"][3].__setitem__("mni", 2), "activation_gate.checks.3.mni: unknown key (did you mean 'min'?)"),
+        (lambda r: r["decision_rule"]["criteria"][0].__setitem__("margn", 0.1), "decision_rule.criteria.0.margn: unknown key (did you mean 'margin'?)"),
+        (lambda r: r["arms"][1].__setitem__("kernel", {"bandwith": 1.0}), "arms.1.kernel.bandwith: unknown key (did you mean 'bandwidth'?)"),
+    ],
+)  # fmt: skip
+def test_unknown_key_inside_a_section_is_an_error_naming_the_closest_key(raw, mutate, expected):
+    mutate(raw)
+    problems = problems_of(raw)
+    assert len(problems) == 1 and problems[0].startswith(expected), problems
+
+
+def test_non_finite_numbers_are_errors(raw, tmp_path):
+    raw["arms"][0]["lr"] = float("inf")
+    assert problems_of(raw) == ["arms.0.lr: Input should be a finite number"]
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(raw))  # Python writes the bare word Infinity, which JSON does not have
+    with pytest.raises(UserError, match=r"arms\.0\.lr: Infinity is not a JSON number"):
+        load_spec(path)
+    path.write_text(json.dumps({**raw, "notes": float("nan")}))
+    with pytest.raises(UserError, match=r"notes: NaN is not a JSON number"):
+        load_spec(path)
+
+
+def test_duplicate_keys_are_errors(tmp_path, raw):
+    text = json.dumps(raw)
+    path = tmp_path / "spec.json"
+    path.write_text(text.replace('"steps": ', '"steps": 1, "steps": ', 1))
+    with pytest.raises(UserError, match="key 'steps' given more than once"):
+        load_spec(path)
+
+
+def test_deep_nesting_directory_and_non_utf8_are_one_line(tmp_path, raw):
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"title": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(UserError, match="nested too deeply"):
+        load_spec(deep)
+    with pytest.raises(UserError, match="is a directory, not a spec file"):
+        load_spec(tmp_path)
+    latin = tmp_path / "latin.json"
+    latin.write_bytes(json.dumps(raw).replace("GS1", "GS1 \u00e9").encode("latin-1"))
+    with pytest.raises(UserError, match="not UTF-8"):
+        load_spec(latin)
 
 
 def test_demo_spec_validates_and_is_the_shrunk_dag():

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import time
@@ -239,3 +240,103 @@ def test_training_calls_round_trip_and_survive_a_503(fake_tinker, clients):
     assert fake_tinker.injected == 1 and fake_tinker.optim_steps == 1
     saved = training.save_state("step-1").result()
     assert saved.path.endswith("/weights/step-1")
+
+
+# ---- the key in messages, whatever it holds; a 200 that is not the service ---------------
+
+HOSTILE_KEYS = [
+    "tml-SECRET\nx",  # a newline: httpx refuses the header and quotes it in its error
+    "tml-SEC\"RET'quoted",
+    "tml-SECRÉT-ünicode",  # non-ASCII: httpx fails to encode the header
+    "tml-SECRET\t\x07ctl",
+    "tml-SECRET-" + "k" * 5000,  # very long (and well formed: the service rejects it)
+]
+
+
+class _LoopbackService:
+    """A loopback HTTP server (a fake, for these tests): 200 on /api/v1/healthz; elsewhere 401,
+    or 200 with an HTML page when `html` is set (a proxy or web page at the URL)."""
+
+    def __init__(self, html: bool = False):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                self.rfile.read(int(self.headers.get("content-length") or 0))
+                if self.path == "/api/v1/healthz":
+                    status, body, kind = 200, b'{"status": "ok"}', "application/json"
+                elif html:
+                    status, body, kind = 200, b"<html><body>Welcome</body></html>", "text/html"
+                else:
+                    status, body, kind = 401, b'{"detail": "Invalid API key"}', "application/json"
+                self.send_response(status)
+                self.send_header("content-type", kind)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def loopback_401():
+    service = _LoopbackService()
+    yield service.url
+    service.close()
+
+
+def _key_forms(key: str) -> list[str]:
+    forms = [key, repr(key)[1:-1], repr(key.encode())[2:-1], " ".join(key.split()), "SECRET"]
+    return [f for f in forms if len(f) >= 6]
+
+
+@pytest.mark.parametrize("key", HOSTILE_KEYS, ids=["newline", "quotes", "non-ascii", "control", "long"])
+def test_gs1_run_never_prints_the_key_whatever_it_holds(loopback_401, key, monkeypatch, capsys):
+    from gs1.cli import main
+
+    monkeypatch.setenv("TINKER_BASE_URL", loopback_401)
+    monkeypatch.setenv("TINKER_API_KEY", key)
+    rc = main(["run", "--backend", "tinker"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    assert len(err.splitlines()) == 1 and err.startswith("gs1: error: "), err
+    assert not any(form in err for form in _key_forms(key)), err
+
+
+@pytest.mark.parametrize("key", HOSTILE_KEYS, ids=["newline", "quotes", "non-ascii", "control", "long"])
+def test_probe_redacts_every_form_of_the_key_from_http_errors(loopback_401, key):
+    # Straight to the probe, past the key check: whatever httpx says about the header is redacted.
+    with pytest.raises(UserError) as e:
+        probe_service(loopback_401, key)
+    message = _assert_one_clean_line(e.value)
+    assert not any(form in message for form in _key_forms(key)), message
+
+
+def test_redact_covers_repr_json_and_folded_forms():
+    from schemas.redaction import redact
+
+    key = 'tml-SEC"RET\n\u00e9\\x'
+    text = f"a {key} b {key!r} c {key.encode()!r} d {json.dumps(key)} e {' '.join(key.split())}"
+    assert "SEC" not in redact(text, key)
+
+
+def test_a_200_with_a_non_json_body_fails_the_probe():
+    service = _LoopbackService(html=True)
+    try:
+        with pytest.raises(UserError, match="not a Tinker service.*non-JSON body \\(text/html\\)") as e:
+            probe_service(service.url, SECRET_KEY)
+        _assert_one_clean_line(e.value)
+    finally:
+        service.close()

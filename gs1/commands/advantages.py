@@ -11,6 +11,7 @@ grpo and rloo group by (step, prompt_id); batch_mean and gs1_kernel batch by ste
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -112,6 +113,8 @@ def run(args) -> int:
 
     if args.estimator != "gs1_kernel" and (args.bandwidth is not None or args.window is not None):
         raise UserError(f"--bandwidth and --window apply only to --estimator gs1_kernel, not {args.estimator}")
+    if Path(args.out).is_dir():  # checked before the work, not after it
+        raise UserError(f"--out {args.out}: is a directory; name the Parquet file to write")
     table = read_parquet(args.rollouts, required=REQUIRED_COLUMNS)
     result = compute(table, args.estimator, bandwidth=args.bandwidth, window=args.window, path=args.rollouts)
     write_parquet_atomic(result, args.out)

@@ -31,13 +31,36 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from schemas.spec import load_spec  # lazy: start-up time
+    from gs1.run_control import StopOnSignal, TemporaryServer
+    from tasks.common import running_stages
+
+    server = TemporaryServer()
+    # First of all, so that Ctrl-C or SIGTERM at any point is one line and a prompt exit.
+    with StopOnSignal(running_stages, cleanup=server.stop):
+        try:
+            return _run(args, server)
+        finally:
+            server.stop()
+
+
+def _run(args: argparse.Namespace, server) -> int:
+    from schemas.spec import load_spec
 
     spec_path = Path(args.spec) if args.spec else default_spec()
-    load_spec(spec_path)  # SpecError (a UserError) -> one line per problem, exit 2
+    spec = load_spec(spec_path)  # SpecError (a UserError) -> one line per problem, exit 2
     data_dir = args.data_dir or os.environ.get("GS1_GSM8K_DIR")
     if data_dir and not Path(data_dir).is_dir():
         raise UserError(f"--data-dir {data_dir}: no such directory")
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from gs1.run_control import check_prefect_api, run_dir_lock
+
+    api_url = PREFECT_API_URL.value()
+    if api_url:
+        check_prefect_api(api_url)  # down, or never answering: one line, exit 2, within seconds
+    from rl.envs import get_env
+
+    get_env(spec.dataset.name, data_dir=data_dir, **dict(spec.dataset.options))  # its data files, now
     if args.backend == "tinker":
         from rl.backends.tinker_backend import make_tinker_service_client  # lazy: start-up time
 
@@ -46,16 +69,37 @@ def run(args: argparse.Namespace) -> int:
     from tasks.spec import run_dir_for  # lazy: start-up time
 
     run_dir = Path(args.run_dir) if args.run_dir else run_dir_for(spec_path)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    print(f"gs1: running {spec_path} on the {args.backend} backend; run directory {run_dir}", flush=True)
+    with run_dir_lock(run_dir):
+        print(f"gs1: running {spec_path} on the {args.backend} backend; run directory {run_dir}", flush=True)
+        if not api_url:
+            api_url = server.start()  # our child: it ends when gs1 run does, however that happens
+        with temporary_settings({PREFECT_API_URL: api_url}):
+            try:
+                return _run_flow(spec_path, run_dir, args.backend, data_dir)
+            finally:
+                _send_pending_logs()  # while the server is still up: it stops when the run ends
 
-    from flows.experiment import experiment_in  # lazy: start-up time
+
+def _send_pending_logs(timeout: float = 5.0) -> None:
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        try:
+            worker.drain_all(timeout=timeout, at_exit=False)
+        except Exception:  # best effort: the run's outcome is already decided
+            pass
+
+
+def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None) -> int:
+    from flows.experiment import experiment_in
+    from schemas.layout import RunLayout
     from tasks.common import GateFailed
 
-    _quiet_gate_tracebacks(GateFailed)
+    _quiet_tracebacks((GateFailed, UserError))
 
     state = experiment_in(run_dir)(
-        spec_path=str(spec_path.resolve()), run_dir=str(run_dir.resolve()), backend=args.backend,
+        spec_path=str(spec_path.resolve()), run_dir=str(run_dir.resolve()), backend=backend,
         data_dir=str(Path(data_dir).resolve()) if data_dir else None, return_state=True,
     )
     if state.is_completed():
@@ -65,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             f"{decision['mean_diff']:+.4f} (Hoeffding lower {decision['lower']:+.4f}, margin {decision['margin']:+.4f}, "
             f"n={decision['n']})"
         )
-        print(f"gs1: decision at {run_dir / 'decision' / 'decision.json'}; artifacts under {run_dir}")
+        print(f"gs1: decision at {RunLayout(run_dir).decision_dir / 'decision.json'}; artifacts under {run_dir}")
         return 0
     error = state.result(raise_on_failure=False)
     if isinstance(error, GateFailed):
@@ -76,18 +120,22 @@ def run(args: argparse.Namespace) -> int:
     raise UserError(f"the flow ended {state.name}: {state.message}")
 
 
-def _quiet_gate_tracebacks(gate_error: type) -> None:
-    """A failed gate is an outcome, not a crash: Prefect logs its task failure with the traceback,
-    but the message already carries every metric. Drop the traceback on this terminal only (the
-    root logger's console handlers, where Prefect's run loggers propagate); the copy sent to the
-    Prefect server keeps it."""
+def _quiet_tracebacks(expected: tuple[type, ...]) -> None:
+    """A failed gate or a user error (a bad data line, a full disk) is an outcome, not a crash:
+    Prefect logs the task's and the flow's failure with the traceback, but the message already
+    says what is wrong and `gs1 run` ends on it. Drop the traceback on this terminal only (the
+    root logger's console handlers, where Prefect's run loggers propagate, and Prefect's own
+    console handlers); the copy sent to the Prefect server keeps it."""
+    import logging
 
-    class NoGateTraceback(logging.Filter):
+    class NoTraceback(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:
-            if record.exc_info and isinstance(record.exc_info[1], gate_error):
+            if record.exc_info and isinstance(record.exc_info[1], expected):
                 record.exc_info, record.exc_text = None, None
             return True
 
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.StreamHandler) and not any(isinstance(f, NoGateTraceback) for f in handler.filters):
-            handler.addFilter(NoGateTraceback())
+    loggers = [logging.getLogger(), *(logging.getLogger(n) for n in ("prefect", "prefect.flow_runs", "prefect.task_runs"))]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and not any(isinstance(f, NoTraceback) for f in handler.filters):
+                handler.addFilter(NoTraceback())

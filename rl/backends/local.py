@@ -49,6 +49,7 @@ Sampled logprobs are those of the distribution sampled from (temperature-scaled;
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import math
@@ -261,7 +262,10 @@ class _Engine:
         f = path / "adapter_model.safetensors"
         if not f.is_file():
             raise UserError(f"no LoRA weights at {path} (expected adapter_model.safetensors)")
-        sd = load_file(str(f), device=str(self.device))
+        try:
+            sd = load_file(str(f), device=str(self.device))
+        except Exception as e:  # safetensors raises its own SafetensorError for a damaged file
+            raise UserError(f"{f}: damaged LoRA weights file ({type(e).__name__}: {e})") from None
         res = set_peft_model_state_dict(self.model, sd)
         missing = [k for k in getattr(res, "missing_keys", []) if "lora_" in k]
         if missing:
@@ -590,13 +594,19 @@ class LocalTrainingClient:
             raise UserError(f"checkpoint name {name!r} must be a plain file name")
         final = self._run_dir / kind / name
         tmp = self._run_dir / kind / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir(parents=True)
-        # LoRA never touches the embeddings; saying so skips peft's vocabulary check, which looks
-        # the base model up on the hub (and warns when it is a local directory).
-        self._engine.model.save_pretrained(str(tmp), save_embedding_layers=False)
-        if with_optimizer:
-            torch.save(self._opt.state_dict(), tmp / "optimizer.pt")
-        (tmp / META_FILE).write_text(json.dumps(self._meta(), indent=1))
+        try:
+            tmp.mkdir(parents=True)
+            # LoRA never touches the embeddings; saying so skips peft's vocabulary check, which looks
+            # the base model up on the hub (and warns when it is a local directory).
+            self._engine.model.save_pretrained(str(tmp), save_embedding_layers=False)
+            if with_optimizer:
+                torch.save(self._opt.state_dict(), tmp / "optimizer.pt")
+            (tmp / META_FILE).write_text(json.dumps(self._meta(), indent=1))
+        except Exception as e:  # torch (RuntimeError) and safetensors (SafetensorError) wrap ENOSPC
+            shutil.rmtree(tmp, ignore_errors=True)
+            if getattr(e, "errno", None) not in (errno.ENOSPC, errno.EDQUOT) and "No space left" not in str(e):
+                raise
+            raise UserError(f"no space left to save {kind} {name!r} under {self._run_dir}: free some and run again (it resumes)") from None
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -624,7 +634,11 @@ class LocalTrainingClient:
             f = d / "optimizer.pt"
             if not f.is_file():
                 raise UserError(f"{path} holds no optimizer state (saved with save_weights_for_sampler?)")
-            self._opt.load_state_dict(torch.load(f, map_location=self._engine.device, weights_only=True))
+            try:
+                state = torch.load(f, map_location=self._engine.device, weights_only=True)
+            except Exception as e:  # a truncated or overwritten file
+                raise UserError(f"{f}: damaged optimizer state ({type(e).__name__})") from None
+            self._opt.load_state_dict(state)
         meta_f = d / META_FILE
         if meta_f.is_file():
             self._optim_steps = int(json.loads(meta_f.read_text()).get("optim_steps", 0))

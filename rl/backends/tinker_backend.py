@@ -39,6 +39,7 @@ import tinker
 from tinker.lib.retry_handler import RetryConfig
 
 from schemas.errors import UserError
+from schemas.redaction import one_line, redact
 
 HEALTHZ_PATH = "/api/v1/healthz"
 CLIENT_CONFIG_PATH = "/api/v1/client/config"
@@ -105,6 +106,20 @@ def probe_service(
             f"Tinker service at {base_url} failed the client check: POST {CLIENT_CONFIG_PATH} "
             f"answered HTTP {config.status_code}"
         )
+    # A proxy or a web page at the URL answers 200 too; the service answers a JSON object.
+    if not isinstance(_json_body(config), dict):
+        kind = config.headers.get("content-type", "no content type").split(";")[0]
+        raise UserError(
+            f"{base_url} is not a Tinker service: POST {CLIENT_CONFIG_PATH} answered HTTP "
+            f"{config.status_code} with a non-JSON body ({kind}); check TINKER_BASE_URL"
+        )
+
+
+def _json_body(response: httpx.Response):
+    try:
+        return response.json()
+    except ValueError:  # json.JSONDecodeError and UnicodeDecodeError are both ValueErrors
+        return None
 
 
 def _request(
@@ -126,8 +141,8 @@ def _request(
             f"Tinker service at {base_url} did not answer {path} within the probe timeout; "
             "check TINKER_BASE_URL and your network"
         ) from None
-    except httpx.HTTPError as e:
-        reason = _redact(_one_line(f"{type(e).__name__}: {e}"), api_key)
+    except (httpx.HTTPError, ValueError, UnicodeError) as e:  # ValueError: e.g. a header httpx refuses
+        reason = one_line(redact(f"{type(e).__name__}: {e}", api_key))
         raise UserError(
             f"Tinker service at {base_url} is unreachable ({reason}); check TINKER_BASE_URL"
         ) from None
@@ -162,12 +177,15 @@ def _resolve_api_key(api_key: str | None) -> str:
     # The SDK's own rule (ApiKeyAuthProvider): a `tml-` key or a Tinker-issued JWT.
     if not resolved.startswith(("tml-", "eyJ")):
         raise UserError("TINKER_API_KEY is malformed: a Tinker API key starts with 'tml-'")
+    # The key travels in an HTTP header, which carries only visible ASCII: a key with a newline,
+    # a space or a non-ASCII character was mis-pasted, and would fail (and show) in the request.
+    bad = sorted({c for c in resolved if not (0x21 <= ord(c) <= 0x7E)})
+    if bad:
+        kinds = sorted({"whitespace" if c.isspace() else "non-ASCII" if ord(c) > 0x7E else "control" for c in bad})
+        raise UserError(
+            f"TINKER_API_KEY is malformed: it contains {' and '.join(kinds)} character(s), which an "
+            "HTTP header cannot carry (check how the key was pasted)"
+        )
     return resolved
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _redact(text: str, secret: str) -> str:
-    return text.replace(secret, "<redacted>") if secret else text

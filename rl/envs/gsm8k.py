@@ -62,6 +62,9 @@ def _hub_split(split: str) -> list[dict]:
     return [{"question": r["question"], "answer": r["answer"]} for r in ds]
 
 
+SPLITS = ("train", "test")
+
+
 class Gsm8kEnv(CookbookProblemEnv):
     name = "gsm8k"
 
@@ -72,6 +75,11 @@ class Gsm8kEnv(CookbookProblemEnv):
         self.data_dir = Path(data_dir) if data_dir is not None else None
         if self.data_dir is not None and not self.data_dir.is_dir():
             raise UserError(f"{self.data_dir}: GSM8K data directory not found")
+        # Both splits up front: a run trains on one and is judged on the other, and a missing
+        # test split would otherwise surface only at eval, after all the training.
+        missing = [f"{s}.jsonl" for s in SPLITS if self.data_dir is not None and not (self.data_dir / f"{s}.jsonl").is_file()]
+        if missing:
+            raise UserError(f"{self.data_dir}: GSM8K data directory has no {' or '.join(missing)} (it needs train.jsonl and test.jsonl)")
 
     def source(self) -> str:
         return str(self.data_dir) if self.data_dir is not None else f"hf:{HF_PATH}/{HF_CONFIG}"

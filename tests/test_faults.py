@@ -1,0 +1,209 @@
+"""Fault injection on `gs1 run` (real processes, the tiny model): kill -9 at each stage and
+resume, damage each kind of output, fill the disk under the run dir and under the local cache,
+two runs on one run dir at once. Each must lose nothing and end on the decision of an
+uninterrupted run.
+
+Minutes long, so not in the default run:  pytest -m faults tests/test_faults.py -v
+(the full-disk test mounts small tmpfs folders, so it needs root; it is skipped otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from fixtures.gs1_process import start_gs1_run, wait_for
+from fixtures.tiny_model import tiny_model_dir  # noqa: F401
+from test_flow import flow_spec
+
+pytestmark = pytest.mark.faults
+
+FULL_RUN_S = 1200  # a whole tiny run on a loaded 2-core machine, with room to spare
+# The stages in flow order, each told by the first file it writes.
+STAGE_MARKERS = [
+    ("validate spec", "spec/plan.json"),
+    ("correctness preflight", "preflight"),
+    ("offline unit checks", "unit_checks"),
+    ("pilot", "pilot"),
+    ("activation gate", "gate"),
+    ("feasibility", "feasibility"),
+    ("training", "train/gs1_kernel/steps"),
+    ("eval", "eval"),
+    ("decision", "decision"),
+]
+
+
+def _run_to_end(spec, workdir: Path, run_dir: Path, cache: Path, log: str) -> tuple[int, str]:
+    proc = start_gs1_run(spec, workdir, run_dir, cache, log)
+    rc = proc.wait(timeout=FULL_RUN_S)
+    return rc, (workdir / f"{log}.err").read_text()
+
+
+def _decision(run_dir: Path) -> dict:
+    return json.loads((run_dir / "decision" / "decision.json").read_text())
+
+
+def _all_outputs_verify(run_dir: Path) -> None:
+    """Every output recorded for a stored stage result still matches its hash."""
+    from tasks.common import OUTPUTS_SUFFIX, damaged_output
+
+    manifests = list((run_dir / ".stage-results").glob(f"*{OUTPUTS_SUFFIX}"))
+    assert manifests
+    for manifest in manifests:
+        if (manifest.parent / manifest.name.removesuffix(OUTPUTS_SUFFIX)).exists():
+            assert damaged_output(json.loads(manifest.read_text())) is None, manifest
+
+
+@pytest.fixture(scope="module")
+def spec(repo_root, tiny_model_dir) -> dict:
+    return flow_spec(repo_root, tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def reference(spec, tmp_path_factory) -> dict:
+    """The decision of an uninterrupted run."""
+    workdir = tmp_path_factory.mktemp("reference")
+    rc, err = _run_to_end(spec, workdir, workdir / "run", workdir / "cache", "gs1")
+    assert rc == 0, err[-3000:]
+    return _decision(workdir / "run")
+
+
+def test_kill_9_at_each_stage_then_resume(spec, reference, tmp_path):
+    run_dir, cache = tmp_path / "run", tmp_path / "cache"
+    for n, (stage, marker) in enumerate(STAGE_MARKERS):
+        proc = start_gs1_run(spec, tmp_path, run_dir, cache, f"kill-{n}")
+        try:
+            wait_for(lambda: (run_dir / marker).exists(), FULL_RUN_S, f"{stage} to start", proc, interval=0.02)
+        except AssertionError:
+            if proc.poll() == 0:  # the stage came and went between two looks: the run is done
+                break
+            raise
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    rc, err = _run_to_end(spec, tmp_path, run_dir, cache, "resumed")
+    assert rc == 0, err[-3000:]
+    assert _decision(run_dir) == reference
+    _all_outputs_verify(run_dir)
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: max(1, path.stat().st_size // 3)])
+
+
+def _damages(run_dir: Path) -> list[tuple[str, Path, object]]:
+    """(kind of output, file, how to damage it) for every kind of file a run writes."""
+    sampler = Path(json.loads((run_dir / "train/grpo_gs8/final.json").read_text())["sampler_path"])
+    state = Path(pq.read_table(run_dir / "train/gs1_kernel/checkpoints.parquet").to_pylist()[-1]["state_path"]) \
+        if (run_dir / "train/gs1_kernel/checkpoints.parquet").exists() else None  # fmt: skip
+    records = sorted(p for p in (run_dir / ".stage-results").iterdir() if "." not in p.name)
+    kinds = [
+        ("spec plan", run_dir / "spec/plan.json", _truncate),
+        ("preflight record", run_dir / "preflight/record.json", Path.unlink),
+        ("unit checks", run_dir / "unit_checks/details.json", _truncate),
+        ("pilot rollouts", run_dir / "pilot/gs1_kernel/rollouts.parquet", _truncate),
+        ("pilot held-out", run_dir / "pilot/heldout.parquet", Path.unlink),
+        ("gate report", run_dir / "gate/gate_report.parquet", _truncate),
+        ("feasibility", run_dir / "feasibility/feasibility.json", lambda p: p.write_text("{}")),
+        ("training step log", run_dir / "train/gs1_kernel/steps/step-00001.rollouts.parquet", _truncate),
+        ("training rollouts", run_dir / "train/gs1_kernel/rollouts.parquet", _truncate),
+        ("training metrics", run_dir / "train/grpo_gs8/step_metrics.parquet", Path.unlink),
+        ("final record", run_dir / "train/grpo_gs8/final.json", _truncate),
+        ("sampler adapter", sampler / "adapter_model.safetensors", _truncate),
+        ("eval jsonl (cut)", run_dir / "eval/gs1_kernel/eval.jsonl", _truncate),
+        ("eval jsonl (deleted)", run_dir / "eval/grpo_gs8/eval.jsonl", Path.unlink),
+        ("eval parquet", run_dir / "eval/gs1_kernel/eval.parquet", _truncate),
+        ("decision", run_dir / "decision/decision.json", lambda p: p.write_text('{"verdict": "noninferior"}')),
+        ("stored stage result", records[0], _truncate),
+    ]
+    if state is not None:
+        kinds.append(("checkpoint state", state / "adapter_model.safetensors", _truncate))
+    return kinds
+
+
+def test_damage_each_kind_of_output_then_rerun(spec, reference, tmp_path):
+    run_dir, cache = tmp_path / "run", tmp_path / "cache"
+    rc, err = _run_to_end(spec, tmp_path, run_dir, cache, "first")
+    assert rc == 0, err[-3000:]
+    for n, (kind, path, damage) in enumerate(_damages(run_dir)):
+        damage(path)
+        rc, err = _run_to_end(spec, tmp_path, run_dir, cache, f"damaged-{n}")
+        assert rc == 0, (kind, err[-3000:])
+        assert _decision(run_dir) == reference, kind
+        _all_outputs_verify(run_dir)
+
+
+def _mount_tmpfs(path: Path, size: str) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True, capture_output=True)
+
+
+def _grow_tmpfs(path: Path, size: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(path)], check=True, capture_output=True)
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A tmpfs mounter (root only); every mount is undone after the test."""
+    probe = tmp_path / "probe"
+    try:
+        _mount_tmpfs(probe, "64k")
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        pytest.skip("mounting a tmpfs needs root")
+    subprocess.run(["umount", str(probe)], check=True)
+    mounted: list[Path] = []
+
+    def mount(path: Path, size: str) -> Path:
+        _mount_tmpfs(path, size)
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in reversed(mounted):
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+@pytest.mark.parametrize("full", ["run dir", "local cache"])
+def test_a_full_disk_is_one_line_and_the_rerun_with_space_resumes(spec, reference, tmp_path, tmpfs, full):
+    # Sized to fill part way through: the tiny run's dir holds ~1.1 MB by the end (~0.4 MB before
+    # training), its local cache ~150 kB of adapters.
+    run_dir = tmpfs(tmp_path / "run", "200k") if full == "run dir" else tmp_path / "run"
+    cache = tmpfs(tmp_path / "cache", "48k") if full == "local cache" else tmp_path / "cache"
+    rc, err = _run_to_end(spec, tmp_path, run_dir, cache, "full")
+    last = err.strip().splitlines()[-1]
+    assert rc in (1, 2) and "no space left" in last.lower(), err[-3000:]
+    assert "Traceback" not in err
+    _grow_tmpfs(run_dir if full == "run dir" else cache, "512m")
+    rc, err = _run_to_end(spec, tmp_path, run_dir, cache, "after")
+    assert rc == 0, err[-3000:]
+    assert _decision(run_dir) == reference
+    _all_outputs_verify(run_dir)
+
+
+def test_two_runs_on_one_run_dir(spec, reference, tmp_path):
+    run_dir, cache = tmp_path / "run", tmp_path / "cache"
+    first = start_gs1_run(spec, tmp_path, run_dir, cache, "first")
+    wait_for(lambda: (run_dir / "spec").exists(), FULL_RUN_S, "the first run to start", first)
+    second = subprocess.run(
+        first.args, env={**first_env(cache)}, cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=120
+    )  # fmt: skip
+    assert second.returncode == 2, second.stderr[-2000:]
+    assert f"is in use by another gs1 run (pid {first.pid} " in second.stderr
+    assert len(second.stderr.strip().splitlines()) == 1
+    assert first.wait(timeout=FULL_RUN_S) == 0, (tmp_path / "first.err").read_text()[-3000:]
+    assert _decision(run_dir) == reference
+
+
+def first_env(cache: Path) -> dict:
+    import os
+
+    from fixtures.gs1_process import TESTS
+
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "GS1_LOCAL_CACHE": str(cache)}
+    env.pop("PREFECT_API_URL", None)
+    return env
+
