@@ -53,7 +53,7 @@ def run_dir_lock(run_dir: Path):
         except BlockingIOError:
             raise UserError(f"{run_dir} is in use by another gs1 run ({_holder(path)}); wait for it to end or stop it") from None
         holder = {"pid": os.getpid(), "host": socket.gethostname(),
-                  "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}  # fmt: skip
+                  "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(holder).encode(), 0)
         yield
@@ -116,13 +116,13 @@ class TemporaryServer:
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}/api"
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
-               "PREFECT__SERVER_FINAL": "1", "GS1_PARENT_PID": str(os.getpid())}  # fmt: skip
+               "PREFECT__SERVER_FINAL": "1", "GS1_PARENT_PID": str(os.getpid())}
         env.pop("PREFECT_API_URL", None)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gs1.run_control", "serve", str(port), str(prefect.__module_path__.parent)],
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             preexec_fn=_die_with_parent,
-        )  # fmt: skip
+        )
         deadline = time.monotonic() + SERVER_START_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -165,7 +165,7 @@ def _serve(port: int, app_dir: str) -> None:
     import uvicorn
 
     uvicorn.run("prefect.server.api.server:create_app", factory=True, host="127.0.0.1", port=port,
-                log_level="error", lifespan="on")  # fmt: skip
+                log_level="error", lifespan="on")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,9 +30,11 @@ STAGE_MARKERS = [
     ("correctness preflight", "preflight"),
     ("offline unit checks", "unit_checks"),
     ("pilot", "pilot"),
+    ("audit (pilot)", "audit/pilot"),
     ("activation gate", "gate"),
     ("feasibility", "feasibility"),
     ("training", "train/gs1_kernel/steps"),
+    ("audit (train)", "audit/train"),
     ("eval", "eval"),
     ("decision", "decision"),
 ]
@@ -98,8 +100,8 @@ def _truncate(path: Path) -> None:
 def _damages(run_dir: Path) -> list[tuple[str, Path, object]]:
     """(kind of output, file, how to damage it) for every kind of file a run writes."""
     sampler = Path(json.loads((run_dir / "train/grpo_gs8/final.json").read_text())["sampler_path"])
-    state = Path(pq.read_table(run_dir / "train/gs1_kernel/checkpoints.parquet").to_pylist()[-1]["state_path"]) \
-        if (run_dir / "train/gs1_kernel/checkpoints.parquet").exists() else None  # fmt: skip
+    checkpoints = run_dir / "train/gs1_kernel/checkpoints.parquet"
+    state = Path(pq.read_table(checkpoints).to_pylist()[-1]["state_path"]) if checkpoints.exists() else None
     records = sorted(p for p in (run_dir / ".stage-results").iterdir() if "." not in p.name)
     kinds = [
         ("spec plan", run_dir / "spec/plan.json", _truncate),
@@ -107,12 +109,14 @@ def _damages(run_dir: Path) -> list[tuple[str, Path, object]]:
         ("unit checks", run_dir / "unit_checks/details.json", _truncate),
         ("pilot rollouts", run_dir / "pilot/gs1_kernel/rollouts.parquet", _truncate),
         ("pilot held-out", run_dir / "pilot/heldout.parquet", Path.unlink),
+        ("pilot audit", run_dir / "audit/pilot/gate_report.parquet", _truncate),
         ("gate report", run_dir / "gate/gate_report.parquet", _truncate),
         ("feasibility", run_dir / "feasibility/feasibility.json", lambda p: p.write_text("{}")),
         ("training step log", run_dir / "train/gs1_kernel/steps/step-00001.rollouts.parquet", _truncate),
         ("training rollouts", run_dir / "train/gs1_kernel/rollouts.parquet", _truncate),
         ("training metrics", run_dir / "train/grpo_gs8/step_metrics.parquet", Path.unlink),
         ("final record", run_dir / "train/grpo_gs8/final.json", _truncate),
+        ("training audit mismatches", run_dir / "audit/train/mismatches.parquet", Path.unlink),
         ("sampler adapter", sampler / "adapter_model.safetensors", _truncate),
         ("eval jsonl (cut)", run_dir / "eval/gs1_kernel/eval.jsonl", _truncate),
         ("eval jsonl (deleted)", run_dir / "eval/grpo_gs8/eval.jsonl", Path.unlink),
@@ -190,7 +194,7 @@ def test_two_runs_on_one_run_dir(spec, reference, tmp_path):
     wait_for(lambda: (run_dir / "spec").exists(), FULL_RUN_S, "the first run to start", first)
     second = subprocess.run(
         first.args, env={**first_env(cache)}, cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=120
-    )  # fmt: skip
+    )
     assert second.returncode == 2, second.stderr[-2000:]
     assert f"is in use by another gs1 run (pid {first.pid} " in second.stderr
     assert len(second.stderr.strip().splitlines()) == 1

@@ -184,7 +184,7 @@ def damaged_outputs_rerun_their_stage(tmp_path: Path, spec: dict, run_dir: Path)
     final = json.loads((run_dir / "train" / "grpo_gs8" / "final.json").read_text())
     adapter = Path(final["sampler_path"]) / "adapter_model.safetensors"
     upstream = ("validate spec", "correctness preflight", "offline unit checks", "pilot rollouts (pilot)",
-                "activation gate", "feasibility")  # fmt: skip
+                "activation gate", "feasibility")
     warnings = _Warnings()
     logging.getLogger("prefect").addHandler(warnings)
 

@@ -108,7 +108,7 @@ def test_extra_keys_are_kept_at_the_top_level(raw):
         (lambda r: r["decision_rule"]["criteria"][0].__setitem__("margn", 0.1), "decision_rule.criteria.0.margn: unknown key (did you mean 'margin'?)"),
         (lambda r: r["arms"][1].__setitem__("kernel", {"bandwith": 1.0}), "arms.1.kernel.bandwith: unknown key (did you mean 'bandwidth'?)"),
     ],
-)  # fmt: skip
+)
 def test_unknown_key_inside_a_section_is_an_error_naming_the_closest_key(raw, mutate, expected):
     mutate(raw)
     problems = problems_of(raw)

@@ -46,7 +46,7 @@ def _gs1_run_with_api(url: str, run_dir) -> tuple[int, str, float]:
     env = {**os.environ, "PREFECT_API_URL": url}
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "gs1", "run", "--run-dir", str(run_dir)], env=env,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+                          capture_output=True, text=True, timeout=60)
     return done.returncode, done.stderr, time.monotonic() - started
 
 
