@@ -214,6 +214,12 @@ class StopOnSignal:
                 "(finished stages are kept, training resumes from its last checkpoint)\n"
             )
             sys.stderr.flush()
+            # ... and it stays the last: a log record already past logging.disable in another
+            # thread (Prefect's event worker losing its server, say) goes nowhere now.
+            sys.stdout.flush()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
             self.cleanup()
         finally:
             os._exit(128 + signum)
