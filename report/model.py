@@ -27,7 +27,6 @@ from schemas.layout import PILOT_STAGES, RunLayout, steps_dir
 from schemas.plan import RunPlan
 from schemas.spec import GateCheck
 
-KERNEL_ADVANTAGE = "kernel_cross_prompt_baseline"
 KERNEL_P10_METRIC = "kernel_effective_neighbors_p10"
 
 

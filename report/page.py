@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from report.model import KERNEL_ADVANTAGE, Decision, GateTable, RunData
+from report.model import Decision, GateTable, RunData
 from schemas.arm import ArmConfig
 from report.palette import PENDING_COLOUR, STOPPED_COLOUR, verdict_colour
 from report.plots import RenderedPlot
@@ -199,9 +199,9 @@ def decision_lines(d: Decision) -> list[tuple[str, str]]:
 
 
 def _kernel_text(data: RunData, arm: ArmConfig) -> str:
-    if arm.advantage != KERNEL_ADVANTAGE:
+    k = arm.kernel  # held by, and only by, a gs1_kernel arm
+    if k is None:
         return "—"
-    k = arm.kernel
     bw = fmt(k.bandwidth)
     if data.revision and data.revision.arm == arm.name:
         bw = f"{bw} → {fmt(data.revision.bandwidth)} (calibration)"
