@@ -1,19 +1,14 @@
-"""An arm that fails says what failed: stage, arm, step and cause on one line, exit 1, and the
-run directory resumes. The failure is forced inside the loop's real step (`rl.loop.run_step`),
-through a training client whose forward_backward fails as a GPU out of memory does."""
+"""An arm that fails says what failed: stage, arm, step and cause. The fakes here force the
+failure inside the loop's real step (`rl.loop.run_step`); `gs1 run`'s one line and the resume
+after it are tested in tests/test_flow.py."""
 
 from __future__ import annotations
-
-import json
-import logging
-import sys
 
 import pytest
 import torch
 
 import fixtures.flow_env  # noqa: F401  (registers the token_threshold env)
 from fixtures.tiny_model import tiny_model_dir, tiny_service_client  # noqa: F401
-from test_flow import flow_spec
 
 OOM_TEXT = "CUDA out of memory. Tried to allocate 4.60 GiB. GPU 0 has a total capacity of 139.81 GiB"
 
@@ -43,56 +38,6 @@ class NonFiniteLossClientFake(OutOfMemoryClientFake):
 
         output.metrics["loss:sum"] = float("nan")
         return completed(output)
-
-
-def _run(spec_path, run_dir):
-    from gs1.cli import main
-
-    terminal = logging.StreamHandler(sys.stderr)
-    logging.getLogger().addHandler(terminal)
-    try:
-        return main(["run", str(spec_path), "--run-dir", str(run_dir)])
-    finally:
-        logging.getLogger().removeHandler(terminal)
-
-
-def test_an_arm_out_of_memory_ends_gs1_run_on_one_line_and_the_run_resumes(
-    prefect_harness, tmp_path, repo_root, tiny_model_dir, capfd, monkeypatch
-):
-    import rl.loop
-
-    real_run_step = rl.loop.run_step
-
-    def run_step(step, arm, **kw):
-        # the training stage only (the pilot's treatment steps carry a held-out request)
-        if arm.name == "gs1_kernel" and kw.get("heldout") is None and step == 1:
-            kw["training_client"] = OutOfMemoryClientFake(kw["training_client"])
-        return real_run_step(step, arm, **kw)
-
-    monkeypatch.setattr(rl.loop, "run_step", run_step)
-    spec_path = tmp_path / "spec.json"
-    spec_path.write_text(json.dumps(flow_spec(repo_root, tiny_model_dir)))
-    run_dir = tmp_path / "run"
-    rc = _run(spec_path, run_dir)
-    out, err = capfd.readouterr()
-    assert rc == 1
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("gs1: train gs1_kernel failed at step 2/3: out of memory (OutOfMemoryError: "
-                           + OOM_TEXT), last
-    assert last.endswith("the same command resumes it")
-    assert "Traceback" not in out + err
-    # the other arm finished and its stage result is kept; the failed arm's first step is logged
-    baseline_final = run_dir / "train" / "grpo_gs8" / "final.json"
-    assert baseline_final.is_file()
-    assert (run_dir / "train" / "gs1_kernel" / "steps" / "step-00000.rollouts.parquet").is_file()
-    assert not (run_dir / "decision" / "decision.json").exists()
-
-    # The fault cleared, the same command resumes: the finished arm is not trained again.
-    monkeypatch.setattr(rl.loop, "run_step", real_run_step)
-    finished_at = baseline_final.stat().st_mtime_ns
-    assert _run(spec_path, run_dir) == 0
-    assert (run_dir / "decision" / "decision.json").is_file()
-    assert baseline_final.stat().st_mtime_ns == finished_at
 
 
 def test_a_non_finite_loss_stops_the_arm_naming_the_step(tiny_service_client, tiny_model_dir):
