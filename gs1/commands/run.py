@@ -124,12 +124,24 @@ def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None
     raise UserError(f"the flow ended {state.name}: {state.message}")
 
 
+class _Terminal(logging.StreamHandler):
+    """A handler on whatever `sys.stderr` is when a record comes (not the one at set-up)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def _show_engine_log() -> None:
     """The local engine's lines (each decode graph compiled, and how long it took) on the terminal,
     in Prefect's console format: a stage that waits on a compile says so."""
     engine_log = logging.getLogger("gs1.engine")
     if not engine_log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _Terminal()
         handler.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d | %(levelname)-7s | %(name)s - %(message)s",
                                                "%H:%M:%S"))
         engine_log.addHandler(handler)
