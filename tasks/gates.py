@@ -20,8 +20,9 @@ from rl.stats import paired_decision
 from schemas.arm import ArmConfig
 from schemas.artifacts import DECISION, read_artifact, write_artifact
 from schemas.gate_text import GateRow, failing_text, fmt
+from schemas.layout import DECISION as DECISION_STAGE
 from schemas.layout import (
-    DECISION, FEASIBILITY, UNIT_CHECKS, AuditStage, PilotStage, RunLayout, artifact_key, audit_name, gate_name,
+    FEASIBILITY, UNIT_CHECKS, AuditStage, PilotStage, RunLayout, artifact_key, audit_name, gate_name,
 )
 from schemas.plan import DecisionPlan
 from schemas.spec import Budget, GateCheck
@@ -183,7 +184,7 @@ def _gpus(backend: str) -> int:
     return 1 if torch.cuda.is_available() else 0
 
 
-@task(name=DECISION, task_run_name=DECISION, cache_policy=stage_cache("treatment_eval", "baseline_eval"),
+@task(name=DECISION_STAGE, task_run_name=DECISION_STAGE, cache_policy=stage_cache("treatment_eval", "baseline_eval"),
       persist_result=True)
 def paired_decision_record(treatment_eval: str, baseline_eval: str, decision: DecisionPlan, names: dict, out_dir: str) -> dict:
     """Paired Hoeffding (+ McNemar, bootstrap) on the two arms' per-item correctness."""
@@ -196,7 +197,7 @@ def paired_decision_record(treatment_eval: str, baseline_eval: str, decision: De
     write_artifact("decision", [{c: record.get(c) for c in DECISION.names}], out / "decision.parquet")
     markdown = decision_markdown(record)
     write_text_atomic(out / "decision.md", markdown)
-    publish_markdown(artifact_key(DECISION), markdown, description=f"Decision: {record['verdict']}")
+    publish_markdown(artifact_key(DECISION_STAGE), markdown, description=f"Decision: {record['verdict']}")
     return record
 
 
