@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -72,7 +73,11 @@ def test_deployment_run_stops_at_a_gate_and_a_retry_after_the_fix_reuses_the_pil
     from schemas.revision import experiment_hash
     from schemas.spec import parse_spec
 
+    from flows.memory import MALLOC_ENVIRONMENT
+
     monkeypatch.chdir(tmp_path)  # the deployment's run directories go under ./runs
+    for variable in MALLOC_ENVIRONMENT:  # as in a process `gs1 serve` starts, where the CLI never ran
+        monkeypatch.delenv(variable, raising=False)
     spec_path = tmp_path / "spec.json"
     failing = flow_spec(repo_root, tiny_model_dir, bounds={"pilot_mean_reward": {"min": 0.95, "max": 1.0}})
     spec_path.write_text(json.dumps(failing))
@@ -85,6 +90,8 @@ def test_deployment_run_stops_at_a_gate_and_a_retry_after_the_fix_reuses_the_pil
     head = state.message.partition("; also ")[0]
     assert re.fullmatch(r"pilot_mean_reward = [0-9.]+ \(needs ≥ 0\.95\): activation gate failed", head), state.message
     assert len(head) <= 80
+    # the flow applied the memory settings itself (and handed them to any child process)
+    assert {v: os.environ.get(v) for v in MALLOC_ENVIRONMENT} == MALLOC_ENVIRONMENT
     name = f"flow-test-{experiment_hash(parse_spec(failing))}-local"
     assert api.flow_run(flow_run.id).name == name  # from the spec, not `sceptical-marmot`
     (experiment_run,) = api.subflow_runs(flow_run.id)
