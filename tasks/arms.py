@@ -130,7 +130,8 @@ def _pilot_run_name() -> str:
     return pilot_name(task_run.parameters.get("stage", "pilot"))
 
 
-@judging_task(name="pilot", task_run_name=_pilot_run_name, cache_policy=stage_cache(), persist_result=True)
+@judging_task(name="pilot", task_run_name=_pilot_run_name, cache_policy=stage_cache(unread=(("arms", "steps"),)),
+              persist_result=True)
 def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, run_dir: str, backend: str,
                    data_dir: str | None, stage: PilotStage = "pilot", bandwidth: float | None = None,
                    wall_limit_s: float | None = None) -> PilotLogs:

@@ -208,10 +208,38 @@ class LibrarySource(CachePolicy):
         return _LIBRARY_DIGEST
 
 
-def stage_cache(*files_read: str) -> CachePolicy:
-    """INPUTS + TASK_SOURCE + library source + the files the stage reads; a hit only while the
-    files the stage wrote still verify."""
-    return OutputsVerified(inner=INPUTS + TASK_SOURCE + LibrarySource() + FilesRead(params=tuple(files_read)))
+def _without_field(value: Any, name: str) -> Any:
+    """A pydantic model (or a tuple/list of them) as a dict without field `name`."""
+    if isinstance(value, (tuple, list)):
+        return [_without_field(v, name) for v in value]
+    if hasattr(value, "model_dump"):
+        return {k: v for k, v in value.model_dump(mode="json").items() if k != name}
+    return value
+
+
+@dataclass
+class InputsRead(CachePolicy):
+    """INPUTS, less the fields of an input that the stage never reads: `unread` holds
+    (parameter, field) pairs, e.g. ("arms", "steps") for a stage before training (the number of
+    training steps changes what training does, not what the pilot does)."""
+
+    unread: tuple[tuple[str, str], ...] = ()
+
+    def compute_key(self, task_ctx, inputs, flow_parameters, **kwargs) -> str | None:
+        inputs = dict(inputs or {})
+        for param, name in self.unread:
+            if param in inputs:
+                inputs[param] = _without_field(inputs[param], name)
+        return INPUTS.compute_key(task_ctx, inputs, flow_parameters, **kwargs)
+
+
+def stage_cache(*files_read: str, unread: tuple[tuple[str, str], ...] = ()) -> CachePolicy:
+    """The inputs the stage reads (all its parameters, less the `unread` fields) + TASK_SOURCE +
+    library source + the files the stage reads; a hit only while the files the stage wrote still
+    verify."""
+    return OutputsVerified(
+        inner=InputsRead(unread=tuple(unread)) + TASK_SOURCE + LibrarySource() + FilesRead(params=tuple(files_read))
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ FIXED_SAMPLES = 4
 FIXED_MAX_TOKENS = 32  # the preflight checks code paths, not answers: short rollouts suffice
 
 
-@judging_task(name=PREFLIGHT, task_run_name=PREFLIGHT, cache_policy=stage_cache(), persist_result=True)
+@judging_task(name=PREFLIGHT, task_run_name=PREFLIGHT, cache_policy=stage_cache(unread=(("arms", "steps"),)),
+              persist_result=True)
 def correctness_preflight(arms: tuple[ArmConfig, ...], run: RunContext, preflight: CorrectnessPreflight, run_dir: str,
                           backend: str, data_dir: str | None) -> dict:
     env = env_for(run, data_dir)

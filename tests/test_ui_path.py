@@ -153,3 +153,26 @@ def test_deployment_run_stops_at_a_gate_and_a_retry_after_the_fix_reuses_the_pil
     assert shown["report"][-1].data.count("](data:image/png;base64,") >= 1
     verdict = json.loads((run_dir / "decision" / "decision.json").read_text())["verdict"]
     assert f"**{verdict}**" in shown["decision"][-1].data
+
+
+def test_stages_before_training_do_not_key_on_the_training_length(repo_root):
+    """Cache keys cover what a stage reads: the preflight and the pilot read every arm field but
+    the number of training steps, so a `steps` edit keys only feasibility, training and later."""
+    from tasks.arms import pilot_rollouts, trained_arm
+    from tasks.common import InputsRead
+    from tasks.preflight import correctness_preflight
+    from tasks.spec import plan_from_spec
+    from schemas.spec import load_spec
+
+    arms = plan_from_spec(load_spec(repo_root / "specs" / "demo_local.json")).arms
+    longer = tuple(a.model_copy(update={"steps": a.steps + 10}) for a in arms)
+    faster = tuple(a.model_copy(update={"lr": a.lr * 2}) for a in arms)
+
+    def policy(task) -> InputsRead:
+        return next(p for p in task.cache_policy.inner.policies if isinstance(p, InputsRead))
+
+    for stage in (pilot_rollouts, correctness_preflight):
+        key = lambda arms: policy(stage).compute_key(None, {"arms": arms, "run_dir": "/runs/x"}, {})  # noqa: E731
+        assert key(longer) == key(arms) != key(faster), stage.name
+    train_key = lambda arm: policy(trained_arm).compute_key(None, {"arm": arm, "run_dir": "/runs/x"}, {})  # noqa: E731
+    assert train_key(longer[0]) != train_key(arms[0])
