@@ -8,9 +8,6 @@ import json
 import logging
 import os
 import re
-from pathlib import Path
-
-import pytest
 
 import fixtures.flow_env  # noqa: F401  (registers the token_threshold env)
 from fixtures import prefect_api as api
