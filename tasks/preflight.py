@@ -7,8 +7,8 @@ independent reference (`rl/reference.py`).
 """
 
 from __future__ import annotations
-import json
 
+import json
 
 from rl import reference
 from rl.preflight import correctness_checks, cookbook_revision, module_revision
