@@ -357,6 +357,22 @@ def _started(task_ctx, inputs: dict, record: Path | None) -> None:
         _STARTED[str(task_ctx.task_run.id)] = (task_ctx.task_run.name, record)
 
 
+def uncached_stage_hooks() -> dict:
+    """Task hooks for a stage that is never cached (so no cache policy sees it start): it counts
+    among the running stages from its Running state until it ends."""
+
+    def running(task, task_run, state) -> None:
+        with _OUTPUTS_LOCK:
+            _STARTED[str(task_run.id)] = (task_run.name, None)
+
+    def ended(task, task_run, state) -> None:
+        with _OUTPUTS_LOCK:
+            _STARTED.pop(str(task_run.id), None)
+
+    running.log_on_run = ended.log_on_run = False  # bookkeeping: no "Running hook ..." lines in the UI
+    return {"on_running": [running], "on_completion": [ended], "on_failure": [ended]}
+
+
 def running_stages() -> list[str]:
     """The stages started in this process whose result is not stored yet."""
     with _OUTPUTS_LOCK:

@@ -20,7 +20,7 @@ from schemas.layout import CALIBRATED_SPEC, VALIDATE_SPEC, RunLayout
 from schemas.plan import DecisionPlan, RunContext, RunPlan
 from schemas.revision import SpecRevision, experiment_hash, field_changes
 from schemas.spec import ExperimentSpec, baseline_arm, load_spec, spec_hash, treatment_arm
-from tasks.common import publish_markdown, stage_cache
+from tasks.common import publish_markdown, stage_cache, uncached_stage_hooks
 
 
 def run_name(spec: ExperimentSpec) -> str:
@@ -84,7 +84,7 @@ def plan_from_spec(spec: ExperimentSpec) -> RunPlan:
     )
 
 
-@task(name=VALIDATE_SPEC, task_run_name=VALIDATE_SPEC, cache_policy=NO_CACHE)
+@task(name=VALIDATE_SPEC, task_run_name=VALIDATE_SPEC, cache_policy=NO_CACHE, **uncached_stage_hooks())
 def validated_plan(spec_path: str, run_dir: str) -> RunPlan:
     """Validate the spec (SpecError stops the flow), record an edit of the spec this directory
     ran before (`spec/revisions/NNN.json`), and write `spec/{spec,plan}.json`. Never cached:
