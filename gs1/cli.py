@@ -7,32 +7,17 @@ stderr with exit code 2 -- never a traceback.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import importlib
 import os
 import sys
 
+from flows.memory import bound_malloc
 from gs1.commands import COMMANDS
 from schemas.errors import UserError
 
 # Telemetry off before anything imports prefect.
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-
-
-def _bound_malloc() -> None:
-    """Keep glibc from hoarding freed tensor memory: every engine worker thread gets its own
-    malloc arena and freed mid-sized buffers stay in it. Measured on the demo (2 cores): peak
-    RSS 12.0 GB by default, 5.8 GB with two arenas and a fixed 1 MB mmap threshold (the run took
-    6m42s instead of 5m48s)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-8, 2)  # M_ARENA_MAX
-        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD (also stops it from growing dynamically)
-    except (OSError, AttributeError):  # not glibc
-        pass
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _bound_malloc()
+    bound_malloc()  # the one owner of the memory settings (the flows apply it too)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -64,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:
+        # the reader stopped reading (`gs1 validate SPEC | head -1`): what it wanted, not an error.
+        # Point stdout at /dev/null so that the interpreter's last flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except UserError as e:
         _say(f"gs1: error: {e}")
         return 2

@@ -23,7 +23,11 @@ from schemas.arm import ArmConfig
 from schemas.artifacts import read_artifact
 from schemas.errors import UserError
 from schemas.gate_text import GateRow, failing_text, fmt, gate_passed
-from schemas.layout import PILOT_STAGES, RunLayout, steps_dir
+from schemas.layout import (
+    DECISION, FEASIBILITY, PILOT_STAGES, PREFLIGHT, UNIT_CHECKS, VALIDATE_SPEC, RunLayout, audit_name, gate_name,
+    pilot_name, steps_dir,
+)
+from schemas.revision import SpecRevision
 from schemas.plan import RunPlan
 from schemas.spec import GateCheck
 
@@ -69,21 +73,22 @@ class GateStage(Stage):
 
 
 AUDIT_MISMATCHES = DetailSource("audit_mismatches", "mismatches.parquet", "logged values the audit could not reproduce")
+# Titles are the stages' one names (schemas.layout), as the task runs and artifacts are named.
 STAGES: tuple[Stage, ...] = (
-    Stage("spec", "validate spec"),
-    GateStage("preflight", "correctness preflight", lambda run: run.preflight_dir),
-    GateStage("unit_checks", "offline unit checks", lambda run: run.unit_checks_dir),
-    Stage("pilot", "pilot (2 treatment steps, 1 baseline step)"),
-    GateStage("audit_pilot", "pilot log audit", lambda run: run.audit_dir("pilot"), detail=AUDIT_MISMATCHES),
-    GateStage("activation_gate", "activation gate", lambda run: run.gate_dir("pilot")),
-    GateStage("audit_calibration", "calibration pilot log audit", lambda run: run.audit_dir("calibration"),
+    Stage("spec", VALIDATE_SPEC),
+    GateStage("preflight", PREFLIGHT, lambda run: run.preflight_dir),
+    GateStage("unit_checks", UNIT_CHECKS, lambda run: run.unit_checks_dir),
+    Stage("pilot", pilot_name("pilot")),
+    GateStage("audit_pilot", audit_name("pilot"), lambda run: run.audit_dir("pilot"), detail=AUDIT_MISMATCHES),
+    GateStage("activation_gate", gate_name("pilot"), lambda run: run.gate_dir("pilot")),
+    GateStage("audit_calibration", audit_name("calibration"), lambda run: run.audit_dir("calibration"),
               runs_with="calibration", detail=AUDIT_MISMATCHES),
-    GateStage("calibration", "bandwidth calibration", lambda run: run.gate_dir("calibration"), table_title="calibration gate"),
-    GateStage("feasibility", "feasibility", lambda run: run.feasibility_dir),
-    Stage("train", "full training runs"),
-    GateStage("audit_train", "training log audit", lambda run: run.audit_dir("train"), detail=AUDIT_MISMATCHES),
+    GateStage("calibration", gate_name("calibration"), lambda run: run.gate_dir("calibration")),
+    GateStage("feasibility", FEASIBILITY, lambda run: run.feasibility_dir),
+    Stage("train", "train"),
+    GateStage("audit_train", audit_name("train"), lambda run: run.audit_dir("train"), detail=AUDIT_MISMATCHES),
     Stage("eval", "eval"),
-    Stage("decision", "decision"),
+    Stage("decision", DECISION),
 )
 LOG_SOURCES = (*PILOT_STAGES, "train")  # stages that train arms and log their steps
 
@@ -248,6 +253,8 @@ class RunData:
     feasibility: Feasibility | None = None
     decision: Decision | None = None
     revision: BandwidthRevision | None = None
+    spec_revisions: tuple[SpecRevision, ...] = ()  # edits of the spec this directory ran, oldest first
+    reused: tuple[str, ...] = ()  # stages this run served from cache (their inputs had not changed)
     problems: tuple[str, ...] = ()  # unreadable files, named
     # the error's message when the flow run rendering this page ended Failed (`with_stopped`):
     # then a decision.json in the directory is an earlier run's and is not this run's verdict
@@ -255,6 +262,9 @@ class RunData:
 
     def with_stopped(self, stopped: str | None) -> RunData:
         return replace(self, stopped=stopped)
+
+    def with_reused(self, reused: tuple[str, ...]) -> RunData:
+        return replace(self, reused=tuple(reused))
 
     @property
     def gate_stages(self) -> tuple[GateStage, ...]:
@@ -427,7 +437,12 @@ def load_run(run_dir: str | Path, stages: tuple[Stage, ...] = STAGES) -> RunData
     feasibility = _read_record(Feasibility, layout.feasibility_dir / "feasibility.json", problems)
     decision = _read_record(Decision, layout.decision_dir / "decision.json", problems)
     revision = _read_revision(layout.revised_spec_json, problems)
+    spec_revisions = tuple(
+        r for f in sorted(layout.revisions_dir.glob("[0-9][0-9][0-9].json"))
+        if (r := _read_record(SpecRevision, f, problems)) is not None
+    )
     return RunData(
         run_dir=run_dir, plan=plan, stages=stages, spec=spec, gates=gates, logs=logs, evals=evals,
-        feasibility=feasibility, decision=decision, revision=revision, problems=tuple(problems),
+        feasibility=feasibility, decision=decision, revision=revision, spec_revisions=spec_revisions,
+        problems=tuple(problems),
     )

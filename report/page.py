@@ -6,6 +6,7 @@ arms, the decision's numbers with their meaning, one table per gate, the stage t
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from report.model import Decision, GateTable, RunData
@@ -132,6 +133,22 @@ class Page:
     gates: tuple[GateSection, ...]
     gates_missing: tuple[tuple[str, str], ...]  # (gate heading, why it has no table)
     plots: tuple[RenderedPlot, ...]
+    reused: str = ""  # which stages this run served from cache, in one line ('' when none or not known)
+    revisions: tuple[str, ...] = ()  # each edit of the spec in this directory, one line each
+
+
+def reused_text(data: RunData) -> str:
+    """'Reused from cache (inputs unchanged): correctness preflight, pilot, ...'."""
+    return f"Reused from cache (inputs unchanged): {', '.join(data.reused)}" if data.reused else ""
+
+
+def revision_lines(data: RunData) -> list[str]:
+    """'revision 1 (2026-11-30T23:40:00+00:00): activation_gate.checks[2].min 0.95 -> 0.1'."""
+    return [
+        f"revision {r.number} ({r.at}, {r.old_spec_hash} -> {r.new_spec_hash}): "
+        + "; ".join(f"{c.field} {json.dumps(c.old)} -> {json.dumps(c.new)}" for c in r.changes)
+        for r in data.spec_revisions
+    ]
 
 
 def headline(data: RunData, statuses: list[StageStatus]) -> Headline:
@@ -276,4 +293,6 @@ def build_page(data: RunData, statuses: list[StageStatus], plots: list[RenderedP
         gates=tuple(gate_sections(data)),
         gates_missing=tuple((s.stage.heading, s.detail) for s in statuses if s.key in gate_keys and s.key not in data.gates),
         plots=tuple(plots),
+        reused=reused_text(data),
+        revisions=tuple(revision_lines(data)),
     )

@@ -57,13 +57,14 @@ def render_html(page: Page) -> str:
     return _ENV.get_template("report.html.j2").render(page=page, css=css)
 
 
-def render_markdown(page: Page, *, html_link: str = HTML_NAME, html_uri: str | None = None, embed_plots: bool = False) -> str:
+def render_markdown(page: Page, *, html_link: str = HTML_NAME, embed_plots: bool = False) -> str:
     """The markdown summary. Beside the PNGs by default; `embed_plots` puts them in as data URIs
-    and `html_uri` links the HTML page (both for a Prefect artifact, which is read elsewhere)."""
+    (for a Prefect artifact, which is read elsewhere: a browser will not open a file:// link from
+    the UI, so the HTML page's path is shown as text only)."""
     def plot_src(plot: RenderedPlot) -> str:
         return _data_uri(plot.png) if embed_plots else f"{plot.name}.png"
 
-    text = _ENV.get_template("report.md.j2").render(page=page, html_link=html_link, html_uri=html_uri, plot_src=plot_src)
+    text = _ENV.get_template("report.md.j2").render(page=page, html_link=html_link, plot_src=plot_src)
     return text.rstrip() + "\n"
 
 
@@ -81,7 +82,7 @@ class ReportFiles:
     stopped_at: str | None  # the gate stage that stopped the flow
     stages: dict[str, Status]  # stage key -> status, flow order
     problems: tuple[str, ...]  # unreadable files, named
-    artifact_markdown: str  # report.md with the plots embedded and the HTML page linked by its file URI
+    artifact_markdown: str  # report.md with the plots embedded and the HTML page's path as text
 
 
 def _write_plots(out: Path, plots: list[RenderedPlot]) -> dict[str, Path]:
@@ -97,14 +98,16 @@ def _write_plots(out: Path, plots: list[RenderedPlot]) -> dict[str, Path]:
 
 
 def write_report(
-    run_dir: str | Path, out_dir: str | Path | None = None, stopped: str | None = None, stages: tuple[Stage, ...] = STAGES
+    run_dir: str | Path, out_dir: str | Path | None = None, stopped: str | None = None, stages: tuple[Stage, ...] = STAGES,
+    reused: tuple[str, ...] = (),
 ) -> ReportFiles:
     """Render `run_dir` into `out_dir` (default `<run_dir>/report/`): PNG plots, report.html
     (self-contained) and report.md. A missing run directory, one without spec/plan.json, or an
     `out_dir` that is a file is a UserError. `stopped`: the error that ended the flow run
     rendering this page (its headline then; a decision on file is then an earlier run's).
-    `stages`: the flow's stages in order (model.STAGES; a test may pass others)."""
-    data: RunData = load_run(run_dir, stages).with_stopped(stopped)
+    `stages`: the flow's stages in order (model.STAGES; a test may pass others). `reused`: the
+    stages the flow run served from cache, named on the page."""
+    data: RunData = load_run(run_dir, stages).with_stopped(stopped).with_reused(reused)
     out = Path(out_dir) if out_dir is not None else RunLayout(data.run_dir).report_dir
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a directory")
@@ -126,5 +129,5 @@ def write_report(
         stopped_at=stopping_gate(data),
         stages={s.key: s.status for s in statuses},
         problems=tuple(data.problems),
-        artifact_markdown=render_markdown(page, html_link=str(html_abs), html_uri=html_abs.as_uri(), embed_plots=True),
+        artifact_markdown=render_markdown(page, html_link=str(html_abs), embed_plots=True),
     )

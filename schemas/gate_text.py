@@ -5,7 +5,7 @@
     row.needs                            # '≥ 8', '≤ 0.9', 'one of {1}', or the bound's own text
     row.text                             # 'metric = 0.3125 (needs ≥ 0.5)'
     failing_text(checks)                 # every failing check's text, joined by '; '
-    gate_failed_message(gate, checks)    # "gate 'activation_gate' failed: ..."
+    gate_failed_message(gate, checks)    # "pilot_mean_reward = 0.05 (needs ≥ 0.1): activation gate failed"
 """
 
 from __future__ import annotations
@@ -116,12 +116,15 @@ def failing_text(checks: Iterable[GateRow]) -> str:
 
 
 def gate_failed_message(gate: str, checks: Iterable[GateRow]) -> str:
-    """The message of a failed gate: its name and every failing check (every check if none failed)."""
+    """A failed gate's message, first failing check first so that the front of it (what the
+    Prefect UI's state badge shows) reads metric, value and bound:
+    'pilot_mean_reward = 0.05 (needs ≥ 0.1): activation gate failed; also ...'."""
     checks = list(checks)
-    shown = failing_text(checks) or "; ".join(c.text for c in checks)
-    return f"gate '{gate}' failed: {shown}"
+    failing = [c for c in checks if not c.passed] or checks
+    also = "; ".join(c.text for c in failing[1:])
+    return f"{failing[0].text}: {gate} failed" + (f"; also {also}" if also else "")
 
 
 def is_gate_failure(message: str) -> bool:
     """Whether an error message (a flow run's, say) holds a failed gate's, as written above."""
-    return re.search(r"gate '[^']+' failed: ", message) is not None
+    return re.search(r"\(needs [^)]*\): [^;:]* failed", message) is not None

@@ -1,6 +1,7 @@
 """The run directory's layout: the one place that names its stage, gate and arm folders.
 
     <run_dir>/spec/{spec,plan}.json          validate spec
+    <run_dir>/spec/revisions/NNN.json         each edit of the spec (old, new, field by field)
     <run_dir>/preflight/                      correctness preflight (record.json, gate_report.parquet)
     <run_dir>/unit_checks/                    offline unit checks
     <run_dir>/pilot/<arm>/                    pilot logs (steps/step-NNNNN.{rollouts,metrics}.parquet,
@@ -21,6 +22,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -28,6 +30,44 @@ from typing import Literal
 PilotStage = Literal["pilot", "calibration"]  # a pilot stage: the pilot, or the calibration's re-pilot
 AuditStage = Literal["pilot", "calibration", "train"]  # whose logs an audit reads
 PILOT_STAGES: tuple[PilotStage, ...] = ("pilot", "calibration")
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage names: one name per stage, the same as the task run, in its artifact key (`artifact_key`),
+# in a failed gate's message and in the report.
+
+VALIDATE_SPEC = "validate spec"
+PREFLIGHT = "correctness preflight"
+UNIT_CHECKS = "offline unit checks"
+CALIBRATED_SPEC = "calibrated spec"
+FEASIBILITY = "feasibility"
+DECISION = "decision"
+REPORT = "report"
+
+
+def pilot_name(stage: PilotStage) -> str:
+    """`pilot`, `calibration pilot`."""
+    return "pilot" if stage == "pilot" else f"{stage} pilot"
+
+
+def gate_name(stage: PilotStage) -> str:
+    """The activation gate on a pilot stage's logs: `activation gate`, `calibration gate`."""
+    return "activation gate" if stage == "pilot" else f"{stage} gate"
+
+
+def audit_name(stage: AuditStage) -> str:
+    """`pilot audit`, `calibration audit`, `train audit`."""
+    return f"{stage} audit"
+
+
+def arm_stage_name(stage: Literal["train", "eval"], arm: str) -> str:
+    """An arm's own stage: `train grpo_gs8`, `eval gs1_kernel`."""
+    return f"{stage} {arm}"
+
+
+def artifact_key(name: str) -> str:
+    """A stage name as a Prefect artifact key (lower case, digits and dashes): `calibration-gate`."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
 def steps_dir(arm_dir: Path) -> Path:
@@ -63,6 +103,11 @@ class RunLayout:
     @property
     def plan_json(self) -> Path:
         return self.spec_dir / "plan.json"
+
+    @property
+    def revisions_dir(self) -> Path:
+        """`NNN.json` per edit of the spec this directory runs (schemas.revision.SpecRevision)."""
+        return self.spec_dir / "revisions"
 
     @property
     def preflight_dir(self) -> Path:

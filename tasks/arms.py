@@ -24,10 +24,10 @@ from schemas.arm import ArmConfig
 from schemas.artifacts import read_artifact, write_artifact
 from schemas.io import write_json_atomic, write_jsonl_atomic
 from schemas.errors import ArmFailed, UserError
-from schemas.layout import PilotStage, RunLayout, step_log, step_of, steps_dir
+from schemas.layout import PilotStage, RunLayout, arm_stage_name, artifact_key, pilot_name, step_log, step_of, steps_dir
 from schemas.plan import EvalResult, PilotLogs, RunContext, TrainedArm
 from schemas.spec import Pilot
-from tasks.common import GateFailed, digest_paths, record_output, service_client, stage_cache
+from tasks.common import GateFailed, digest_paths, judging_task, record_output, service_client, stage_cache
 
 
 def env_for(run: RunContext, data_dir: str | None):
@@ -78,17 +78,22 @@ def merge_step_logs(arm_dir: Path) -> tuple[Path, Path]:
     )
 
 
+def _stage_logger():
+    """The task run's logger (its lines reach the UI); outside a Prefect run, gs1.train's."""
+    return get_run_logger() if TaskRunContext.get() is not None else logging.getLogger("gs1.train")
+
+
 def _progress_reporter(arm: ArmConfig, total: int, first_step: int, label: str):
     """Per-step callback: a Prefect progress artifact (step / total, reward, elapsed, ETA) and a
     log line. Outside a Prefect run (a plain call) only the log line."""
     started = time.time()
     in_prefect = TaskRunContext.get() is not None
-    logger = get_run_logger() if in_prefect else logging.getLogger("gs1.train")
+    logger = _stage_logger()
     progress_id = None
     if in_prefect:
         progress_id = create_progress_artifact(
             progress=100.0 * first_step / max(total, 1),
-            key=f"{label}-{arm.name}".replace("_", "-").lower(),
+            key=artifact_key(f"{label} {arm.name}"),
             description=f"{label} {arm.name}: step {first_step}/{total}",
         )
 
@@ -119,7 +124,14 @@ def _progress_reporter(arm: ArmConfig, total: int, first_step: int, label: str):
 # Pilot
 
 
-@task(name="pilot rollouts", task_run_name="pilot rollouts ({stage})", cache_policy=stage_cache(), persist_result=True)
+def _pilot_run_name() -> str:
+    from prefect.runtime import task_run
+
+    return pilot_name(task_run.parameters.get("stage", "pilot"))
+
+
+@judging_task(name="pilot", task_run_name=_pilot_run_name, cache_policy=stage_cache(unread=(("arms", "steps"),)),
+              persist_result=True)
 def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, run_dir: str, backend: str,
                    data_dir: str | None, stage: PilotStage = "pilot", bandwidth: float | None = None,
                    wall_limit_s: float | None = None) -> PilotLogs:
@@ -148,10 +160,12 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, r
         n_steps = pilot.steps if is_treatment else 1
         heldout = HeldoutRequest(pilot.heldout_prompts, pilot.heldout_samples) if is_treatment else None
         step_seconds: list[float] = []
+        report = _progress_reporter(arm, n_steps, 0, pilot_name(stage))  # a log line + progress per batch
 
-        def on_step(log: StepLog, arm_dir=arm_dir, step_seconds=step_seconds):
+        def on_step(log: StepLog, arm_dir=arm_dir, step_seconds=step_seconds, report=report):
             write_step_log(arm_dir, log)
             step_seconds.append(log.metrics["step_seconds"])
+            report(log)
 
         train_arm(arm, training_client=training_client, env=env, renderer=renderer, order=order,
                   steps=range(n_steps), window=new_window(arm), on_step=on_step, heldout=heldout, stage=stage)
@@ -163,6 +177,7 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, r
             # Eval timing for feasibility: a few greedy test items on the pilot policy.
             sampler = training_client.save_weights_and_get_sampling_client()
             problems = env.test_problems()[: getattr(pilot, "eval_timing_items", None) or 16]
+            _stage_logger().info(f"{pilot_name(stage)} {arm.name}: timing greedy eval on {len(problems)} test items")
             t0 = time.time()
             eval_rows(sampler, env=env, renderer=renderer, problems=problems, arm_name=arm.name, max_tokens=arm.max_tokens)
             timings["eval_seconds_per_item"] = (time.time() - t0) / len(problems)
@@ -170,7 +185,7 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, r
     timings["wall_seconds"] = time.time() - started
     paths["timings"] = str(write_json_atomic(out / "timings.json", timings))
     if wall_limit_s is not None and timings["wall_seconds"] > wall_limit_s:
-        raise GateFailed(f"{stage}_wall_time", [{"gate": stage, "metric": f"{stage}_wall_minutes",
+        raise GateFailed(pilot_name(stage), [{"gate": stage, "metric": f"{stage}_wall_minutes",
                          "value": timings["wall_seconds"] / 60, "op": "max", "bound": str(wall_limit_s / 60), "passed": False}])
     return PilotLogs(**paths)
 
@@ -179,7 +194,7 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, r
 # Full training runs
 
 
-@task(name="trained arm", cache_policy=stage_cache(), persist_result=True)
+@task(name="train", task_run_name="train {arm.name}", cache_policy=stage_cache(), persist_result=True)
 def trained_arm(arm: ArmConfig, run: RunContext, run_dir: str, backend: str, data_dir: str | None,
                 checkpoint_every: int = 5) -> TrainedArm:
     """Train one arm for the spec's steps; resume from the last checkpoint if there is one."""
@@ -247,7 +262,7 @@ def _resume_point(arm: ArmConfig, arm_dir: Path, checkpoints_path: Path, trainin
 # Eval
 
 
-@task(name="eval items", cache_policy=stage_cache(), persist_result=True)
+@task(name="eval", task_run_name="eval {arm.name}", cache_policy=stage_cache(), persist_result=True)
 def eval_items(trained: TrainedArm, arm: ArmConfig, run: RunContext, n_eval: int, run_dir: str, backend: str,
                data_dir: str | None) -> EvalResult:
     """Greedy-decode every eval item with the arm's final weights; write eval.jsonl + Parquet."""
@@ -267,7 +282,7 @@ def eval_items(trained: TrainedArm, arm: ArmConfig, run: RunContext, n_eval: int
     parquet = write_artifact("eval_items", rows, out / "eval.parquet")
     accuracy = sum(r["correct"] for r in rows) / len(rows)
     create_table_artifact(
-        key=f"eval-{arm.name}".replace("_", "-").lower(),
+        key=artifact_key(arm_stage_name("eval", arm.name)),
         table=[{"arm": arm.name, "items": len(rows), "accuracy": round(accuracy, 4)}],
         description=f"Eval of {arm.name}",
     )

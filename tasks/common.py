@@ -14,6 +14,7 @@ on the content of what they read, so only those whose inputs came out different 
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -53,6 +54,88 @@ class GateFailed(Exception):
     @property
     def failing(self) -> list[dict]:
         return [r for r in self.results if not r["passed"]]
+
+
+class _GateStopNotATraceback(logging.Filter):
+    """Prefect logs a task run that returned a Failed state twice: "Task run failed with state:
+    ..." (with exc_info, though nothing was raised) and "Finished in state Failed(...)". For a
+    gate's stop the second is the one ERROR line; the first is dropped. Only records that carry
+    a GateFailed: a crash keeps every line and its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        return not (message.startswith("Task run failed with state: ") and "GateFailed(" in record.getMessage())
+
+
+_GATE_STOP_FILTER = _GateStopNotATraceback()
+
+
+def judging_task(**options):
+    """`@task(**options)` for a stage that judges. A failed gate ends its task run Failed with the
+    gate's message, returned as a `Failed` state rather than raised, so Prefect logs one ERROR
+    line ("Finished in state Failed('pilot_mean_reward = ...')") and no traceback: the gate's
+    table artifact says the rest. Where the flow calls the stage, the GateFailed is raised as
+    before (calibration and the flow's end depend on it). Any other exception is a crash: raised
+    in the task, it keeps its traceback."""
+    from prefect import Task
+    from prefect.states import Failed, State
+
+    task_runs = logging.getLogger("prefect.task_runs")  # a logger's filter sees its records before any handler
+    if _GATE_STOP_FILTER not in task_runs.filters:
+        task_runs.addFilter(_GATE_STOP_FILTER)
+
+    class JudgingTask(Task):
+        def __call__(self, *args, return_state: bool = False, **kwargs):
+            result = super().__call__(*args, return_state=return_state, **kwargs)
+            if not return_state and isinstance(result, State) and result.is_failed():
+                raise result.result(raise_on_failure=False)  # the gate's GateFailed, into the flow
+            return result
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def judged(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except GateFailed as failed:
+                return Failed(message=str(failed), data=failed)
+
+        return JudgingTask(fn=judged, **options)
+
+    return decorate
+
+
+# ---------------------------------------------------------------------------------------------
+# Artifacts the deployment's run shows too
+
+
+def _deployment_run_id():
+    """The flow run a deployment (or a command) started, when the current run is a subflow of it."""
+    from prefect.runtime import flow_run
+
+    current, root = flow_run.get_id(), flow_run.get_root_flow_run_id()
+    return root if root and current and str(root) != str(current) else None
+
+
+def _publish(artifact, on_deployment_run: bool) -> None:
+    artifact.create()
+    root = _deployment_run_id() if on_deployment_run else None
+    if root is not None:
+        # the page `prefect deployment run` links to is the outer run's: the same artifact there
+        type(artifact)(**{**artifact.model_dump(exclude={"flow_run_id", "task_run_id"}), "flow_run_id": root}).create()
+
+
+def publish_markdown(key: str, markdown: str, description: str, on_deployment_run: bool = True) -> None:
+    """A markdown artifact on this run and, when it is a subflow, on the run that started it."""
+    from prefect.artifacts import MarkdownArtifact
+
+    _publish(MarkdownArtifact(key=key, markdown=markdown, description=description), on_deployment_run)
+
+
+def publish_table(key: str, table: list[dict], description: str, on_deployment_run: bool = False) -> None:
+    """A table artifact on this run (and on the run that started it, if asked)."""
+    from prefect.artifacts import TableArtifact
+
+    _publish(TableArtifact(key=key, table=table, description=description), on_deployment_run)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,10 +208,38 @@ class LibrarySource(CachePolicy):
         return _LIBRARY_DIGEST
 
 
-def stage_cache(*files_read: str) -> CachePolicy:
-    """INPUTS + TASK_SOURCE + library source + the files the stage reads; a hit only while the
-    files the stage wrote still verify."""
-    return OutputsVerified(inner=INPUTS + TASK_SOURCE + LibrarySource() + FilesRead(params=tuple(files_read)))
+def _without_field(value: Any, name: str) -> Any:
+    """A pydantic model (or a tuple/list of them) as a dict without field `name`."""
+    if isinstance(value, (tuple, list)):
+        return [_without_field(v, name) for v in value]
+    if hasattr(value, "model_dump"):
+        return {k: v for k, v in value.model_dump(mode="json").items() if k != name}
+    return value
+
+
+@dataclass
+class InputsRead(CachePolicy):
+    """INPUTS, less the fields of an input that the stage never reads: `unread` holds
+    (parameter, field) pairs, e.g. ("arms", "steps") for a stage before training (the number of
+    training steps changes what training does, not what the pilot does)."""
+
+    unread: tuple[tuple[str, str], ...] = ()
+
+    def compute_key(self, task_ctx, inputs, flow_parameters, **kwargs) -> str | None:
+        inputs = dict(inputs or {})
+        for param, name in self.unread:
+            if param in inputs:
+                inputs[param] = _without_field(inputs[param], name)
+        return INPUTS.compute_key(task_ctx, inputs, flow_parameters, **kwargs)
+
+
+def stage_cache(*files_read: str, unread: tuple[tuple[str, str], ...] = ()) -> CachePolicy:
+    """The inputs the stage reads (all its parameters, less the `unread` fields) + TASK_SOURCE +
+    library source + the files the stage reads; a hit only while the files the stage wrote still
+    verify."""
+    return OutputsVerified(
+        inner=InputsRead(unread=tuple(unread)) + TASK_SOURCE + LibrarySource() + FilesRead(params=tuple(files_read))
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,14 +352,25 @@ _STARTED: dict[str, tuple[str, Path | None]] = {}
 
 
 def _started(task_ctx, inputs: dict, record: Path | None) -> None:
-    import re
-
-    name = re.sub(r"-[0-9a-f]{3}$", "", task_ctx.task_run.name)
-    arm = (inputs or {}).get("arm")  # an arm's stages: which arm
-    arm_name = getattr(arm, "name", None)
-    label = f"{name} ({arm_name})" if arm_name else name
+    # the task run's name is the stage's one name, with its arm (`train grpo_gs8`)
     with _OUTPUTS_LOCK:
-        _STARTED[str(task_ctx.task_run.id)] = (label, record)
+        _STARTED[str(task_ctx.task_run.id)] = (task_ctx.task_run.name, record)
+
+
+def uncached_stage_hooks() -> dict:
+    """Task hooks for a stage that is never cached (so no cache policy sees it start): it counts
+    among the running stages from its Running state until it ends."""
+
+    def running(task, task_run, state) -> None:
+        with _OUTPUTS_LOCK:
+            _STARTED[str(task_run.id)] = (task_run.name, None)
+
+    def ended(task, task_run, state) -> None:
+        with _OUTPUTS_LOCK:
+            _STARTED.pop(str(task_run.id), None)
+
+    running.log_on_run = ended.log_on_run = False  # bookkeeping: no "Running hook ..." lines in the UI
+    return {"on_running": [running], "on_completion": [ended], "on_failure": [ended]}
 
 
 def running_stages() -> list[str]:

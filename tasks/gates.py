@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 from prefect import task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from rl.checks import run_offline_checks
 from rl.audit import RolloutLog, audit_log
@@ -21,11 +20,14 @@ from rl.stats import paired_decision
 from schemas.arm import ArmConfig
 from schemas.artifacts import DECISION, read_artifact, write_artifact
 from schemas.gate_text import GateRow, failing_text, fmt
-from schemas.layout import AuditStage, PilotStage, RunLayout
+from schemas.layout import DECISION as DECISION_STAGE
+from schemas.layout import (
+    FEASIBILITY, UNIT_CHECKS, AuditStage, PilotStage, RunLayout, artifact_key, audit_name, gate_name,
+)
 from schemas.plan import DecisionPlan
 from schemas.spec import Budget, GateCheck
 from schemas.io import write_json_atomic, write_text_atomic
-from tasks.common import GateFailed, stage_cache
+from tasks.common import GateFailed, judging_task, publish_markdown, publish_table, stage_cache
 
 
 def _gate_rows(gate: str, results) -> list[dict]:
@@ -36,30 +38,29 @@ def _gate_rows(gate: str, results) -> list[dict]:
     ]
 
 
-def record_gate(gate: str, rows: list[dict], out_dir: Path, stage: str | None = None,
-                table: list[dict] | None = None) -> None:
+def record_gate(name: str, rows: list[dict], out_dir: Path, table: list[dict] | None = None) -> None:
     """Write the gate report (Parquet + table artifact); raise GateFailed if any check failed.
 
-    `stage` names the stage a gate judges when it judges more than one, told by the caller (never
-    read from a path): the artifact key is then `<stage>-<gate>` (`calibration-activation-gate`,
-    `train-audit`) and the failure `<gate> (<stage>)`. The artifact reads as the report's gate
-    tables do: metric, value, what it needs, PASS/FAIL -- or `table`, when the gate has a better one."""
+    `name` is the stage's one name (schemas.layout: `activation gate`, `calibration gate`,
+    `pilot audit`, ...), told by the caller (never read from a path): the artifact key is
+    `artifact_key(name)` and the failure message names it. The artifact reads as the report's
+    gate tables do: metric, value, what it needs, PASS/FAIL -- or `table`, when the gate has a
+    better one."""
     rows = [{"observed": None, **r} for r in rows]
     write_artifact("gate_report", rows, out_dir / "gate_report.parquet")
-    prefix = f"{stage}-" if stage else ""
     checks = [GateRow.from_row(r) for r in rows]
     failing = failing_text(checks)
-    create_table_artifact(
-        key=(prefix + gate).replace("_", "-").lower(),
-        table=table or [{"metric": c.metric, "value": c.value_text, "needs": c.needs, "result": c.result} for c in checks],
-        description=(f"{prefix.replace('-', ' ')}{gate}: "
-                     + (f"FAILED on {failing}" if failing else f"passed, {len(rows)} checks")),
+    publish_table(
+        artifact_key(name),
+        table or [{"metric": c.metric, "value": c.value_text, "needs": c.needs, "result": c.result} for c in checks],
+        description=f"{name}: " + (f"FAILED on {failing}" if failing else f"passed, {len(rows)} checks"),
+        on_deployment_run=bool(failing),  # a failed gate is what the run page must show
     )
     if failing:
-        raise GateFailed(gate + (f" ({stage})" if prefix else ""), rows)
+        raise GateFailed(name, rows)
 
 
-@task(name="offline unit checks", cache_policy=stage_cache(), persist_result=True)
+@judging_task(name=UNIT_CHECKS, task_run_name=UNIT_CHECKS, cache_policy=stage_cache(), persist_result=True)
 def offline_unit_checks(run_dir: str) -> list[dict]:
     """The spec's offline checks of the estimator (forced (non)activation, fallback, GRPO)."""
     results = run_offline_checks(reference_fn=gs1_kernel_reference)
@@ -70,18 +71,19 @@ def offline_unit_checks(run_dir: str) -> list[dict]:
     ]
     out = RunLayout(run_dir).unit_checks_dir
     write_json_atomic(out / "details.json", [{"name": r.name, **r.details} for r in results])
-    record_gate("offline_unit_checks", rows, out)
+    record_gate(UNIT_CHECKS, rows, out)
     return rows
 
 
-def _gate_run_name() -> str:
+def _stage_parameter() -> str:
+    """The `stage` parameter of the task run being named (its default when not passed)."""
     from prefect.runtime import task_run
 
-    return "calibration gate" if task_run.parameters.get("stage") == "calibration" else "activation gate"
+    return task_run.parameters.get("stage", "pilot")
 
 
-@task(name="activation gate", task_run_name=_gate_run_name,
-      cache_policy=stage_cache("treatment_path", "baseline_path", "heldout_path"), persist_result=True)
+@judging_task(name="activation gate", task_run_name=lambda: gate_name(_stage_parameter()),
+              cache_policy=stage_cache("treatment_path", "baseline_path", "heldout_path"), persist_result=True)
 def activation_gate(checks: tuple[GateCheck, ...], treatment_path: str, baseline_path: str, heldout_path: str,
                     n_pilot_steps: int, run_dir: str, stage: PilotStage = "pilot") -> dict:
     """Every check of the spec's activation_gate on the logs of the pilot stage `stage`."""
@@ -92,17 +94,12 @@ def activation_gate(checks: tuple[GateCheck, ...], treatment_path: str, baseline
         n_pilot_steps=n_pilot_steps,
     )
     rows = _gate_rows("activation_gate", evaluate_checks(checks, metrics))
-    record_gate("activation_gate", rows, RunLayout(run_dir).gate_dir(stage), stage=None if stage == "pilot" else stage)
+    record_gate(gate_name(stage), rows, RunLayout(run_dir).gate_dir(stage))
     return metrics
 
 
-def _audit_run_name() -> str:
-    from prefect.runtime import task_run
-
-    return f"audit {task_run.parameters.get('stage', '')}".strip()
-
-
-@task(name="audit", task_run_name=_audit_run_name, cache_policy=stage_cache("rollout_paths"), persist_result=True)
+@judging_task(name="audit", task_run_name=lambda: audit_name(_stage_parameter()),
+              cache_policy=stage_cache("rollout_paths"), persist_result=True)
 def audit_gate(arms: tuple[ArmConfig, ...], rollout_paths: list[str], run_dir: str, stage: AuditStage) -> list[dict]:
     """Recompute every logged advantage of each arm from its own rollout log with the independent
     reference (rl.audit); a row beyond tolerance fails the run before its logs are used."""
@@ -127,11 +124,11 @@ def audit_gate(arms: tuple[ArmConfig, ...], rollout_paths: list[str], run_dir: s
          "result": "PASS" if r.passed else "FAIL"}
         for r in results
     ]
-    record_gate("audit", rows, out, stage=stage, table=table)
+    record_gate(audit_name(stage), rows, out, table=table)
     return rows
 
 
-@task(name="feasibility", cache_policy=stage_cache("timings_path"), persist_result=True)
+@judging_task(name=FEASIBILITY, task_run_name=FEASIBILITY, cache_policy=stage_cache("timings_path"), persist_result=True)
 def feasibility(timings_path: str, steps: int, n_eval: int, budget: Budget, backend: str, out_dir: str,
                 recovery_reserve: float = 0.25) -> dict:
     """Project the full run from the pilot's timings; over budget is a gate failure."""
@@ -155,7 +152,7 @@ def feasibility(timings_path: str, steps: int, n_eval: int, budget: Budget, back
         {"gate": "feasibility", "metric": "projected_gpu_hours", "value": projection.gpu_hours,
          "op": "max", "bound": str(budget.gpu_hours), "passed": projection.gpu_hours <= budget.gpu_hours},
     ]
-    record_gate("feasibility", rows, Path(out_dir))
+    record_gate(FEASIBILITY, rows, Path(out_dir))
     return record
 
 
@@ -187,7 +184,8 @@ def _gpus(backend: str) -> int:
     return 1 if torch.cuda.is_available() else 0
 
 
-@task(name="paired decision", cache_policy=stage_cache("treatment_eval", "baseline_eval"), persist_result=True)
+@task(name=DECISION_STAGE, task_run_name=DECISION_STAGE, cache_policy=stage_cache("treatment_eval", "baseline_eval"),
+      persist_result=True)
 def paired_decision_record(treatment_eval: str, baseline_eval: str, decision: DecisionPlan, names: dict, out_dir: str) -> dict:
     """Paired Hoeffding (+ McNemar, bootstrap) on the two arms' per-item correctness."""
     record = paired_decision(
@@ -199,7 +197,7 @@ def paired_decision_record(treatment_eval: str, baseline_eval: str, decision: De
     write_artifact("decision", [{c: record.get(c) for c in DECISION.names}], out / "decision.parquet")
     markdown = decision_markdown(record)
     write_text_atomic(out / "decision.md", markdown)
-    create_markdown_artifact(key="decision", markdown=markdown, description=f"Decision: {record['verdict']}")
+    publish_markdown(artifact_key(DECISION_STAGE), markdown, description=f"Decision: {record['verdict']}")
     return record
 
 

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import json
 
-from prefect import task
-
 from rl import reference
 from rl.preflight import correctness_checks, cookbook_revision, module_revision
 from schemas.arm import ArmConfig
 from schemas.io import write_json_atomic
-from schemas.layout import RunLayout
+from schemas.layout import PREFLIGHT, RunLayout
 from schemas.plan import RunContext
 from schemas.spec import CorrectnessPreflight
 from tasks.arms import env_for, open_arm
-from tasks.common import stage_cache
+from tasks.common import judging_task, stage_cache
 from tasks.gates import record_gate
 
 FIXED_PROMPTS = 4
@@ -28,7 +26,8 @@ FIXED_SAMPLES = 4
 FIXED_MAX_TOKENS = 32  # the preflight checks code paths, not answers: short rollouts suffice
 
 
-@task(name="correctness preflight", cache_policy=stage_cache(), persist_result=True)
+@judging_task(name=PREFLIGHT, task_run_name=PREFLIGHT, cache_policy=stage_cache(unread=(("arms", "steps"),)),
+              persist_result=True)
 def correctness_preflight(arms: tuple[ArmConfig, ...], run: RunContext, preflight: CorrectnessPreflight, run_dir: str,
                           backend: str, data_dir: str | None) -> dict:
     env = env_for(run, data_dir)
@@ -55,7 +54,7 @@ def correctness_preflight(arms: tuple[ArmConfig, ...], run: RunContext, prefligh
          "passed": bool(c.passed), "observed": json.dumps(c.details, default=float)}
         for c in outcome.comparisons
     ]
-    record_gate("correctness_preflight", rows, out)
+    record_gate(PREFLIGHT, rows, out)
     return record
 
 

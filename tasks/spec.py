@@ -7,25 +7,50 @@ Stages take their slice of the plan as input, so changing a gate bound re-keys o
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
 
 from schemas.arm import ArmConfig
 from schemas.io import write_json_atomic
-from schemas.layout import RunLayout
+from schemas.layout import CALIBRATED_SPEC, VALIDATE_SPEC, RunLayout
 from schemas.plan import DecisionPlan, RunContext, RunPlan
+from schemas.revision import SpecRevision, experiment_hash, field_changes
 from schemas.spec import ExperimentSpec, baseline_arm, load_spec, spec_hash, treatment_arm
-from tasks.common import stage_cache
+from tasks.common import publish_markdown, stage_cache, uncached_stage_hooks
+
+
+def run_name(spec: ExperimentSpec) -> str:
+    """`<title-slug>-<experiment-hash>`: the run directory's name (and the flow run's, with the
+    backend). Gate bounds, the decision rule and the budget are not part of it
+    (schemas.revision.JUDGING_FIELDS): an edit there re-runs, in the same directory, only what
+    reads them."""
+    from schemas.spec import slug
+
+    return f"{slug(spec.title)}-{experiment_hash(spec)}"
 
 
 def run_dir_for(spec_path: str | Path, runs_root: str | Path = "runs") -> Path:
-    """`runs/<title-slug>-<spec-hash>/`: one directory per distinct spec."""
-    from schemas.spec import slug
+    """`runs/<title-slug>-<experiment-hash>/`: one directory per experiment."""
+    return Path(runs_root) / run_name(load_spec(spec_path))
 
-    spec = load_spec(spec_path)
-    return Path(runs_root) / f"{slug(spec.title)}-{spec_hash(spec_path)}"
+
+def flow_run_name(spec_path: str | Path, backend: str, overrides: dict | None = None) -> str:
+    """`<title-slug>-<experiment-hash>-<backend>`; a spec that does not load is named by its file
+    (the flow run then fails on the spec's problems, in its first stage)."""
+    from schemas.spec import SpecOverrides, apply_overrides, parse_spec
+
+    try:
+        if overrides:
+            spec = parse_spec(apply_overrides(json.loads(Path(spec_path).read_text()), SpecOverrides(**overrides)))
+        else:
+            spec = load_spec(spec_path)
+        return f"{run_name(spec)}-{backend}"
+    except Exception:  # a name is never the reason a run fails
+        return f"{Path(spec_path).stem}-unreadable-spec-{backend}"
 
 
 def plan_from_spec(spec: ExperimentSpec) -> RunPlan:
@@ -59,13 +84,17 @@ def plan_from_spec(spec: ExperimentSpec) -> RunPlan:
     )
 
 
-@task(name="validate spec", cache_policy=stage_cache("spec_path"), persist_result=True)
+@task(name=VALIDATE_SPEC, task_run_name=VALIDATE_SPEC, cache_policy=NO_CACHE, **uncached_stage_hooks())
 def validated_plan(spec_path: str, run_dir: str) -> RunPlan:
-    """Validate the spec (SpecError stops the flow) and write `spec/{spec,plan}.json`."""
+    """Validate the spec (SpecError stops the flow), record an edit of the spec this directory
+    ran before (`spec/revisions/NNN.json`), and write `spec/{spec,plan}.json`. Never cached:
+    it is cheap, and spec.json must be the spec of this run."""
     spec = load_spec(spec_path)
     plan = plan_from_spec(spec)
     layout = RunLayout(run_dir)
-    write_json_atomic(layout.spec_json, json.loads(Path(spec_path).read_text()))
+    spec_json = json.loads(Path(spec_path).read_text())
+    _record_revision(layout, spec_json)
+    write_json_atomic(layout.spec_json, spec_json)
     write_json_atomic(layout.plan_json, plan.model_dump(mode="json"))
     arms = "\n".join(
         f"| {a.name} | {a.advantage}{'' if a.kernel is None else ' (' + a.kernel.label() + ')'} | "
@@ -83,7 +112,42 @@ def validated_plan(spec_path: str, run_dir: str) -> RunPlan:
     return plan
 
 
-@task(name="calibrated spec", cache_policy=stage_cache("spec_path"), persist_result=True)
+def _record_revision(layout: RunLayout, new: dict) -> SpecRevision | None:
+    """When the directory last ran another spec: write the edit (old, new, each changed field) as
+    the next `spec/revisions/NNN.json`, publish it, and log it."""
+    from schemas.spec import parse_spec
+
+    try:
+        old = json.loads(layout.spec_json.read_text())
+    except (OSError, ValueError):
+        return None  # the directory's first run (or its record is gone): nothing to compare with
+    changes = field_changes(old, new)
+    if not changes:
+        return None
+
+    def hash_of(spec_json: dict) -> str:
+        try:
+            return spec_hash(parse_spec(spec_json))
+        except Exception:  # an old record that no longer validates is still an old spec
+            return "invalid"
+
+    number = 1 + len(list(layout.revisions_dir.glob("[0-9][0-9][0-9].json")))
+    revision = SpecRevision(number=number, at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                            old_spec_hash=hash_of(old), new_spec_hash=hash_of(new), changes=tuple(changes), old=old, new=new)
+    write_json_atomic(layout.revisions_dir / f"{number:03d}.json", revision.model_dump(mode="json"))
+    shown = "\n".join(f"| `{c.field}` | `{json.dumps(c.old)}` | `{json.dumps(c.new)}` |" for c in changes)
+    publish_markdown(
+        "spec-revision",
+        f"# Spec revision {number}\n\n{revision.old_spec_hash} -> {revision.new_spec_hash}; stages whose inputs did "
+        f"not change are served from cache.\n\n| field | old | new |\n|---|---|---|\n{shown}\n\n"
+        f"Old and new spec: `{layout.revisions_dir / f'{number:03d}.json'}`\n",
+        description=f"Spec revised: {', '.join(c.field for c in changes)}"[:500],
+    )
+    get_run_logger().info(f"spec revised since this directory's last run: {'; '.join(c.text for c in changes)}")
+    return revision
+
+
+@task(name=CALIBRATED_SPEC, task_run_name=CALIBRATED_SPEC, cache_policy=stage_cache("spec_path"), persist_result=True)
 def calibrated_plan(plan: RunPlan, spec_path: str, bandwidth: float, run_dir: str) -> RunPlan:
     """Record the revised spec (treatment bandwidth from the calibration) before any full run."""
     spec_json = json.loads(Path(spec_path).read_text())
@@ -108,7 +172,8 @@ def calibrated_plan(plan: RunPlan, spec_path: str, bandwidth: float, run_dir: st
     return plan.calibrated(bandwidth, str(revised))
 
 
-@task(name="spec with overrides", cache_policy=stage_cache("spec_path"), persist_result=True)
+@task(name="spec with overrides", task_run_name="spec with overrides", cache_policy=stage_cache("spec_path"),
+      persist_result=True)
 def spec_with_overrides(spec_path: str, overrides: dict, runs_root: str = "runs") -> dict:
     """The spec to run: the file itself, or its revision with `overrides` written in full to
     `runs/specs/<slug>-<hash>.json` (a revision is recorded, never applied silently)."""
@@ -119,6 +184,6 @@ def spec_with_overrides(spec_path: str, overrides: dict, runs_root: str = "runs"
     if not overrides:
         return {"spec_path": str(path), "run_dir": str(run_dir_for(path, runs_root).resolve())}
     revised = apply_overrides(json.loads(path.read_text()), SpecOverrides(**overrides))
-    name = f"{slug(revised['title'])}-{spec_hash(parse_spec(revised))}"
-    out = write_json_atomic(Path(runs_root) / "specs" / f"{name}.json", revised)
-    return {"spec_path": str(out.resolve()), "run_dir": str((Path(runs_root) / name).resolve())}
+    spec = parse_spec(revised)
+    out = write_json_atomic(Path(runs_root) / "specs" / f"{slug(spec.title)}-{spec_hash(spec)}.json", revised)
+    return {"spec_path": str(out.resolve()), "run_dir": str((Path(runs_root) / run_name(spec)).resolve())}

@@ -234,3 +234,18 @@ def test_gs1_run_checks_the_data_dir_for_both_splits_before_anything_runs(tmp_pa
     code, out, err = _exit_code(capsys, ["run", str(Path(__file__).parents[1] / "specs/gs1_vs_grpo_gsm8k.json"), "--data-dir", str(data), "--run-dir", str(run_dir)])
     assert code == 2 and "has no test.jsonl" in err and len(err.strip().splitlines()) == 1
     assert not run_dir.exists()  # nothing started
+
+
+def test_validate_into_a_closed_pipe_ends_cleanly(repo_root):
+    """`gs1 validate SPEC | head -1`: the reader goes away before gs1 writes; exit 0, nothing on
+    stderr (no BrokenPipeError line)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gs1", "validate", str(repo_root / "specs" / "demo_local.json")],
+        cwd=repo_root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    proc.stdout.close()  # before gs1 has written anything
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0 and err == "", err

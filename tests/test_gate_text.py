@@ -49,10 +49,13 @@ def test_failing_text_names_each_failing_check_and_what_it_needs():
 
 
 def test_gate_failed_says_what_the_report_says_and_survives_pickling():
-    error = GateFailed("activation_gate", _rows())
-    expected = gate_failed_message("activation_gate", [GateRow.from_row(r) for r in _rows()])
+    error = GateFailed("activation gate", _rows())
+    expected = gate_failed_message("activation gate", [GateRow.from_row(r) for r in _rows()])
     assert str(error) == expected
-    assert str(error).startswith("gate 'activation_gate' failed: pilot_mean_reward = 0.1875 (needs ≥ 0.3); ")
+    # metric, value and bound first: what the UI's state badge shows whole
+    head, _, also = str(error).partition("; also ")
+    assert head == "pilot_mean_reward = 0.1875 (needs ≥ 0.3): activation gate failed" and len(head) <= 80
+    assert also == "baseline_reward_corr = not computable (needs ≥ 0.1)"
     assert is_gate_failure(str(error)) and not is_gate_failure("CUDA out of memory")
     again = pickle.loads(pickle.dumps(error))
     assert str(again) == str(error) and again.failing == error.failing

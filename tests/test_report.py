@@ -208,8 +208,8 @@ def test_complete_run_report(tmp_path):
     assert set(result.stages.values()) <= {"done", "passed", "skipped"}
     assert result.stages["calibration"] == result.stages["audit_calibration"] == "skipped"
     assert result.stages["audit_pilot"] == result.stages["audit_train"] == "passed"
-    gates = ("correctness preflight", "offline unit checks", "pilot log audit", "activation gate", "feasibility",
-             "training log audit")
+    gates = ("correctness preflight", "offline unit checks", "pilot audit", "activation gate", "feasibility",
+             "train audit")
     for gate in gates:
         assert f"<h3>{gate} " in page
     assert "NOT RUN" not in page and "FAIL<" not in page
@@ -292,7 +292,7 @@ def test_training_in_progress_reads_per_step_logs(tmp_path):
     assert statuses["train"].status == "incomplete"
     assert f"{TREATMENT}: 2/4 steps (unfinished)" in statuses["train"].detail
     for key in ("eval", "decision"):  # the frontier is training, still running
-        assert statuses[key].status == "not run" and statuses[key].detail == "not run yet: comes after full training runs"
+        assert statuses[key].status == "not run" and statuses[key].detail == "not run yet: comes after train"
     result = write_report(run)
     assert "reward_per_step" in result.plots and "NO DECISION YET" in Path(result.html).read_text()
 
@@ -386,7 +386,8 @@ def test_report_task_publishes_markdown_artifact(tmp_path, prefect_harness):
     assert artifact.type == "markdown"
     assert result.verdict.upper() in artifact.data
     assert artifact.data.count("](data:image/png;base64,") == len(PLOTS)
-    assert (run / "report" / "report.html").resolve().as_uri() in artifact.data
+    # the HTML page's path as text, never a file:// link (a browser will not open it from the UI)
+    assert f"`{(run / 'report' / 'report.html').resolve()}`" in artifact.data and "file://" not in artifact.data
 
 
 def test_a_failed_rerun_does_not_show_an_earlier_runs_decision_as_its_own(tmp_path):
@@ -394,7 +395,7 @@ def test_a_failed_rerun_does_not_show_an_earlier_runs_decision_as_its_own(tmp_pa
     changed bound, a Retry): the headline is this run's failure, the old verdict is labelled."""
     run = make_run(tmp_path)
     old = json.loads((run / "decision" / "decision.json").read_text())
-    why = "gate 'activation_gate' failed: pilot_mean_reward = 0.1875 (needs ≥ 0.3)"
+    why = "pilot_mean_reward = 0.1875 (needs ≥ 0.3): activation gate failed"  # as GateFailed words it
     result = write_report(run, stopped=why)
     page = Path(result.html).read_text()
     assert result.verdict is None
@@ -426,6 +427,7 @@ def test_gate_artifact_reads_like_the_report(tmp_path, prefect_harness):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
+    from schemas.layout import RunLayout, gate_name
     from tasks.common import GateFailed
     from tasks.gates import record_gate
 
@@ -439,9 +441,9 @@ def test_gate_artifact_reads_like_the_report(tmp_path, prefect_harness):
     @flow
     def gates_flow() -> None:
         run_dir = tmp_path / "calibration" / "run"  # a run dir under a folder so named is not the calibration
-        for out, stage in ((run_dir / "gate", None), (run_dir / "calibration" / "gate", "calibration")):
-            try:
-                record_gate("activation_gate", rows, out, stage=stage)  # the stage is told, never read from the path
+        for stage in ("pilot", "calibration"):
+            try:  # the stage is told by its name, never read from the path
+                record_gate(gate_name(stage), rows, RunLayout(run_dir).gate_dir(stage))
             except GateFailed:
                 pass
 
@@ -453,14 +455,14 @@ def test_gate_artifact_reads_like_the_report(tmp_path, prefect_harness):
                 flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
 
     arts = {a.key: a for a in asyncio.run(read())}
-    assert set(arts) == {"activation-gate", "calibration-activation-gate"}
+    assert set(arts) == {"activation-gate", "calibration-gate"}
     table = json.loads(arts["activation-gate"].data)
     assert table == [
         {"metric": "pilot_mean_reward", "value": "0.1875", "needs": "≥ 0.3", "result": "FAIL"},
         {"metric": "executed_group_size_treatment", "value": "1", "needs": "one of {1}", "result": "PASS"},
     ]
     assert "FAILED on pilot_mean_reward = 0.1875 (needs ≥ 0.3)" in arts["activation-gate"].description
-    assert arts["calibration-activation-gate"].description.startswith("calibration activation_gate: FAILED")
+    assert arts["calibration-gate"].description.startswith("calibration gate: FAILED")
 
 
 def test_a_failed_training_audit_stops_the_run_before_eval(tmp_path):
@@ -475,8 +477,8 @@ def test_a_failed_training_audit_stops_the_run_before_eval(tmp_path):
     result = write_report(run)
     assert result.stopped_at == "audit_train" and result.stages["audit_train"] == "failed"
     page = Path(result.html).read_text()
-    assert "The training log audit failed: gs1_kernel.max_abs_diff = 0.25 (needs ≤ 1e-09)" in page
-    assert page.count("not run: the flow stopped at the training log audit") == 2  # eval, decision
+    assert "The train audit failed: gs1_kernel.max_abs_diff = 0.25 (needs ≤ 1e-09)" in page
+    assert page.count("not run: the flow stopped at the train audit") == 2  # eval, decision
     # each mismatch: where (arm, step, row, column) and both values
     assert "Logged values the audit could not reproduce (1):" in page
     assert "<tr><td>gs1_kernel</td><td>3</td><td>51</td><td>advantage</td><td>0.75</td><td>0.5</td></tr>" in page
@@ -519,13 +521,14 @@ def test_a_gate_stage_added_to_the_list_gets_its_row_its_table_and_can_stop_the_
     assert "eval_audit" not in write_report(run).stages
 
 
-def test_artifact_markdown_embeds_the_plots_and_links_the_page(tmp_path):
+def test_artifact_markdown_embeds_the_plots_and_names_the_page(tmp_path):
     run = make_run(tmp_path, stop_at_activation=True)
     result = write_report(run)
     text = result.artifact_markdown
     embedded = re.findall(r"\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", text)
     assert sorted(base64.b64decode(u) for u in embedded) == sorted(p.read_bytes() for p in result.plots.values())
-    assert f"Full report (self-contained HTML): [{result.html.resolve()}]({result.html.resolve().as_uri()})" in text
+    assert f"Full report (self-contained HTML, on the machine that ran it): `{result.html.resolve()}`" in text
+    assert "file://" not in text
     # the same summary as report.md otherwise
     def without_links(markdown: str) -> list[str]:
         return [line for line in re.sub(r"\]\([^)]*\)", "]()", markdown).splitlines() if not line.startswith("Full report")]

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fixtures.tiny_model import tiny_model_dir  # noqa: F401
+from fixtures import prefect_api as api
 from test_flow import flow_spec, run_flow
 
 TESTS = Path(__file__).resolve().parent
@@ -41,6 +42,7 @@ tasks.arms.write_artifact = write_then_park
 tasks.arms.train_with_checkpoints(arm, run, run_dir, "local", None, checkpoint_every=1)
 """
 
+ARMS_STAGES = ("train gs1_kernel", "train grpo_gs8", "eval gs1_kernel", "eval grpo_gs8")
 TIMING_COLUMNS = {"sample_seconds", "train_seconds", "step_seconds", "wall_time"}
 
 
@@ -106,22 +108,7 @@ def test_killed_arm_resumes_from_its_checkpoint_with_identical_logs(tmp_path, ti
 
 
 def _task_states(flow_state) -> dict[str, list[str]]:
-    from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    async def read():
-        async with get_client() as client:
-            runs = await client.read_task_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_state.state_details.flow_run_id]))
-            )
-        return runs
-
-    import asyncio
-
-    states: dict[str, list[str]] = {}
-    for task_run in asyncio.run(read()):
-        states.setdefault(task_run.name.rsplit("-", 1)[0], []).append(task_run.state.name)
-    return states
+    return api.task_states(flow_state.state_details.flow_run_id)
 
 
 def test_rerun_is_served_from_cache_and_a_changed_gate_bound_reruns_only_the_gate(
@@ -142,10 +129,11 @@ def test_rerun_is_served_from_cache_and_a_changed_gate_bound_reruns_only_the_gat
     second, _ = run_flow(tmp_path, spec)
     assert second.is_completed()
     states = _task_states(second)
-    for stage in ("validate spec", "correctness preflight", "offline unit checks", "pilot rollouts (pilot)", "activation gate",
-                  "feasibility", "trained arm", "eval items", "paired decision"):
-        assert set(states[stage]) == {"Cached"}, (stage, states[stage])
-    assert states["report"] == ["Completed"]  # the report always re-renders
+    for stage in ("correctness preflight", "offline unit checks", "pilot", "pilot audit", "activation gate",
+                  "feasibility", *ARMS_STAGES, "train audit", "decision"):
+        assert states[stage] == ["Cached"], (stage, states[stage])
+    # the spec is validated (and recorded) on every run, and the report always re-renders
+    assert states["validate spec"] == states["report"] == ["Completed"]
     assert (run_dir / "decision" / "decision.json").read_text() == decision
 
     damaged_outputs_rerun_their_stage(tmp_path, spec, run_dir)
@@ -157,8 +145,8 @@ def test_rerun_is_served_from_cache_and_a_changed_gate_bound_reruns_only_the_gat
     states = _task_states(third)
     assert states["validate spec"] == ["Completed"]
     assert states["activation gate"] == ["Completed"]
-    for stage in ("correctness preflight", "pilot rollouts (pilot)", "trained arm", "eval items"):
-        assert set(states[stage]) == {"Cached"}, (stage, states[stage])
+    for stage in ("correctness preflight", "pilot", *ARMS_STAGES):
+        assert states[stage] == ["Cached"], (stage, states[stage])
 
 
 class _Warnings(logging.Handler):
@@ -183,8 +171,7 @@ def damaged_outputs_rerun_their_stage(tmp_path: Path, spec: dict, run_dir: Path)
     eval_text = eval_jsonl.read_text()
     final = json.loads((run_dir / "train" / "grpo_gs8" / "final.json").read_text())
     adapter = Path(final["sampler_path"]) / "adapter_model.safetensors"
-    upstream = ("validate spec", "correctness preflight", "offline unit checks", "pilot rollouts (pilot)",
-                "activation gate", "feasibility")
+    upstream = ("correctness preflight", "offline unit checks", "pilot", "pilot audit", "activation gate", "feasibility")
     warnings = _Warnings()
     logging.getLogger("prefect").addHandler(warnings)
 
@@ -194,8 +181,10 @@ def damaged_outputs_rerun_their_stage(tmp_path: Path, spec: dict, run_dir: Path)
         assert state.is_completed(), state.message
         states = _task_states(state)
         for stage in upstream:
-            assert set(states[stage]) == {"Cached"}, (stage, states[stage])
-        assert sorted(states[redone]) == ["Cached", "Completed"], states[redone]  # that arm only
+            assert states[stage] == ["Cached"], (stage, states[stage])
+        assert states[redone] == ["Completed"], states[redone]
+        kind = redone.split()[0]  # that arm only: the other arm's same stage is served from cache
+        assert [states[s] for s in ARMS_STAGES if s.startswith(kind) and s != redone] == [["Cached"]]
         assert len(warnings.lines) == 1 and str(damaged_file.resolve()) in warnings.lines[0], warnings.lines
         assert (run_dir / "decision" / "decision.json").read_text() == decision
         return states
@@ -203,23 +192,23 @@ def damaged_outputs_rerun_their_stage(tmp_path: Path, spec: dict, run_dir: Path)
     try:
         # A truncated rollout log: the arm that wrote it trains again; the other arm is untouched.
         rollouts.write_bytes(rollouts.read_bytes()[:100])
-        states = rerun(rollouts, "trained arm")
-        assert "Cached" in states["eval items"]
+        states = rerun(rollouts, "train gs1_kernel")
+        assert states["eval grpo_gs8"] == ["Cached"]
         assert pq.read_table(rollouts).to_pylist() == rows
 
         # A cut eval file, then a deleted one: that arm's eval runs again; training is untouched,
         # and the decision (keyed on the eval files' content) is served from cache.
         eval_jsonl.write_text(eval_text[: len(eval_text) // 2])
-        states = rerun(eval_jsonl, "eval items")
-        assert set(states["trained arm"]) == {"Cached"} and states["paired decision"] == ["Cached"]
+        states = rerun(eval_jsonl, "eval grpo_gs8")
+        assert states["train grpo_gs8"] == states["train gs1_kernel"] == states["decision"] == ["Cached"]
         assert eval_jsonl.read_text() == eval_text
         eval_jsonl.unlink()
-        rerun(eval_jsonl, "eval items")
+        rerun(eval_jsonl, "eval grpo_gs8")
         assert eval_jsonl.read_text() == eval_text
 
         # A truncated sampler adapter under the local engine's cache: that arm trains again.
         adapter.write_bytes(adapter.read_bytes()[:100])
-        rerun(adapter, "trained arm")
+        rerun(adapter, "train grpo_gs8")
         from safetensors.torch import load_file
 
         final = json.loads((run_dir / "train" / "grpo_gs8" / "final.json").read_text())
@@ -228,7 +217,7 @@ def damaged_outputs_rerun_their_stage(tmp_path: Path, spec: dict, run_dir: Path)
         # Nothing damaged: every stage is served from cache, with no warning.
         warnings.lines.clear()
         state, _ = run_flow(tmp_path, spec)
-        assert all(set(v) == {"Cached"} for k, v in _task_states(state).items() if k != "report")
+        assert all(v == ["Cached"] for k, v in _task_states(state).items() if k not in ("validate spec", "report"))
         assert warnings.lines == []
     finally:
         logging.getLogger("prefect").removeHandler(warnings)

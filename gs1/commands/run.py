@@ -25,7 +25,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("run", help="run an experiment spec end to end (default: the local demo)")
     p.add_argument("spec", nargs="?", help=f"spec JSON (default: {DEMO_SPEC})")
     p.add_argument("--backend", choices=["local", "tinker"], default="local")
-    p.add_argument("--run-dir", help="run directory (default: runs/<title-slug>-<spec-hash>)")
+    p.add_argument("--run-dir", help="run directory (default: runs/<title-slug>-<experiment-hash>; gate bounds are not part of it)")
     p.add_argument("--data-dir", help="directory with GSM8K train.jsonl/test.jsonl (default: the hub; env GS1_GSM8K_DIR)")
     p.set_defaults(func=run)
 
