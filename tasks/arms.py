@@ -168,7 +168,7 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, r
             report(log)
 
         train_arm(arm, training_client=training_client, env=env, renderer=renderer, order=order,
-                  steps=range(n_steps), window=new_window(arm), on_step=on_step, heldout=heldout, stage=stage)
+                  steps=range(n_steps), window=new_window(arm), on_step=on_step, heldout=heldout, stage=pilot_name(stage))
         timings["step_seconds"][arm.name] = sum(step_seconds) / len(step_seconds)
         rollouts_path, _ = merge_step_logs(arm_dir)
         paths["treatment" if is_treatment else "baseline"] = str(rollouts_path)
