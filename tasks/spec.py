@@ -29,13 +29,17 @@ def run_dir_for(spec_path: str | Path, runs_root: str | Path = "runs") -> Path:
 
 
 def plan_from_spec(spec: ExperimentSpec) -> RunPlan:
-    """The run plan: every stage's inputs, typed. A kernel arm holds its validated KernelSpec."""
+    """The run plan: every stage's inputs, typed. Each arm holds the recipe its estimator reads
+    (schemas.arm.ArmConfig): a kernel arm its validated KernelSpec and the kernel file it came from."""
     arms = tuple(
         ArmConfig(
             name=arm.name, advantage=arm.advantage, group_size=arm.group_size, groups_per_batch=arm.groups_per_batch,
             lr=arm.lr, seed=arm.seed, steps=spec.steps, lora_rank=spec.lora_rank, base_model=spec.base_model,
             base_model_path=spec.base_model_path, max_tokens=spec.sampling.max_tokens,
             temperature=spec.sampling.temperature, kernel=arm.kernel if arm.estimator == "gs1_kernel" else None,
+            kernel_source=arm.kernel_source if arm.estimator == "gs1_kernel" else None,
+            trust_delta=arm.trust_delta if arm.estimator == "flash_reinforce" else None,
+            critic=arm.critic if arm.estimator == "critic" else None,
         )
         for arm in spec.arms
     )
@@ -68,7 +72,7 @@ def validated_plan(spec_path: str, run_dir: str) -> RunPlan:
     write_json_atomic(layout.spec_json, json.loads(Path(spec_path).read_text()))
     write_json_atomic(layout.plan_json, plan.model_dump(mode="json"))
     arms = "\n".join(
-        f"| {a.name} | {a.advantage}{'' if a.kernel is None else ' (' + a.kernel.label() + ')'} | "
+        f"| {a.name} | {a.advantage}{_recipe_label(a)} | "
         f"{a.groups_per_batch} x {a.group_size} | {a.lr:g} |"
         for a in plan.arms
     )
@@ -81,6 +85,16 @@ def validated_plan(spec_path: str, run_dir: str) -> RunPlan:
         description="The validated spec",
     )
     return plan
+
+
+def _recipe_label(arm: ArmConfig) -> str:
+    if arm.kernel is not None:
+        return f" ({arm.kernel.label()}{'' if arm.kernel_source is None else ', from ' + arm.kernel_source})"
+    if arm.trust_delta is not None:
+        return f" (trust delta {arm.trust_delta:g})"
+    if arm.critic is not None:
+        return f" (critic lr {arm.critic.lr:g})"
+    return ""
 
 
 @task(name="calibrated spec", cache_policy=stage_cache("spec_path"), persist_result=True)
