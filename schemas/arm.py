@@ -11,8 +11,11 @@ Each estimator holds exactly the recipe it reads, and no other arm holds one: a 
 
 from __future__ import annotations
 
+import math
+
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from schemas.errors import FieldProblems, known_keys_only
 from schemas.kernel import KernelSpec
 
 # Spec `advantage` name -> estimator id (rl.estimators implements each id).
@@ -49,14 +52,22 @@ class CriticSpec(BaseModel):
     yes: str = " yes"
     no: str = " no"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys_only(cls, data):
+        return known_keys_only(cls, data)
+
     @model_validator(mode="after")
-    def _positive(self):
-        if not self.lr > 0:
-            raise ValueError("critic.lr must be > 0")
+    def _recipe(self):
+        problems = []
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            problems.append(("lr", "must be > 0"))
         if self.lora_rank is not None and self.lora_rank < 1:
-            raise ValueError("critic.lora_rank must be >= 1")
+            problems.append(("lora_rank", "must be >= 1"))
         if self.yes == self.no:
-            raise ValueError("critic.yes and critic.no must differ")
+            problems.append(("no", "must differ from yes"))
+        if problems:
+            raise FieldProblems(problems)
         return self
 
 
