@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import fixtures.flow_env  # noqa: F401  (registers the token_threshold env)
-from fixtures.tiny_model import tiny_model_dir  # noqa: F401
+from fixtures.tiny_model import tiny_model_dir, tiny_service_client  # noqa: F401
 from rl import estimators, reference
 from rl.audit import RolloutLog, audit_log
 from rl.gates import compute_gate_metrics, evaluate_checks
@@ -245,6 +245,50 @@ def test_kernel_only_gate_metrics_are_not_applicable_to_other_treatments():
                 assert not str(r.observed).startswith("not applicable")
         # a kernel treatment without neighbours fails the check, as before
         assert results["kernel_effective_neighbors_p10"].passed == (estimator != "gs1_kernel")
+
+
+# ---------------------------------------------------------------------------- the loop at the user's shape
+
+
+@pytest.mark.parametrize("kind", ["flash_reinforce", "critic"])
+def test_the_loop_runs_the_arm_at_the_users_shape_and_its_log_audits(kind, tiny_model_dir, tiny_service_client):
+    """Two steps of 64 prompts x 1 rollout through `rl.loop.run_step` on the local engine (the
+    tinker client surface): the learner's forward pass / the critic's forward and training step
+    run, and the logged rows recompute exactly under the independent reference."""
+    import pyarrow as pa
+    from tinker_cookbook import renderers
+
+    from fixtures.flow_env import TokenThresholdEnv
+    from rl.loop import new_window, run_step
+    from schemas.artifacts import to_table
+
+    config = arm(kind, 1, 64).model_copy(update={"base_model": str(tiny_model_dir), "max_tokens": 3, "lora_rank": 4,
+                                                 "lr": 1e-2})
+    client = tiny_service_client.create_lora_training_client(base_model=str(tiny_model_dir), rank=4, seed=0)
+    critic = (tiny_service_client.create_lora_training_client(base_model=str(tiny_model_dir), rank=4, seed=0)
+              if kind == "critic" else None)
+    renderer = renderers.get_renderer("qwen3_instruct", client.get_tokenizer())
+    env = TokenThresholdEnv()
+    window, tables, metrics = new_window(config), [], []
+    for step in range(2):
+        log = run_step(step, config, training_client=client, env=env, renderer=renderer, order=env.train_order(0),
+                       window=window, critic_client=critic)
+        window = log.next_window
+        tables.append(to_table("rollouts", [dict(zip(log.rollouts, v)) for v in zip(*log.rollouts.values())]))
+        metrics.append(log.metrics)
+    result = audit_log(config, RolloutLog.from_table(pa.concat_tables(tables)))
+    assert result.passed and result.rows == 128 and result.steps == 2, result.mismatches[:3]
+    if kind == "flash_reinforce":
+        # one optimizer step per fresh batch at temperature 1: the learner's forward pass sees the
+        # sampler's policy (float32 on CPU), so the gate admits every trajectory
+        assert [m["trust_admit_rate"] for m in metrics] == [1.0, 1.0]
+        assert all(m["sequence_kl_mean"] < 1e-6 for m in metrics)
+        with pytest.raises(ValueError, match="critic client goes with"):
+            run_step(2, config, training_client=client, env=env, renderer=renderer, order=env.train_order(0),
+                     window=window, critic_client=client)
+    else:
+        assert all(m["critic_forward_tokens"] > 64 and m["critic_train_tokens"] > 0 for m in metrics)
+        assert metrics[1]["critic_loss"] != metrics[0]["critic_loss"]
 
 
 # ---------------------------------------------------------------------------- end to end on CPU
