@@ -338,6 +338,7 @@ def run_step(
     # cookbook, which drops constant-reward groups). FlashREINFORCE's datums carry its gated,
     # sample-mean weighted per-token advantage (`StepAdvantages.datum_advantage`).
     datum_advantage_B = advantages.datum_advantage
+    t_policy = time.time()  # train_seconds: the policy's own update (the forward passes above are timed apart)
     datums_D = [
         rollout_datum(prompts_B[b], tokens_B_T[b], logprobs_B_T[b], datum_advantage_B[b])
         for b in range(B)
@@ -384,7 +385,7 @@ def run_step(
         "num_tokens": int(sum(len(t) for t in tokens_B_T)),
         "effective_neighbors_p10": None if eff[0] is None else float(np.percentile(np.asarray(eff, dtype=np.float64), 10)),
         "sample_seconds": t_sampled - t_start,
-        "train_seconds": t_trained - t_sampled,
+        "train_seconds": t_trained - t_policy,
         "step_seconds": time.time() - t_start,
         "wall_time": time.time(),
         **extra,

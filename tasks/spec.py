@@ -104,6 +104,8 @@ def calibrated_plan(plan: RunPlan, spec_path: str, bandwidth: float, run_dir: st
     treatment = plan.run.treatment
     for arm in spec_json["arms"]:
         if arm["name"] == treatment:
+            if arm.pop("kernel_file", None) is not None:  # the revision holds the recipe itself
+                arm["kernel"] = plan.treatment.kernel.model_dump(mode="json")
             arm["kernel"] = {**(arm.get("kernel") or {}), "bandwidth": bandwidth}
     spec_json.setdefault("revisions", []).append(
         {
