@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import Flow, flow, get_run_logger
+from prefect.futures import wait
 
 from schemas.layout import RunLayout
 from tasks.arms import eval_items, pilot_rollouts, trained_arm
@@ -62,13 +63,16 @@ def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: s
         feasibility(pilot.timings, plan.steps, plan.n_eval, plan.budget, backend, str(RunLayout(run_dir).feasibility_dir))
 
         trained = {arm.name: trained_arm.submit(arm, run, run_dir, backend, data_dir) for arm in plan.arms}
-        # Every arm's result first: a failed arm is the run's error (and the audit reads them all).
+        # Every arm finishes (and is cached) before a failed one ends the run: a resume retrains
+        # only the failed arm. The audit reads them all.
+        wait(list(trained.values()))
         trained = {name: future.result() for name, future in trained.items()}
         audit_gate(plan.arms, [trained[arm.name].rollouts for arm in plan.arms], run_dir, stage="train")
         evals = {
             arm.name: eval_items.submit(trained[arm.name], arm, run, plan.n_eval, run_dir, backend, data_dir)
             for arm in plan.arms
         }
+        wait(list(evals.values()))
         evals = {name: future.result() for name, future in evals.items()}
         decision = paired_decision_record(
             evals[run.treatment].jsonl, evals[run.baseline].jsonl, plan.decision,

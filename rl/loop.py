@@ -21,6 +21,7 @@ replays the same steps.
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from rl.envs.base import Env, Problem
 from rl.estimators import KernelWindow, StepAdvantages, StepBatch, advantages_for_step, critic_targets
 from rl.kernels import prompt_mean_logprob
 from schemas.arm import ArmConfig, CriticSpec
+from schemas.errors import ArmFailed, UserError
 
 
 @dataclass
@@ -353,6 +355,10 @@ def run_step(
         fwd_bwd = fwd_bwd_future.result()
         optim_future.result()
         loss = float(fwd_bwd.metrics.get("loss:sum", float("nan")))
+        if "loss:sum" in fwd_bwd.metrics and not math.isfinite(loss):
+            # the optimizer step already applied it: the adapter is no longer trustworthy
+            raise FloatingPointError(f"the training loss is {loss} (forward_backward's loss:sum; "
+                                     f"{_non_finite_logprobs(datums_D, fwd_bwd)})")
     t_trained = time.time()
     if arm.critic is not None:  # the critic learns this step's (prompt, reward) pairs, after use
         critic_loss, train_tokens = train_critic(critic_client, arm.critic, prompts_B, rewards_B, question_T, yes, no, arm)
@@ -393,6 +399,16 @@ def run_step(
     return StepLog(rollouts=rows, metrics=metrics, next_window=next_window)
 
 
+def _non_finite_logprobs(datums_D: list[types.Datum], fwd_bwd: types.ForwardBackwardOutput) -> str:
+    """Where a non-finite loss came from: the sampler's logprobs sent in, or the learner's."""
+    def bad(values) -> int:
+        return int((~np.isfinite(np.asarray(values, dtype=np.float64))).sum())
+
+    sampler = sum(bad(d.loss_fn_inputs["logprobs"].tolist()) for d in datums_D)
+    learner = sum(bad(out["logprobs"].tolist()) for out in fwd_bwd.loss_fn_outputs if "logprobs" in out)
+    return f"non-finite logprobs: {sampler} from the sampler, {learner} from the learner, over {len(datums_D)} datums"
+
+
 ROLLOUT_COLUMNS = [
     "step", "arm", "seed", "prompt_id", "group_id", "sample_idx", "prompt_num_tokens",
     "prompt_mean_logprob", "reward", "num_tokens", "stop_reason", "baseline", "advantage",
@@ -430,15 +446,24 @@ def train_arm(
     window: KernelWindow | None,
     on_step: Callable[[StepLog], None],
     heldout: HeldoutRequest | None = None,
+    stage: str = "train",
     critic_client=None,
 ) -> None:
     """Run `steps` of `arm` in order from `window`; `on_step` persists each step's log (and
-    checkpoints). Each step sees the window the previous step handed on."""
+    checkpoints). Each step sees the window the previous step handed on. A step that fails
+    (out of memory, a non-finite loss, a dead service) raises `ArmFailed` naming `stage`, the
+    arm, the step and the cause; the steps logged before it stay, so the stage resumes."""
+    total = (max(steps) + 1) if len(steps) else 0
     for step in steps:
-        log = run_step(
-            step, arm, training_client=training_client, env=env, renderer=renderer,
-            order=order, window=window, heldout=heldout, critic_client=critic_client,
-        )
+        try:
+            log = run_step(
+                step, arm, training_client=training_client, env=env, renderer=renderer,
+                order=order, window=window, heldout=heldout, critic_client=critic_client,
+            )
+        except (UserError, ArmFailed):
+            raise  # already one line that says what to fix
+        except Exception as exc:
+            raise ArmFailed.of(stage, arm.name, exc, step + 1, total) from exc
         on_step(log)
         window = log.next_window
 
@@ -451,12 +476,13 @@ def eval_rows(
     problems: Sequence[Problem],
     arm_name: str,
     max_tokens: int,
-    max_in_flight: int = 64,
+    max_in_flight: int = 512,
 ) -> list[dict]:
     """Greedy-decode every eval problem and grade it with the env grader.
 
     At most `max_in_flight` requests are in flight: each chunk is submitted whole before any of
-    it is awaited, so a batching backend (the local engine) decodes a chunk as one batch.
+    it is awaited, so a batching backend (the local engine) decodes a chunk as one batch (up to
+    its `max_batch_rows`: 512 on CUDA, where a step of 512 rows costs little more than one of 64).
     """
     from rl.sampling import submit_all
 

@@ -5,6 +5,8 @@
 - `EvalDataError`: eval files that cannot be paired (the `decide` command turns it into a UserError).
 - `SampleRequestError`: a sample request that still failed after its retries.
 - `FieldProblems`: a pydantic model check's several `field: reason` problems (spec, kernel).
+- `ArmFailed`: an arm's work failed (out of memory, a non-finite loss, a dead service): names the
+  stage, the arm, the step and the cause on one line; `gs1 run` prints it and exits 1.
 
 (`GateFailed`, raised by the Prefect gate tasks, lives with them in `tasks/common.py`: no lower
 layer raises or catches it.)
@@ -86,3 +88,34 @@ def _unknown_key_text(key: str, known: set[str]) -> str:
     close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(sorted(known))}"
     return f"unknown key ({hint})"
+
+
+class ArmFailed(RuntimeError):
+    """An arm's stage failed: `stage` (pilot, calibration, train, eval), `arm`, `step` (1-based,
+    of `steps`; None outside the step loop) and `cause`, one line. Picklable (Prefect results)."""
+
+    def __init__(self, stage: str, arm: str, step: int | None, steps: int | None, cause: str) -> None:
+        self.stage, self.arm, self.step, self.steps, self.cause = stage, arm, step, steps, cause
+        where = f" at step {step}/{steps}" if step is not None else ""
+        super().__init__(f"{stage} {arm} failed{where}: {cause}")
+
+    @classmethod
+    def of(cls, stage: str, arm: str, exc: BaseException, step: int | None = None,
+           steps: int | None = None) -> ArmFailed:
+        return cls(stage, arm, step, steps, failure_cause(exc))
+
+    def __reduce__(self):
+        return (ArmFailed, (self.stage, self.arm, self.step, self.steps, self.cause))
+
+
+def failure_cause(exc: BaseException, limit: int = 240) -> str:
+    """One line saying what went wrong: out of memory named as such, else the exception's type
+    and the first line of its message."""
+    name = type(exc).__name__
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    if name == "OutOfMemoryError" or "out of memory" in first.lower():
+        what = "out of memory"
+    else:
+        what = name
+    text = f"{what} ({name}: {first})" if what != name else (f"{name}: {first}" if first else name)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -23,7 +23,7 @@ from rl.loop import HeldoutRequest, StepLog, eval_rows, new_window, train_arm, w
 from schemas.arm import ArmConfig
 from schemas.artifacts import read_artifact, write_artifact
 from schemas.io import write_json_atomic, write_jsonl_atomic
-from schemas.errors import UserError
+from schemas.errors import ArmFailed, UserError
 from schemas.layout import PilotStage, RunLayout, step_log, step_of, steps_dir
 from schemas.plan import EvalResult, PilotLogs, RunContext, TrainedArm
 from schemas.spec import Pilot
@@ -166,7 +166,7 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, r
             step_seconds.append(log.metrics["step_seconds"])
 
         train_arm(arm, training_client=training_client, env=env, renderer=renderer, order=order,
-                  steps=range(n_steps), window=new_window(arm), on_step=on_step, heldout=heldout,
+                  steps=range(n_steps), window=new_window(arm), on_step=on_step, heldout=heldout, stage=stage,
                   critic_client=open_critic(run, arm, backend))
         timings["step_seconds"][arm.name] = sum(step_seconds) / len(step_seconds)
         rollouts_path, _ = merge_step_logs(arm_dir)
@@ -278,7 +278,13 @@ def eval_items(trained: TrainedArm, arm: ArmConfig, run: RunContext, n_eval: int
     sampler = service_client(backend).create_sampling_client(model_path=trained.sampler_path)
     renderer = renderer_for(run, sampler.get_tokenizer())
     problems = env.test_problems()[:n_eval]
-    rows = eval_rows(sampler, env=env, renderer=renderer, problems=problems, arm_name=arm.name, max_tokens=arm.max_tokens)
+    try:
+        rows = eval_rows(sampler, env=env, renderer=renderer, problems=problems, arm_name=arm.name,
+                         max_tokens=arm.max_tokens)
+    except (UserError, ArmFailed):
+        raise
+    except Exception as exc:
+        raise ArmFailed.of("eval", arm.name, exc) from exc
     out = RunLayout(run_dir).eval_arm_dir(arm.name)
     jsonl = write_jsonl_atomic(out / "eval.jsonl", [{"item_id": r["item_id"], "correct": r["correct"]} for r in rows])
     parquet = write_artifact("eval_items", rows, out / "eval.parquet")

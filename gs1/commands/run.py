@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from schemas.errors import UserError
+from schemas.errors import ArmFailed, UserError
 
 DEMO_SPEC = "specs/demo_local.json"
 
@@ -96,7 +96,8 @@ def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None
     from schemas.layout import RunLayout
     from tasks.common import GateFailed
 
-    _quiet_tracebacks((GateFailed, UserError))
+    _quiet_tracebacks((GateFailed, UserError, ArmFailed))
+    _show_engine_log()
 
     state = experiment_in(run_dir)(
         spec_path=str(spec_path.resolve()), run_dir=str(run_dir.resolve()), backend=backend,
@@ -115,9 +116,25 @@ def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None
     if isinstance(error, GateFailed):
         sys.stderr.write(f"gs1: {error}\n")
         return 1
+    if isinstance(error, ArmFailed):
+        sys.stderr.write(f"gs1: {error}; the run directory keeps what ran: the same command resumes it\n")
+        return 1
     if isinstance(error, UserError):
         raise error
     raise UserError(f"the flow ended {state.name}: {state.message}")
+
+
+def _show_engine_log() -> None:
+    """The local engine's lines (each decode graph compiled, and how long it took) on the terminal,
+    in Prefect's console format: a stage that waits on a compile says so."""
+    engine_log = logging.getLogger("gs1.engine")
+    if not engine_log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d | %(levelname)-7s | %(name)s - %(message)s",
+                                               "%H:%M:%S"))
+        engine_log.addHandler(handler)
+        engine_log.setLevel(logging.INFO)
+        engine_log.propagate = False
 
 
 def _quiet_tracebacks(expected: tuple[type, ...]) -> None:

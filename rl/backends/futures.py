@@ -86,10 +86,11 @@ class LocalClientFuture(LocalFuture[T], Generic[T]):
 
 
 class SerialWorker:
-    """One thread that runs submitted jobs in submission order (the device's queue)."""
+    """One thread that runs submitted jobs in submission order (the device's queue).
+    `initializer` runs first in that thread (the local engine makes its CUDA stream current)."""
 
-    def __init__(self, name: str):
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    def __init__(self, name: str, initializer: Callable[[], None] | None = None):
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=initializer)
 
     def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> LocalFuture[T]:
         return LocalFuture(self._pool.submit(fn, *args, **kwargs))

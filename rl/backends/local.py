@@ -16,6 +16,13 @@ the LoRA weights (copied at save time; the base weights are shared); a sample ba
 snapshot into the adapter, runs, and copies the live weights back, so later optim steps never
 change an existing sampling client.
 
+Concurrency: arms run in parallel threads, each with its own engine; on CUDA each engine works
+on its own stream, so one arm's sampling and another's training share a GPU kernel by kernel.
+With several GPUs and `device="cuda"`, each new engine goes to the GPU holding the fewest live
+engines (`LocalServiceClient.place`), so two arms created together train on two GPUs. The
+compiled decode step is one per process, shared by every engine (`local_sampler`), and its
+kernels are kept on disk between processes (`compile_cache_dir`).
+
 Batching: `sample` and `compute_logprobs` only queue a request. The queue is flushed into
 batched generation (left-padded rows, one prefill per distinct prompt shared by its samples,
 which also gives `include_prompt_logprobs`, then one decode step per token with a KV cache)
@@ -50,6 +57,8 @@ Sampled logprobs are those of the distribution sampled from (temperature-scaled;
 from __future__ import annotations
 
 import errno
+import functools
+import gc
 import itertools
 import json
 import math
@@ -59,7 +68,9 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 import zlib
+from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +98,20 @@ UNEMBED_MODULES = ("lm_head",)
 LORA_ALPHA = 32
 META_FILE = "gs1_local.json"
 DEFAULT_MAX_TOKENS = 1024
+
+
+def _use_stream(device: torch.device, stream) -> None:
+    """Make `device` and its engine's `stream` current in the engine's worker thread (both are
+    per thread in torch). A plain function, so the worker holds no reference to the engine."""
+    if stream is not None:
+        torch.cuda.set_device(device)
+        torch.cuda.set_stream(stream)
+
+
+def compile_cache_dir() -> Path:
+    """Where torch.compile keeps compiled graphs and kernels between processes:
+    `$GS1_COMPILE_CACHE`, else `~/.cache/gs1/torch-compile`."""
+    return Path(os.environ.get("GS1_COMPILE_CACHE") or Path.home() / ".cache" / "gs1" / "torch-compile")
 
 
 def _strip_scheme(path: str) -> Path:
@@ -190,7 +215,13 @@ class _Engine:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.checkpointed_layers = [m for m in self.model.modules()
                                         if isinstance(m, GradientCheckpointingLayer)]
-        self.worker = SerialWorker("gs1-local")
+        # On CUDA each engine works on a stream of its own, so two arms' engines on one GPU
+        # interleave kernels (one samples while the other trains) instead of queueing behind
+        # each other's whole jobs; the base weights, loaded on the default stream, are ready first.
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        if self.stream is not None:
+            torch.cuda.current_stream(device).synchronize()
+        self.worker = SerialWorker("gs1-local", initializer=functools.partial(_use_stream, device, self.stream))
         self.max_batch_rows = max_batch_rows
         self.batch_window_s = batch_window_s
         self.tokens_per_microbatch = tokens_per_microbatch
@@ -713,15 +744,38 @@ class LocalServiceClient:
         # ~1 minute per batch shape, then 11.6 -> 7.0 ms per step on an H200 (results/issue4).
         self.compile_decode = (os.environ.get("GS1_COMPILE_DECODE", "1") != "0"
                                if compile_decode is None else compile_decode)
+        if cuda and self.compile_decode:
+            # inductor's on-disk caches: a later process finds every shape's kernels compiled
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))
         self._ids = itertools.count()
-        self._samplers: dict[tuple, _Engine] = {}
+        # eval's sampling engines, one per (model, adapter shape, GPU), alive while a client uses one
+        self._samplers: weakref.WeakValueDictionary[tuple, _Engine] = weakref.WeakValueDictionary()
+        self._live: weakref.WeakSet[_Engine] = weakref.WeakSet()
         self._lock = threading.Lock()
+        self._placing = threading.Lock()
 
-    def _engine(self, base_model: str, lora: LoraSpec, seed: int | None) -> _Engine:
-        return _Engine(resolve_model(base_model), lora, seed, self.device, self.dtype,
-                       self.max_batch_rows, self.batch_window_s, self.tokens_per_microbatch,
-                       self.use_cuda_graphs, self.merge_lora, self.compile_decode,
-                       self.gradient_checkpointing)
+    def place(self) -> torch.device:
+        """The device of the next engine. `device="cuda"` (or None) on a machine with several
+        GPUs: the GPU with the fewest live engines (lowest index first), so arms created together
+        each get their own; an explicit `cuda:N`, a single GPU, or the CPU: that device."""
+        if self.device.type != "cuda" or self.device.index is not None:
+            return self.device
+        if torch.cuda.device_count() < 2:
+            return torch.device("cuda", torch.cuda.current_device())  # an index: the worker sets it
+        gc.collect()  # engines of clients a stage is done with count no more
+        live = Counter(e.device.index for e in list(self._live))
+        return torch.device("cuda", min(range(torch.cuda.device_count()), key=lambda i: (live[i], i)))
+
+    def _engine(self, base_model: str, lora: LoraSpec, seed: int | None,
+                device: torch.device | None = None) -> _Engine:
+        # one engine placed at a time: two arms creating theirs at once see each other's
+        with self._placing:
+            engine = _Engine(resolve_model(base_model), lora, seed, device or self.place(), self.dtype,
+                             self.max_batch_rows, self.batch_window_s, self.tokens_per_microbatch,
+                             self.use_cuda_graphs, self.merge_lora, self.compile_decode,
+                             self.gradient_checkpointing)
+            self._live.add(engine)
+        return engine
 
     def create_lora_training_client(self, base_model: str, rank: int = 32, seed: int | None = None,
                                     train_mlp: bool = True, train_attn: bool = True,
@@ -775,10 +829,11 @@ class LocalServiceClient:
             lora = LoraSpec(meta["rank"], meta["train_mlp"], meta["train_attn"], meta["train_unembed"])
         assert base_model is not None
         with self._lock:
-            key = (base_model, lora)
+            device = self.place()
+            key = (base_model, lora, str(device))
             engine = self._samplers.get(key)
             if engine is None:
-                engine = self._samplers[key] = self._engine(base_model, lora, 0)
+                engine = self._samplers[key] = self._engine(base_model, lora, 0, device)
         base_key = splitmix64(zlib.crc32((model_path or base_model).encode()))
         if model_path is not None:
             fut = engine.worker.submit_raw(lambda: LocalSamplingClient(

