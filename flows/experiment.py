@@ -64,7 +64,8 @@ def _stages(spec_path: str, run_dir: str, backend: str, data_dir: str | None) ->
     pilot = pilot_rollouts(plan.arms, plan.pilot, run, run_dir, backend, data_dir)
     audit_gate(piloted, [pilot.treatment, pilot.baseline], run_dir, stage="pilot")
     try:
-        activation_gate(plan.checks, pilot.treatment, pilot.baseline, pilot.heldout, plan.pilot.steps, run_dir)
+        activation_gate(plan.checks, pilot.treatment, pilot.baseline, pilot.heldout, plan.pilot.steps, run_dir,
+                        treatment_estimator=plan.treatment.estimator)
     except GateFailed as failed:
         if CALIBRATED_METRIC not in {r["metric"] for r in failed.failing}:
             raise
@@ -80,7 +81,8 @@ def _stages(spec_path: str, run_dir: str, backend: str, data_dir: str | None) ->
         calibrated = (plan.treatment.with_kernel_bandwidth(bandwidth), plan.baseline)
         audit_gate(calibrated, [pilot.treatment, pilot.baseline], run_dir, stage="calibration")
         activation_gate(plan.checks, pilot.treatment, pilot.baseline, pilot.heldout, plan.pilot.steps, run_dir,
-                        stage="calibration")
+                        stage="calibration",
+                        treatment_estimator=plan.treatment.estimator)
         plan = calibrated_plan(plan, spec_path, bandwidth, run_dir)
 
     feasibility(pilot.timings, plan.steps, plan.n_eval, plan.budget, backend, str(RunLayout(run_dir).feasibility_dir))

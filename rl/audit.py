@@ -7,7 +7,10 @@ that shares no code with the training path:
 - gs1_kernel: `rl.reference` (plain loops) with the arm's `KernelSpec`, over the whole log in
   rollout order (each step's window = the step + the most recent earlier rows);
 - grpo: the stock tinker-cookbook `compute_advantages` on cookbook TrajectoryGroups;
-- batch_mean, rloo: `rl.reference`'s plain loops.
+- batch_mean, rloo: `rl.reference`'s plain loops;
+- flash_reinforce: `rl.reference`'s plain loops over the logged sampler and learner token logprobs
+  (baseline, advantage, the trust gate's KL and verdict, the per-token advantage trained on);
+- critic: `rl.reference`'s plain loop over the logged critic logprobs (baseline, advantage).
 
 A row whose logged value differs from the recomputed one by more than the tolerance is a
 `Mismatch` naming the arm, the step, the row and both values. The correctness preflight uses the
@@ -31,6 +34,7 @@ TOLERANCE = 1e-9
 FLOAT32_RELATIVE = 2.0**-22
 
 KERNEL_COLUMNS = ("kernel_mass", "effective_neighbors", "fallback")
+FLASH_COLUMNS = ("sequence_kl", "admitted", "token_advantage")
 
 
 @dataclass(frozen=True)
@@ -42,20 +46,32 @@ class RolloutLog:
     reward_R: np.ndarray
     prompt_num_tokens_R: np.ndarray
     prompt_mean_logprob_R: np.ndarray
-    logged: dict[str, np.ndarray]  # baseline, advantage (+ kernel_mass, effective_neighbors, fallback)
+    logged: dict[str, np.ndarray]  # baseline, advantage (+ an estimator's own columns)
+    # an estimator's inputs besides the rewards (None when the log has none)
+    sampler_logprobs_R_T: list[list[float]] | None = None  # flash_reinforce
+    learner_logprobs_R_T: list[list[float]] | None = None  # flash_reinforce
+    critic_yes_logprob_R: np.ndarray | None = None  # critic
+    critic_no_logprob_R: np.ndarray | None = None  # critic
 
     @classmethod
     def from_table(cls, table: pa.Table) -> RolloutLog:
         def column(name, dtype=np.float64):
             return np.asarray(table.column(name).to_pylist(), dtype=dtype)
 
+        def present(name):  # a column every row has a value in, else None
+            values = table.column(name).to_pylist() if name in table.column_names else []
+            return values if values and all(v is not None for v in values) else None
+
         logged = {"baseline": column("baseline"), "advantage": column("advantage")}
-        for name in KERNEL_COLUMNS:
-            values = table.column(name).to_pylist()
-            if all(v is not None for v in values) and values:
+        for name in KERNEL_COLUMNS + FLASH_COLUMNS:
+            if (values := present(name)) is not None:
                 logged[name] = np.asarray(values, dtype=np.float64)
+        yes, no = present("critic_yes_logprob"), present("critic_no_logprob")
         return cls(column("step", np.int64), column("group_id", np.int64), column("reward"),
-                   column("prompt_num_tokens"), column("prompt_mean_logprob"), logged)
+                   column("prompt_num_tokens"), column("prompt_mean_logprob"), logged,
+                   sampler_logprobs_R_T=present("sampler_logprobs"), learner_logprobs_R_T=present("learner_logprobs"),
+                   critic_yes_logprob_R=None if yes is None else np.asarray(yes, dtype=np.float64),
+                   critic_no_logprob_R=None if no is None else np.asarray(no, dtype=np.float64))
 
     def __len__(self) -> int:
         return self.reward_R.shape[0]
@@ -107,6 +123,17 @@ def reference_columns(arm: ArmConfig, log: RolloutLog) -> tuple[dict[str, np.nda
     elif arm.estimator == "rloo":
         out = reference.rloo_log_reference(steps, log.group_id_R.tolist(), rewards)
         name = "rl.reference.rloo_log_reference"
+    elif arm.estimator == "flash_reinforce":
+        if log.sampler_logprobs_R_T is None or log.learner_logprobs_R_T is None:
+            raise AuditInputMissing(f"arm {arm.name}: the log has no sampler/learner token logprobs to recompute the trust gate from")
+        out = reference.flash_reinforce_log_reference(steps, rewards, log.sampler_logprobs_R_T, log.learner_logprobs_R_T,
+                                                      arm.trust_delta)
+        name = "rl.reference.flash_reinforce_log_reference"
+    elif arm.estimator == "critic":
+        if log.critic_yes_logprob_R is None or log.critic_no_logprob_R is None:
+            raise AuditInputMissing(f"arm {arm.name}: the log has no critic logprobs to recompute the baseline from")
+        out = reference.critic_log_reference(rewards, log.critic_yes_logprob_R.tolist(), log.critic_no_logprob_R.tolist())
+        name = "rl.reference.critic_log_reference"
     else:
         raise ValueError(f"no reference for estimator {arm.estimator!r}")
     return {k: np.asarray(v, dtype=np.float64) for k, v in out.items()}, name
@@ -143,9 +170,18 @@ def _cookbook_grpo(log: RolloutLog) -> dict[str, list[float]]:
     return {"advantage": advantage, "baseline": [float(r) - a for r, a in zip(log.reward_R.tolist(), advantage)]}
 
 
+class AuditInputMissing(ValueError):
+    """The log lacks an input the arm's reference recomputes from (the audit then fails)."""
+
+
 def audit_log(arm: ArmConfig, log: RolloutLog, tolerance: float = TOLERANCE, max_listed: int = 50) -> AuditResult:
-    """Compare every logged column the reference recomputes; list at most `max_listed` mismatches."""
-    recomputed, name = reference_columns(arm, log)
+    """Compare every logged column the reference recomputes; list at most `max_listed` mismatches.
+    A log without the inputs the reference needs fails with one mismatch per missing input."""
+    try:
+        recomputed, name = reference_columns(arm, log)
+    except AuditInputMissing as missing:
+        return AuditResult(arm.name, arm.estimator, str(missing), len(log), len(np.unique(log.step_R)), {}, 1,
+                           (Mismatch(arm.name, -1, -1, "inputs", math.nan, math.nan),), f"{tolerance:g}")
     float32 = arm.estimator == "grpo"
     max_abs_diff: dict[str, float] = {}
     mismatches: list[Mismatch] = []

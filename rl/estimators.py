@@ -8,6 +8,10 @@ pinned in DESIGN.md ("Spec semantics pinned here"):
 - batch_mean: b_i = mean reward of the step's batch, i included (FlashREINFORCE's baseline).
 - rloo: b_i = mean reward of the other rollouts of i's group; a group of one gets advantage 0.
 - gs1_kernel: b_i = kernel-weighted mean reward over a window of rollouts without i (below).
+- flash_reinforce: batch_mean's b_i, plus the FlashREINFORCE trust gate (per-trajectory mean
+  Bernoulli KL between sampler and learner token probabilities <= delta) and the per-token
+  advantage A_i * admitted_i / (T_i * B) its datum carries (below).
+- critic: b_i = the trained critic's P(yes) / (P(yes) + P(no)) for i's prompt.
 
 The RL loop calls `advantages_for_step` once per step: a pure function of the step's batch and,
 for gs1_kernel, the arm's `KernelSpec` and the `KernelWindow` of earlier rollouts. The loop alone
@@ -282,6 +286,12 @@ class StepBatch:
     group_ids_B: np.ndarray
     prompt_num_tokens_B: np.ndarray
     prompt_mean_logprob_B: np.ndarray
+    # flash_reinforce: per-token logprobs of each rollout under the sampler and the learner
+    sampler_logprobs_B_T: tuple[np.ndarray, ...] | None = None
+    learner_logprobs_B_T: tuple[np.ndarray, ...] | None = None
+    # critic: log P(yes) and log P(no) of the answer token after each rollout's prompt
+    critic_yes_logprob_B: np.ndarray | None = None
+    critic_no_logprob_B: np.ndarray | None = None
 
     def kernel_features(self, kernel: KernelSpec) -> np.ndarray:
         """features_B_F: the kernel's prompt features, one column per name, in its order."""
@@ -290,13 +300,22 @@ class StepBatch:
 
 @dataclass(frozen=True)
 class StepAdvantages:
-    """One step's advantages; the kernel columns are None for non-kernel estimators."""
+    """One step's advantages; an estimator's own columns are None for the others."""
 
     baseline: np.ndarray
     advantage: np.ndarray
     kernel_mass: np.ndarray | None = None
     effective_neighbors: np.ndarray | None = None
     fallback: np.ndarray | None = None
+    sequence_kl: np.ndarray | None = None  # flash_reinforce: the trust gate's per-trajectory KL
+    admitted: np.ndarray | None = None  # flash_reinforce: kl <= delta
+    token_advantage: np.ndarray | None = None  # flash_reinforce: what each token of the datum carries
+
+    @property
+    def datum_advantage(self) -> np.ndarray:
+        """The per-token advantage of each rollout's datum: the advantage itself, or FlashREINFORCE's
+        gated, sample-mean weighted one."""
+        return self.advantage if self.token_advantage is None else self.token_advantage
 
 
 def advantages_for_step(
@@ -305,12 +324,27 @@ def advantages_for_step(
     *,
     kernel: KernelSpec | None = None,
     window: KernelWindow | None = None,
+    trust_delta: float | None = None,
 ) -> StepAdvantages:
     """One step's advantages for the spec's `advantage` name (schemas.arm.ADVANTAGE_ESTIMATORS).
 
     Pure: it reads `window` (gs1_kernel only; the earlier rollouts) and changes nothing.
+    flash_reinforce reads the batch's sampler and learner logprobs and `trust_delta`; critic the
+    batch's critic logprobs.
     """
     estimator = estimator_id(advantage_name)
+    if estimator == "flash_reinforce":
+        if trust_delta is None or batch.sampler_logprobs_B_T is None or batch.learner_logprobs_B_T is None:
+            raise ValueError("flash_reinforce needs trust_delta and the batch's sampler and learner logprobs")
+        baseline_B, advantage_B = batch_mean_advantages(batch.rewards_B)
+        kl_B, admitted_B = flash_reinforce_gate(batch.sampler_logprobs_B_T, batch.learner_logprobs_B_T, delta=trust_delta)
+        num_tokens_B = [len(t) for t in batch.sampler_logprobs_B_T]
+        return StepAdvantages(baseline_B, advantage_B, sequence_kl=kl_B, admitted=admitted_B,
+                              token_advantage=flash_reinforce_token_advantages(advantage_B, num_tokens_B, admitted_B))
+    if estimator == "critic":
+        if batch.critic_yes_logprob_B is None or batch.critic_no_logprob_B is None:
+            raise ValueError("critic needs the batch's critic logprobs")
+        return StepAdvantages(*critic_advantages(batch.rewards_B, batch.critic_yes_logprob_B, batch.critic_no_logprob_B))
     if estimator == "grpo":
         return StepAdvantages(*grpo_advantages(batch.rewards_B, batch.group_ids_B))
     if estimator == "rloo":
@@ -334,55 +368,116 @@ def advantages_for_step(
 
 # ---------------------------------------------------------------------------- FlashREINFORCE
 
+# The paper's reference (flashreinforce/loss.py) clamps both Bernoulli probabilities into
+# [1e-6, 1 - 1e-6] for the trust gate only, so a token the learner is certain of cannot make the
+# KL infinite; the ratio itself is never clamped.
+TRUST_PROB_CLAMP = 1e-6
+
 
 def bernoulli_kl(p_logprob, q_logprob) -> np.ndarray:
-    """KL(Bern(p) || Bern(q)) from log p and log q, elementwise.
-
-    p log(p/q) + (1-p) log((1-p)/(1-q)); the second term is 0 when p == 1 and +inf when q == 1 > p.
-    """
-    lp = np.asarray(p_logprob, dtype=np.float64)
-    lq = np.asarray(q_logprob, dtype=np.float64)
-    one_minus_p = -np.expm1(lp)
-    one_minus_q = -np.expm1(lq)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        first = np.exp(lp) * (lp - lq)
-        second = one_minus_p * (np.log(one_minus_p) - np.log(one_minus_q))
-    second = np.where(one_minus_p > 0, second, 0.0)
-    return first + second
+    """KL(Bern(p) || Bern(q)) from log p and log q, elementwise, p and q clamped into
+    [TRUST_PROB_CLAMP, 1 - TRUST_PROB_CLAMP]: p log(p/q) + (1-p) log((1-p)/(1-q))."""
+    p = np.clip(np.exp(np.asarray(p_logprob, dtype=np.float64)), TRUST_PROB_CLAMP, 1 - TRUST_PROB_CLAMP)
+    q = np.clip(np.exp(np.asarray(q_logprob, dtype=np.float64)), TRUST_PROB_CLAMP, 1 - TRUST_PROB_CLAMP)
+    return p * (np.log(p) - np.log(q)) + (1 - p) * (np.log1p(-p) - np.log1p(-q))
 
 
-def flash_reinforce_coefficients(
-    sampler_logprobs_B: Sequence,
-    learner_logprobs_B: Sequence,
-    *,
-    delta: float,
-) -> tuple[list[np.ndarray], np.ndarray]:
-    """FlashREINFORCE per-token loss coefficients for B trajectories of lengths T_i.
-
-    For trajectory i with token t, sampler logprob s_it and learner logprob l_it:
-
-        ratio_it = exp(l_it - s_it)                                (detached: a constant)
-        kl_i     = (1 / T_i) sum_t KL(Bern(exp s_it) || Bern(exp l_it))
-        mask_i   = [kl_i <= delta]                                 (per-trajectory trust mask)
-        coef_it  = ratio_it * mask_i / (T_i * B)                   (sample-mean weight)
-
-    The policy-gradient loss is then -sum_i A_i sum_t coef_it * logprob_it. Returns
-    (coefficients_B: list of arrays of length T_i, trust_mask_B: bool array of length B).
-    """
+def _trajectories(sampler_logprobs_B: Sequence, learner_logprobs_B: Sequence) -> list[tuple[np.ndarray, np.ndarray]]:
     if len(sampler_logprobs_B) != len(learner_logprobs_B):
         raise ValueError("sampler and learner logprobs need one entry per trajectory")
-    if not delta >= 0:
-        raise ValueError(f"delta must be >= 0, got {delta}")
-    B = len(sampler_logprobs_B)
-    coefficients_B: list[np.ndarray] = []
-    mask_B = np.zeros(B, dtype=bool)
+    out = []
     for i, (sampler_T, learner_T) in enumerate(zip(sampler_logprobs_B, learner_logprobs_B)):
         sampler_T = np.asarray(sampler_T, dtype=np.float64)
         learner_T = np.asarray(learner_T, dtype=np.float64)
-        if sampler_T.shape != learner_T.shape or sampler_T.ndim != 1 or sampler_T.size == 0:
-            raise ValueError(f"trajectory {i}: sampler and learner logprobs must be 1-d, equal and non-empty")
-        mask_B[i] = bool(bernoulli_kl(sampler_T, learner_T).mean() <= delta)
+        if sampler_T.shape != learner_T.shape or sampler_T.ndim != 1:
+            raise ValueError(f"trajectory {i}: sampler and learner logprobs must be 1-d and of equal length")
+        if not (np.all(np.isfinite(sampler_T)) and np.all(np.isfinite(learner_T))):
+            raise ValueError(f"trajectory {i}: logprobs must be finite")
+        out.append((sampler_T, learner_T))
+    return out
+
+
+def flash_reinforce_gate(sampler_logprobs_B: Sequence, learner_logprobs_B: Sequence, *, delta: float
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """FlashREINFORCE's per-trajectory trust gate: (sequence_kl_B, admitted_B).
+
+        kl_i       = max(0, (1 / T_i) sum_t KL(Bern(exp s_it) || Bern(exp l_it)))
+        admitted_i = kl_i <= delta
+
+    s the sampler's logprobs of the sampled tokens, l the learner's (the client's forward pass on
+    the weights about to be updated). A trajectory without tokens carries no gradient: kl 0, not
+    admitted.
+    """
+    if not delta >= 0:
+        raise ValueError(f"delta must be >= 0, got {delta}")
+    pairs = _trajectories(sampler_logprobs_B, learner_logprobs_B)
+    kl_B = np.zeros(len(pairs))
+    admitted_B = np.zeros(len(pairs), dtype=bool)
+    for i, (sampler_T, learner_T) in enumerate(pairs):
+        if sampler_T.size:
+            kl_B[i] = max(0.0, float(bernoulli_kl(sampler_T, learner_T).mean()))
+            admitted_B[i] = kl_B[i] <= delta
+    return kl_B, admitted_B
+
+
+def flash_reinforce_token_advantages(advantage_B, num_tokens_B, admitted_B) -> np.ndarray:
+    """The per-token advantage each trajectory's datum carries: A_i * admitted_i / (T_i * B).
+
+    With tinker's `importance_sampling` loss, -sum_t exp(l_t - s_t) * a_t, its gradient in l_t
+    is -ratio_it * a_t: the FlashREINFORCE gradient -ratio_it * A_i * admitted_i / (T_i * B) with
+    the ratio detached, since the forward pass that measured the gate ran on the same weights.
+    """
+    advantage_B = _rewards(advantage_B)
+    num_tokens_B = np.asarray(num_tokens_B, dtype=np.float64)
+    admitted_B = np.asarray(admitted_B, dtype=bool)
+    B = advantage_B.shape[0]
+    if num_tokens_B.shape != (B,) or admitted_B.shape != (B,):
+        raise ValueError("advantages, token counts and admitted flags need one entry per trajectory")
+    keep_B = admitted_B & (num_tokens_B > 0)
+    return np.where(keep_B, advantage_B / (np.maximum(num_tokens_B, 1.0) * max(B, 1)), 0.0)
+
+
+def flash_reinforce_coefficients(sampler_logprobs_B: Sequence, learner_logprobs_B: Sequence, *, delta: float
+                                 ) -> tuple[list[np.ndarray], np.ndarray]:
+    """FlashREINFORCE per-token loss coefficients for B trajectories of lengths T_i:
+
+        coef_it = exp(l_it - s_it) * admitted_i / (T_i * B)      (the ratio detached)
+
+    so that the loss is -sum_i A_i sum_t coef_it * logprob_it. Returns (coefficients_B, admitted_B).
+    """
+    _, admitted_B = flash_reinforce_gate(sampler_logprobs_B, learner_logprobs_B, delta=delta)
+    pairs = _trajectories(sampler_logprobs_B, learner_logprobs_B)
+    B = len(pairs)
+    coefficients_B = []
+    for (sampler_T, learner_T), keep in zip(pairs, admitted_B):
         ratio_T = np.exp(learner_T - sampler_T)
-        weight = 1.0 / (sampler_T.size * B)
-        coefficients_B.append(ratio_T * weight if mask_B[i] else np.zeros_like(ratio_T))
-    return coefficients_B, mask_B
+        coefficients_B.append(ratio_T / (max(sampler_T.size, 1) * B) if keep else np.zeros_like(ratio_T))
+    return coefficients_B, admitted_B
+
+
+# ---------------------------------------------------------------------------- critic
+
+
+def critic_values(yes_logprob_B, no_logprob_B) -> np.ndarray:
+    """The critic's value of each prompt: P(yes) / (P(yes) + P(no)) = sigmoid(log P(yes) - log P(no))."""
+    yes_B = np.asarray(yes_logprob_B, dtype=np.float64)
+    no_B = np.asarray(no_logprob_B, dtype=np.float64)
+    if yes_B.shape != no_B.shape or yes_B.ndim != 1 or not (np.all(np.isfinite(yes_B)) and np.all(np.isfinite(no_B))):
+        raise ValueError("critic logprobs must be finite 1-d arrays of equal length")
+    d_B = yes_B - no_B
+    e_B = np.exp(-np.abs(d_B))
+    return np.where(d_B >= 0, 1.0 / (1.0 + e_B), e_B / (1.0 + e_B))
+
+
+def critic_advantages(rewards_B, yes_logprob_B, no_logprob_B) -> tuple[np.ndarray, np.ndarray]:
+    """b_i = the critic's value of i's prompt, read before the step's rewards train it."""
+    rewards_B = _rewards(rewards_B)
+    baseline_B = critic_values(yes_logprob_B, no_logprob_B)
+    if baseline_B.shape != rewards_B.shape:
+        raise ValueError("critic logprobs need one entry per reward")
+    return baseline_B, rewards_B - baseline_B
+
+
+def critic_targets(rewards_B) -> np.ndarray:
+    """What the critic is trained towards: each reward clipped into [0, 1] (a yes-probability)."""
+    return np.clip(_rewards(rewards_B), 0.0, 1.0)

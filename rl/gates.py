@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from schemas.arm import PROMPT_BLIND_BASELINE
+from schemas.gate_text import NOT_APPLICABLE
 from schemas.names import GATE_METRICS
 
 
@@ -124,14 +126,38 @@ def baseline_reward_corr(treatment, heldout) -> float:
     return _pearson(baseline_R[has_heldout_R], heldout_mean_P[position_R[has_heldout_R]])
 
 
-def compute_gate_metrics(treatment, baseline, heldout, n_pilot_steps: int = 2) -> dict:
+@dataclass(frozen=True)
+class NotApplicable:
+    """A gate metric that has no meaning for the treatment's kind of arm: its check passes, marked so."""
+
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{NOT_APPLICABLE}: {self.reason}"
+
+
+def not_applicable_reason(metric: str, estimator: str | None) -> str | None:
+    """Why `metric` means nothing for a treatment arm of `estimator`; None when it applies (or
+    the estimator is not told). The kernel's neighbour count exists only for a kernel arm; a
+    baseline that is one number for every prompt of a step cannot correlate with prompt difficulty."""
+    if estimator is None:
+        return None
+    if metric == "kernel_effective_neighbors_p10" and estimator != "gs1_kernel":
+        return f"a {estimator} treatment has no kernel"
+    if metric == "baseline_reward_corr" and estimator in PROMPT_BLIND_BASELINE:
+        return f"a {estimator} baseline is the same for every prompt of a step"
+    return None
+
+
+def compute_gate_metrics(treatment, baseline, heldout, n_pilot_steps: int = 2, treatment_estimator: str | None = None) -> dict:
     """The activation gate's metrics (GATE_METRICS), from the treatment arm's pilot log (its first
     n_pilot_steps steps), the baseline arm's log and the held-out samples of pilot prompts.
 
-    Values are floats, except an executed group size that varies (a list, see executed_group_size).
+    Values are floats, except an executed group size that varies (a list, see executed_group_size),
+    and a metric that means nothing for the treatment's estimator (`NotApplicable`).
     """
     pilot = _select(treatment, first_steps_mask(_column(treatment, "step"), n_pilot_steps))
-    return {
+    metrics = {
         "executed_group_size_treatment": executed_group_size(pilot),
         "executed_group_size_baseline": executed_group_size(baseline),
         "pilot_mean_reward": pilot_mean_reward(pilot, n_steps=n_pilot_steps),
@@ -139,6 +165,10 @@ def compute_gate_metrics(treatment, baseline, heldout, n_pilot_steps: int = 2) -
         "frac_nonzero_advantage_treatment": frac_nonzero_advantage(pilot),
         "baseline_reward_corr": baseline_reward_corr(pilot, heldout),
     }
+    for metric in metrics:
+        if (reason := not_applicable_reason(metric, treatment_estimator)) is not None:
+            metrics[metric] = NotApplicable(reason)
+    return metrics
 
 
 @dataclass(frozen=True)
@@ -175,6 +205,10 @@ def evaluate_checks(checks: Sequence, metrics: Mapping) -> list[GateCheckResult]
         one_of, low, high = _field(check, "one_of"), _field(check, "min"), _field(check, "max")
         if one_of is None and low is None and high is None:
             raise ValueError(f"gate check for {metric!r} has none of one_of, min, max")
+        if isinstance(value, NotApplicable):  # one passing row per check, saying why it was not held
+            op, bound = ("one_of", tuple(one_of)) if one_of is not None else ("min", float(low)) if low is not None else ("max", float(high))
+            results.append(GateCheckResult(metric, float("nan"), op, bound, True, str(value)))
+            continue
         ok = _is_number(value)
         number = float(value) if ok else float("nan")
         if one_of is not None:

@@ -32,9 +32,9 @@ from tinker import types
 from tinker.types.tensor_data import TensorData
 
 from rl.envs.base import Env, Problem
-from rl.estimators import KernelWindow, StepAdvantages, StepBatch, advantages_for_step
+from rl.estimators import KernelWindow, StepAdvantages, StepBatch, advantages_for_step, critic_targets
 from rl.kernels import prompt_mean_logprob
-from schemas.arm import ArmConfig
+from schemas.arm import ArmConfig, CriticSpec
 from schemas.errors import ArmFailed, UserError
 
 
@@ -104,23 +104,121 @@ def advance_window(arm: ArmConfig, window: KernelWindow | None, batch: StepBatch
 def step_advantages(arm: ArmConfig, batch: StepBatch, window: KernelWindow | None) -> tuple[StepAdvantages, KernelWindow | None]:
     """The arm's advantage step as training runs it: this step's advantages against the window of
     earlier rollouts (estimator dispatch on the arm's spec), and the window of the next step."""
-    advantages = advantages_for_step(arm.advantage, batch, kernel=arm.kernel, window=window)
+    advantages = advantages_for_step(arm.advantage, batch, kernel=arm.kernel, window=window, trust_delta=arm.trust_delta)
     return advantages, advance_window(arm, window, batch)
 
 
 def batch_of(rows) -> StepBatch:
     """A step's StepBatch from its rollout rows (a column dict or a rollouts table)."""
 
+    def values(name):
+        if isinstance(rows, dict):
+            return rows.get(name)
+        return rows.column(name).to_pylist() if name in rows.column_names else None
+
     def column(name, dtype):
-        values = rows[name] if isinstance(rows, dict) else rows.column(name).to_pylist()
-        return np.asarray(values, dtype=dtype)
+        return np.asarray(values(name), dtype=dtype)
+
+    def optional(name):  # an estimator's own input: absent (or null) for the other arms
+        v = values(name)
+        return None if v is None or any(x is None for x in v) else np.asarray(v, dtype=np.float64)
+
+    def per_token(name):
+        v = values(name)
+        return None if v is None or any(x is None for x in v) else tuple(np.asarray(x, dtype=np.float64) for x in v)
 
     return StepBatch(
         rewards_B=column("reward", np.float64),
         group_ids_B=column("group_id", np.int64),
         prompt_num_tokens_B=column("prompt_num_tokens", np.float64),
         prompt_mean_logprob_B=column("prompt_mean_logprob", np.float64),
+        sampler_logprobs_B_T=per_token("sampler_logprobs"),
+        learner_logprobs_B_T=per_token("learner_logprobs"),
+        critic_yes_logprob_B=optional("critic_yes_logprob"),
+        critic_no_logprob_B=optional("critic_no_logprob"),
     )
+
+
+# ---------------------------------------------------------------------------- forward passes
+
+
+def forward_datum(prompt: types.ModelInput, tokens_T: list[int]) -> types.Datum:
+    """A rollout as a forward-only datum: the same positions and targets as `rollout_datum`."""
+    ob_len = prompt.length - 1
+    model_input = prompt.append(types.EncodedTextChunk(tokens=tokens_T[:-1]))
+    target_tokens = [0] * ob_len + list(tokens_T)
+    return types.Datum(
+        model_input=model_input,
+        loss_fn_inputs={
+            "target_tokens": TensorData(data=target_tokens, dtype="int64", shape=[len(target_tokens)]),
+            "weights": TensorData(data=[0.0] * len(target_tokens), dtype="float32", shape=[len(target_tokens)]),
+        },
+    )
+
+
+def learner_logprobs(training_client, prompts_B: Sequence[types.ModelInput], tokens_B_T: Sequence[list[int]]
+                     ) -> tuple[list[np.ndarray], int]:
+    """The learner's logprob of every sampled token, from the client's forward pass on its current
+    weights (the weights the step's forward_backward updates). Returns (logprobs_B_T, tokens sent)."""
+    which_D = [b for b in range(len(tokens_B_T)) if len(tokens_B_T[b]) > 0]
+    datums_D = [forward_datum(prompts_B[b], list(tokens_B_T[b])) for b in which_D]
+    out_B_T = [np.zeros(0) for _ in tokens_B_T]
+    if datums_D:
+        outputs_D = training_client.forward(datums_D, loss_fn="cross_entropy").result().loss_fn_outputs
+        for b, output in zip(which_D, outputs_D):
+            logprobs = np.asarray(output["logprobs"].tolist(), dtype=np.float64).reshape(-1)
+            out_B_T[b] = logprobs[prompts_B[b].length - 1 :]  # the sampled tokens' positions
+    return out_B_T, sum(d.model_input.length for d in datums_D)
+
+
+def critic_answer_tokens(tokenizer, critic: CriticSpec) -> tuple[list[int], int, int]:
+    """(question tokens, yes token, no token) of the critic's fixed question and answers."""
+    question = list(tokenizer.encode(critic.question, add_special_tokens=False))
+    yes = tokenizer.encode(critic.yes, add_special_tokens=False)
+    no = tokenizer.encode(critic.no, add_special_tokens=False)
+    if len(yes) != 1 or len(no) != 1 or yes == no:
+        raise ValueError(f"critic answers {critic.yes!r} / {critic.no!r} must be two distinct single tokens")
+    return question, yes[0], no[0]
+
+
+def critic_datum(prompt: types.ModelInput, question_T: list[int], answer: int, weight: float) -> types.Datum:
+    """The prompt and the critic's question, with one target: `answer` at the last position."""
+    model_input = prompt.append(types.EncodedTextChunk(tokens=list(question_T)))
+    n = model_input.length
+    return types.Datum(
+        model_input=model_input,
+        loss_fn_inputs={
+            "target_tokens": TensorData(data=[0] * (n - 1) + [int(answer)], dtype="int64", shape=[n]),
+            "weights": TensorData(data=[0.0] * (n - 1) + [float(weight)], dtype="float32", shape=[n]),
+        },
+    )
+
+
+def critic_logprobs(critic_client, prompts_P: Sequence[types.ModelInput], question_T, yes: int, no: int
+                    ) -> tuple[np.ndarray, np.ndarray, int]:
+    """The critic's log P(yes), log P(no) after each prompt + question (one forward pass).
+    Returns (yes_P, no_P, tokens sent)."""
+    datums_D = [critic_datum(prompt, question_T, answer, 0.0) for prompt in prompts_P for answer in (yes, no)]
+    outputs_D = critic_client.forward(datums_D, loss_fn="cross_entropy").result().loss_fn_outputs
+    last_D = np.asarray([float(np.asarray(o["logprobs"].tolist()).reshape(-1)[-1]) for o in outputs_D])
+    return last_D[0::2], last_D[1::2], sum(d.model_input.length for d in datums_D)
+
+
+def train_critic(critic_client, critic: CriticSpec, prompts_B: Sequence[types.ModelInput], rewards_B, question_T,
+                 yes: int, no: int, arm: ArmConfig) -> tuple[float, int]:
+    """One Adam step of the critic on the step's (prompt, reward) pairs: the mean over rollouts of
+    -(y log P(yes) + (1 - y) log P(no)), y the clipped reward. Returns (loss, tokens sent)."""
+    B = len(prompts_B)
+    datums_D = []
+    for prompt, y in zip(prompts_B, critic_targets(rewards_B)):
+        for answer, weight in ((yes, y / B), (no, (1.0 - y) / B)):
+            if weight > 0:
+                datums_D.append(critic_datum(prompt, question_T, answer, weight))
+    fwd_bwd_future = critic_client.forward_backward(datums_D, loss_fn="cross_entropy")
+    optim_future = critic_client.optim_step(types.AdamParams(learning_rate=critic.lr, beta1=arm.beta1, beta2=arm.beta2, eps=arm.eps))
+    loss = float(fwd_bwd_future.result().metrics.get("loss:sum", float("nan")))
+    optim_future.result()
+    return loss, sum(d.model_input.length for d in datums_D)
 
 
 def run_step(
@@ -133,8 +231,13 @@ def run_step(
     order: Sequence[Problem],
     window: KernelWindow | None,
     heldout: HeldoutRequest | None = None,
+    critic_client=None,
 ) -> StepLog:
-    """One training step of `arm` against `window`; the log carries the next step's window."""
+    """One training step of `arm` against `window`; the log carries the next step's window.
+
+    A critic arm also takes `critic_client` (its value model's LoRA training client)."""
+    if (arm.critic is not None) != (critic_client is not None):
+        raise ValueError(f"arm {arm.name}: a critic client goes with, and only with, a critic arm")
     t_start = time.time()
     sampling_client = training_client.save_weights_and_get_sampling_client()
     problems_P = step_problems(order, arm, step)
@@ -204,21 +307,44 @@ def run_step(
             rows["stop_reason"].append(str(sequence.stop_reason))
             rows["response"].append(_decode(renderer, sequence.tokens))
     t_sampled = time.time()
+    prompts_B = [prompts_P[p] for p in group_ids_B]
+    B = len(rewards_B)
+    extra: dict[str, float | None] = dict.fromkeys(STEP_EXTRA_METRICS)
+
+    # What an arm's estimator reads besides the rewards, measured on the weights this step updates.
+    for column in ("sampler_logprobs", "learner_logprobs", "critic_yes_logprob", "critic_no_logprob"):
+        rows[column] = [None] * B
+    if arm.trust_delta is not None:  # flash_reinforce: the learner's logprobs from a forward pass
+        t0 = time.time()
+        learner_B_T, forward_tokens = learner_logprobs(training_client, prompts_B, tokens_B_T)
+        extra.update(learner_forward_seconds=time.time() - t0, learner_forward_tokens=forward_tokens)
+        rows["sampler_logprobs"] = [[float(x) for x in lp] for lp in logprobs_B_T]
+        rows["learner_logprobs"] = [[float(x) for x in lp] for lp in learner_B_T]
+    if arm.critic is not None:  # critic: its value of each prompt, before this step's rewards train it
+        question_T, yes, no = critic_answer_tokens(renderer.tokenizer, arm.critic)
+        t0 = time.time()
+        yes_P, no_P, forward_tokens = critic_logprobs(critic_client, prompts_P, question_T, yes, no)
+        extra.update(critic_forward_seconds=time.time() - t0, critic_forward_tokens=forward_tokens)
+        rows["critic_yes_logprob"] = [float(yes_P[p]) for p in group_ids_B]
+        rows["critic_no_logprob"] = [float(no_P[p]) for p in group_ids_B]
 
     # Advantages: the only part that differs between arms.
     advantages, next_window = step_advantages(arm, batch_of(rows), window)
     rows["baseline"] = [float(b) for b in advantages.baseline]
     rows["advantage"] = [float(a) for a in advantages.advantage]
-    for column in ("kernel_mass", "effective_neighbors", "fallback"):
+    for column in ("kernel_mass", "effective_neighbors", "fallback", "sequence_kl", "admitted", "token_advantage"):
         values = getattr(advantages, column, None)
-        rows[column] = [None] * len(rewards_B) if values is None else [v.item() for v in np.asarray(values)]
+        rows[column] = [None] * B if values is None else [v.item() for v in np.asarray(values)]
 
     # Datums: rollouts with zero advantage carry no gradient, so they are not sent (as in the
-    # cookbook, which drops constant-reward groups).
+    # cookbook, which drops constant-reward groups). FlashREINFORCE's datums carry its gated,
+    # sample-mean weighted per-token advantage (`StepAdvantages.datum_advantage`).
+    datum_advantage_B = advantages.datum_advantage
+    t_policy = time.time()  # train_seconds: the policy's own update (the forward passes above are timed apart)
     datums_D = [
-        rollout_datum(prompts_P[group_ids_B[b]], tokens_B_T[b], logprobs_B_T[b], advantages.advantage[b])
-        for b in range(len(rewards_B))
-        if advantages.advantage[b] != 0.0 and len(tokens_B_T[b]) > 0
+        rollout_datum(prompts_B[b], tokens_B_T[b], logprobs_B_T[b], datum_advantage_B[b])
+        for b in range(B)
+        if datum_advantage_B[b] != 0.0 and len(tokens_B_T[b]) > 0
     ]
     loss = 0.0
     if datums_D:
@@ -234,6 +360,12 @@ def run_step(
             raise FloatingPointError(f"the training loss is {loss} (forward_backward's loss:sum; "
                                      f"{_non_finite_logprobs(datums_D, fwd_bwd)})")
     t_trained = time.time()
+    if arm.critic is not None:  # the critic learns this step's (prompt, reward) pairs, after use
+        critic_loss, train_tokens = train_critic(critic_client, arm.critic, prompts_B, rewards_B, question_T, yes, no, arm)
+        extra.update(critic_train_seconds=time.time() - t_trained, critic_train_tokens=train_tokens, critic_loss=critic_loss)
+    if advantages.admitted is not None:
+        extra.update(trust_admit_rate=float(np.mean(advantages.admitted)) if B else float("nan"),
+                     sequence_kl_mean=float(np.mean(advantages.sequence_kl)) if B else float("nan"))
 
     if heldout is not None:
         for problem, future in heldout_futures_P:
@@ -259,9 +391,10 @@ def run_step(
         "num_tokens": int(sum(len(t) for t in tokens_B_T)),
         "effective_neighbors_p10": None if eff[0] is None else float(np.percentile(np.asarray(eff, dtype=np.float64), 10)),
         "sample_seconds": t_sampled - t_start,
-        "train_seconds": t_trained - t_sampled,
+        "train_seconds": t_trained - t_policy,
         "step_seconds": time.time() - t_start,
         "wall_time": time.time(),
+        **extra,
     }
     return StepLog(rollouts=rows, metrics=metrics, next_window=next_window)
 
@@ -281,6 +414,11 @@ ROLLOUT_COLUMNS = [
     "prompt_mean_logprob", "reward", "num_tokens", "stop_reason", "baseline", "advantage",
     "kernel_mass", "effective_neighbors", "fallback", "response",
 ]
+# Step metrics only some arms have (None for the others); schemas/artifacts.py STEP_METRICS.
+STEP_EXTRA_METRICS = (
+    "trust_admit_rate", "sequence_kl_mean", "learner_forward_seconds", "learner_forward_tokens",
+    "critic_forward_seconds", "critic_forward_tokens", "critic_train_seconds", "critic_train_tokens", "critic_loss",
+)
 
 
 def _decode(renderer, tokens_T) -> str:
@@ -309,6 +447,7 @@ def train_arm(
     on_step: Callable[[StepLog], None],
     heldout: HeldoutRequest | None = None,
     stage: str = "train",
+    critic_client=None,
 ) -> None:
     """Run `steps` of `arm` in order from `window`; `on_step` persists each step's log (and
     checkpoints). Each step sees the window the previous step handed on. A step that fails
@@ -319,7 +458,7 @@ def train_arm(
         try:
             log = run_step(
                 step, arm, training_client=training_client, env=env, renderer=renderer,
-                order=order, window=window, heldout=heldout,
+                order=order, window=window, heldout=heldout, critic_client=critic_client,
             )
         except (UserError, ArmFailed):
             raise  # already one line that says what to fix
@@ -374,5 +513,6 @@ def eval_rows(
 __all__ = [
     "ArmConfig", "HeldoutRequest", "StepLog", "ROLLOUT_COLUMNS", "advance_window", "batch_of", "eval_rows",
     "new_window", "rollout_datum", "run_step", "sampling_seed", "step_advantages", "step_problems",
-    "train_arm", "window_from_logs",
+    "train_arm", "window_from_logs", "learner_logprobs", "critic_logprobs", "train_critic", "critic_answer_tokens",
+    "STEP_EXTRA_METRICS",
 ]

@@ -5,11 +5,12 @@
     a window of at least 4 batches -- and every row compared with the independent reference over
     the same multi-step log (`rl.audit`), for the arm's actual recipe;
 (a) the treatment's advantages on one sampled batch against the reference's: the loss and LoRA
-    gradient they induce;
+    gradient they induce (a flash_reinforce arm's gated per-token advantages from the learner's
+    forward pass on a fresh client; a critic arm's baselines from a fresh critic's forward pass);
 (b) the loop with the treatment disabled (group-mean advantages, our datums) against the stock
     tinker-cookbook path (`compute_advantages` + `assemble_training_data`) on the same batch;
 (c) the probe: per arm, a fresh client, one forward_backward with that arm's advantage, one
-    optim_step, finite loss;
+    optim_step, finite loss (a critic arm: its value model's training step too);
 (d) restoration: fresh clients of both arms give the same loss on a fixed batch.
 
 Loss and gradient comparisons use the spec's tolerances: |a-b| <= atol + rtol*|b| elementwise
@@ -18,6 +19,7 @@ and cosine(a, b) >= min_cosine.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Callable, Sequence
@@ -33,7 +35,8 @@ from tinker_cookbook.rl.types import Trajectory, TrajectoryGroup, Transition
 from rl.audit import AuditResult, RolloutLog, audit_log, reference_columns
 from rl.estimators import StepBatch
 from rl.kernels import prompt_mean_logprob
-from rl.loop import batch_of, new_window, rollout_datum, sampling_seed, step_advantages
+from rl.loop import (batch_of, critic_answer_tokens, critic_logprobs, learner_logprobs, new_window, rollout_datum,
+                     sampling_seed, step_advantages, train_critic)
 from schemas.arm import ArmConfig
 
 STEP_CHECK_TOLERANCE = 1e-12
@@ -120,15 +123,36 @@ def sampled_batch(rollouts: Sequence[Rollout], mean_logprobs: Sequence[float]) -
 
 
 def arm_step_advantages(arm: ArmConfig, batch: StepBatch) -> np.ndarray:
-    """The arm's advantages for `batch` as its first training step (an empty window)."""
-    return step_advantages(arm, batch, new_window(arm))[0].advantage
+    """The per-token advantage of each rollout's datum as the arm's first training step (an empty
+    window): the advantage, or FlashREINFORCE's gated, sample-mean weighted one."""
+    return step_advantages(arm, batch, new_window(arm))[0].datum_advantage
 
 
 def reference_step_advantages(arm: ArmConfig, batch: StepBatch) -> np.ndarray:
-    """The independent reference's advantages for `batch` as the arm's first step."""
+    """The independent reference's per-token datum advantages for `batch` as the arm's first step."""
     log = RolloutLog(np.zeros(len(batch.rewards_B), dtype=np.int64), batch.group_ids_B, batch.rewards_B,
-                     batch.prompt_num_tokens_B, batch.prompt_mean_logprob_B, logged={})
-    return reference_columns(arm, log)[0]["advantage"]
+                     batch.prompt_num_tokens_B, batch.prompt_mean_logprob_B, logged={},
+                     sampler_logprobs_R_T=None if batch.sampler_logprobs_B_T is None else [t.tolist() for t in batch.sampler_logprobs_B_T],
+                     learner_logprobs_R_T=None if batch.learner_logprobs_B_T is None else [t.tolist() for t in batch.learner_logprobs_B_T],
+                     critic_yes_logprob_R=batch.critic_yes_logprob_B, critic_no_logprob_R=batch.critic_no_logprob_B)
+    columns = reference_columns(arm, log)[0]
+    return columns["token_advantage" if arm.trust_delta is not None else "advantage"]
+
+
+def with_arm_inputs(arm: ArmConfig, batch: StepBatch, rollouts: Sequence[Rollout], *, training_client, critic_client,
+                    renderer) -> StepBatch:
+    """`batch` with what `arm`'s estimator reads besides rewards, measured as training measures it:
+    the learner's token logprobs from `training_client`'s forward pass (flash_reinforce), the
+    critic's yes/no logprobs from `critic_client`'s (critic)."""
+    if arm.trust_delta is not None:
+        learner_B_T, _ = learner_logprobs(training_client, [r.prompt for r in rollouts], [r.tokens for r in rollouts])
+        return dataclasses.replace(batch, sampler_logprobs_B_T=tuple(np.asarray(r.logprobs, dtype=np.float64) for r in rollouts),
+                                   learner_logprobs_B_T=tuple(learner_B_T))
+    if arm.critic is not None:
+        question_T, yes, no = critic_answer_tokens(renderer.tokenizer, arm.critic)
+        yes_B, no_B, _ = critic_logprobs(critic_client, [r.prompt for r in rollouts], question_T, yes, no)
+        return dataclasses.replace(batch, critic_yes_logprob_B=yes_B, critic_no_logprob_B=no_B)
+    return batch
 
 
 def fixed_step_batches(prompt_num_tokens_P: Sequence[int], prompt_mean_logprob_P: Sequence[float], arm: ArmConfig,
@@ -155,8 +179,37 @@ def fixed_step_batches(prompt_num_tokens_P: Sequence[int], prompt_mean_logprob_P
             group_ids_B=np.repeat(np.arange(prompts_per_step), arm.group_size),
             prompt_num_tokens_B=np.repeat(num_tokens_P, arm.group_size).astype(np.float64),
             prompt_mean_logprob_B=np.repeat(mean_logprob_P, arm.group_size),
+            **arm_step_inputs(arm, batch_size, rng),
         ))
     return batches
+
+
+def arm_step_inputs(arm: ArmConfig, batch_size: int, rng: np.random.Generator) -> dict:
+    """Seeded stand-ins for what an arm's estimator reads besides rewards and prompt features.
+
+    flash_reinforce: token logprobs of varied lengths (one of the lengths 0), the learner's drawn
+    at drift scales around the gate's threshold, so the gate admits some trajectories and rejects
+    others, with near-certain tokens among them (the probability clamp). critic: yes/no logprobs
+    spread over a wide range (P(yes) / (P(yes) + P(no)) from ~0 to ~1, and pairs whose
+    probabilities both underflow).
+    """
+    if arm.trust_delta is not None:
+        lengths_B = rng.integers(1, 40, batch_size)
+        lengths_B[rng.integers(0, batch_size)] = 0
+        sampler_B_T, learner_B_T = [], []
+        scales = (0.0, 0.01, 0.05, 0.2, 1.0)
+        for b, T in enumerate(lengths_B):
+            sampler_T = np.log(rng.uniform(0.02, 1.0, T))
+            sampler_T[rng.random(T) < 0.2] = -1e-9  # near-certain tokens
+            learner_T = np.minimum(sampler_T + rng.normal(0.0, scales[b % len(scales)], T), 0.0)
+            sampler_B_T.append(sampler_T)
+            learner_B_T.append(learner_T)
+        return {"sampler_logprobs_B_T": tuple(sampler_B_T), "learner_logprobs_B_T": tuple(learner_B_T)}
+    if arm.critic is not None:
+        both_B = rng.choice([0.0, 800.0], batch_size, p=[0.8, 0.2])  # both probabilities underflow
+        return {"critic_yes_logprob_B": -rng.exponential(3.0, batch_size) - both_B - rng.choice([0.0, 40.0], batch_size, p=[0.8, 0.2]),
+                "critic_no_logprob_B": -rng.exponential(3.0, batch_size) - both_B}
+    return {}
 
 
 def check_arm_steps(arm: ArmConfig, batches: Sequence[StepBatch], tolerance: float = STEP_CHECK_TOLERANCE) -> AuditResult:
@@ -166,10 +219,18 @@ def check_arm_steps(arm: ArmConfig, batches: Sequence[StepBatch], tolerance: flo
     logged: dict[str, list] = {}
     for batch in batches:
         advantages, window = step_advantages(arm, batch, window)
-        for column in ("baseline", "advantage", "kernel_mass", "effective_neighbors", "fallback"):
+        for column in ("baseline", "advantage", "kernel_mass", "effective_neighbors", "fallback", "sequence_kl",
+                       "admitted", "token_advantage"):
             values = getattr(advantages, column)
             if values is not None:
                 logged.setdefault(column, []).extend(np.asarray(values, dtype=np.float64).tolist())
+
+    def joined(name):  # an estimator's own input over every batch, as the rollout log holds it
+        parts = [getattr(b, name) for b in batches]
+        return None if any(p is None for p in parts) else [x for p in parts for x in p]
+
+    sampler, learner, yes, no = (joined(n) for n in ("sampler_logprobs_B_T", "learner_logprobs_B_T",
+                                                      "critic_yes_logprob_B", "critic_no_logprob_B"))
     log = RolloutLog(
         step_R=np.concatenate([np.full(len(b.rewards_B), s) for s, b in enumerate(batches)]),
         group_id_R=np.concatenate([b.group_ids_B for b in batches]),
@@ -177,6 +238,10 @@ def check_arm_steps(arm: ArmConfig, batches: Sequence[StepBatch], tolerance: flo
         prompt_num_tokens_R=np.concatenate([b.prompt_num_tokens_B for b in batches]),
         prompt_mean_logprob_R=np.concatenate([b.prompt_mean_logprob_B for b in batches]),
         logged={k: np.asarray(v, dtype=np.float64) for k, v in logged.items()},
+        sampler_logprobs_R_T=None if sampler is None else [t.tolist() for t in sampler],
+        learner_logprobs_R_T=None if learner is None else [t.tolist() for t in learner],
+        critic_yes_logprob_R=None if yes is None else np.asarray(yes, dtype=np.float64),
+        critic_no_logprob_R=None if no is None else np.asarray(no, dtype=np.float64),
     )
     return audit_log(arm, log, tolerance=tolerance)
 
@@ -300,8 +365,9 @@ def step_check_comparison(result: AuditResult) -> Comparison:
 
 def correctness_checks(arms: Sequence[ArmConfig], baseline: ArmConfig, treatment: ArmConfig, *, fresh_client: Callable,
                        sampling_client, env, renderer, problems, num_samples: int, max_tokens: int,
-                       tolerances: dict) -> PreflightOutcome:
-    """Every check of the correctness preflight; `fresh_client(arm)` opens a fresh training client."""
+                       tolerances: dict, fresh_critic: Callable | None = None) -> PreflightOutcome:
+    """Every check of the correctness preflight; `fresh_client(arm)` opens a fresh training client,
+    `fresh_critic(arm)` a critic arm's fresh value-model client."""
     rollouts, mean_logprobs = fixed_batch(
         sampling_client, env=env, renderer=renderer, problems=problems, num_samples=num_samples,
         max_tokens=max_tokens, temperature=baseline.temperature,
@@ -315,15 +381,22 @@ def correctness_checks(arms: Sequence[ArmConfig], baseline: ArmConfig, treatment
     step_checks = [check_arm_steps(arm, fixed_step_batches(prompt_num_tokens_P, mean_logprobs, arm)) for arm in arms]
     comparisons += [step_check_comparison(result) for result in step_checks]
 
+    def inputs_of(arm: ArmConfig) -> StepBatch:  # the batch with the arm's own inputs, measured on fresh clients
+        if arm.critic is not None and fresh_critic is None:
+            raise ValueError(f"arm {arm.name} is a critic arm: the preflight needs fresh_critic")
+        return with_arm_inputs(arm, batch, rollouts, training_client=fresh_client(arm) if arm.trust_delta is not None else None,
+                               critic_client=fresh_critic(arm) if arm.critic is not None else None, renderer=renderer)
+
     # (a) the treatment's advantages on the sampled batch vs the reference's: loss and LoRA gradient.
-    treatment_advantage = arm_step_advantages(treatment, batch)
+    treatment_batch = inputs_of(treatment)
+    treatment_advantage = arm_step_advantages(treatment, treatment_batch)
     comparisons += compare_loss_and_gradient(
         "reference", lambda: fresh_client(baseline), loop_datums(rollouts, treatment_advantage),
-        loop_datums(rollouts, reference_step_advantages(treatment, batch)), tolerances,
+        loop_datums(rollouts, reference_step_advantages(treatment, treatment_batch)), tolerances,
     )
 
     # (b) the baseline arm's step on the sampled batch, our datums, vs the stock cookbook path.
-    baseline_advantage = arm_step_advantages(baseline, batch)
+    baseline_advantage = arm_step_advantages(baseline, inputs_of(baseline))
     comparisons += compare_loss_and_gradient(
         "baseline", lambda: fresh_client(baseline), loop_datums(rollouts, baseline_advantage), cookbook_grpo_datums(rollouts),
         tolerances,
@@ -333,6 +406,12 @@ def correctness_checks(arms: Sequence[ArmConfig], baseline: ArmConfig, treatment
     for arm, advantage in ((baseline, baseline_advantage), (treatment, treatment_advantage)):
         result = probe(fresh_client(arm), loop_datums(rollouts, advantage), arm.lr)
         comparisons.append(Comparison(f"probe_{arm.name}", result.passed, result.details))
+        if arm.critic is not None:  # and its value model's training step, as the loop takes it
+            question_T, yes, no = critic_answer_tokens(renderer.tokenizer, arm.critic)
+            loss, tokens = train_critic(fresh_critic(arm), arm.critic, [r.prompt for r in rollouts],
+                                        [r.reward for r in rollouts], question_T, yes, no, arm)
+            comparisons.append(Comparison(f"probe_{arm.name}_critic", math.isfinite(loss) and loss > 0,
+                                          {"loss": loss, "num_tokens": tokens}))
 
     # (d) restoration: both arms start from the same base LoRA init within the seed.
     datums = loop_datums(rollouts, baseline_advantage)

@@ -25,6 +25,16 @@ prompt_mean_logprob as logged.
 
 batch_mean:  b_i = mean reward of i's step (i included).
 rloo:        b_i = mean reward of the other rollouts of i's group in i's step; r_i when alone.
+
+flash_reinforce (the FlashREINFORCE paper's loss, as its reference flashreinforce/loss.py states it):
+    b_i, A_i      = batch_mean's
+    p, q          = exp(sampler logprob), exp(learner logprob) of each response token, each
+                    clamped into [1e-6, 1 - 1e-6]
+    kl_i          = max(0, mean over i's T_i tokens of p log(p/q) + (1-p) log((1-p)/(1-q)))
+    admitted_i    = kl_i <= delta                     (no tokens: kl 0, not admitted)
+    token adv_i   = A_i / (T_i * B) if admitted_i else 0     B = rollouts of i's step
+
+critic:      b_i = P(yes) / (P(yes) + P(no)) from the logged critic logprobs of i's prompt.
 """
 
 from __future__ import annotations
@@ -185,4 +195,45 @@ def rloo_log_reference(steps, group_ids, rewards):
             baseline = total / count if count else float(rewards[i])
             out["baseline"].append(baseline)
             out["advantage"].append(float(rewards[i]) - baseline)
+    return out
+
+
+def flash_reinforce_log_reference(steps, rewards, sampler_logprobs, learner_logprobs, delta):
+    """A whole flash_reinforce log. Returns a dict of lists: baseline, advantage, sequence_kl,
+    admitted, token_advantage."""
+    low, high = 1e-6, 1.0 - 1e-6
+    out = {"baseline": [], "advantage": [], "sequence_kl": [], "admitted": [], "token_advantage": []}
+    batch = batch_mean_log_reference(steps, rewards)
+    for start, stop in _step_runs(steps):
+        size = stop - start
+        for i in range(start, stop):
+            tokens = len(sampler_logprobs[i])
+            if len(learner_logprobs[i]) != tokens:
+                raise ValueError(f"row {i}: {tokens} sampler logprobs but {len(learner_logprobs[i])} learner logprobs")
+            total = 0.0
+            for s, l in zip(sampler_logprobs[i], learner_logprobs[i]):
+                p = min(max(math.exp(float(s)), low), high)
+                q = min(max(math.exp(float(l)), low), high)
+                total += p * (math.log(p) - math.log(q)) + (1.0 - p) * (math.log(1.0 - p) - math.log(1.0 - q))
+            kl = max(0.0, total / tokens) if tokens else 0.0
+            admitted = tokens > 0 and kl <= delta
+            out["baseline"].append(batch["baseline"][i])
+            out["advantage"].append(batch["advantage"][i])
+            out["sequence_kl"].append(kl)
+            out["admitted"].append(admitted)
+            out["token_advantage"].append(batch["advantage"][i] / (tokens * size) if admitted else 0.0)
+    return out
+
+
+def critic_log_reference(rewards, critic_yes_logprob, critic_no_logprob):
+    """b_i = P(yes) / (P(yes) + P(no)) from the logged logprobs. Returns baseline, advantage."""
+    out = {"baseline": [], "advantage": []}
+    for r, yes, no in zip(rewards, critic_yes_logprob, critic_no_logprob):
+        p_yes, p_no = math.exp(float(yes)), math.exp(float(no))
+        if p_yes + p_no > 0:
+            baseline = p_yes / (p_yes + p_no)
+        else:  # both underflow: the same ratio from the difference
+            baseline = 1.0 / (1.0 + math.exp(float(no) - float(yes)))
+        out["baseline"].append(baseline)
+        out["advantage"].append(float(r) - baseline)
     return out

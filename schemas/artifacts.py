@@ -53,6 +53,17 @@ ROLLOUTS = _schema(
     _opt("effective_neighbors", pa.float64()),  # (sum w)^2 / sum w^2 (gs1_kernel only)
     _opt("fallback", pa.bool_()),  # mass < min_mass -> window-mean baseline (gs1_kernel only)
     _req("response", pa.string()),  # decoded response text
+    # flash_reinforce only: each response token's sampler and learner logprob, the trust gate's
+    # per-trajectory mean Bernoulli KL, whether it admitted the rollout, and the per-token
+    # advantage its datum carried (A * admitted / (T * B))
+    _opt("sampler_logprobs", pa.list_(pa.float64())),
+    _opt("learner_logprobs", pa.list_(pa.float64())),
+    _opt("sequence_kl", pa.float64()),
+    _opt("admitted", pa.bool_()),
+    _opt("token_advantage", pa.float64()),
+    # critic only: the critic's log P(yes), log P(no) after the prompt (baseline = their softmax)
+    _opt("critic_yes_logprob", pa.float64()),
+    _opt("critic_no_logprob", pa.float64()),
 )
 
 # One row per training step of an arm.
@@ -74,6 +85,18 @@ STEP_METRICS = _schema(
     _req("train_seconds", pa.float64()),
     _req("step_seconds", pa.float64()),
     _req("wall_time", pa.float64()),  # unix seconds at the end of the step
+    # flash_reinforce only: the trust gate's admit rate and mean KL, the learner forward's cost
+    _opt("trust_admit_rate", pa.float64()),
+    _opt("sequence_kl_mean", pa.float64()),
+    _opt("learner_forward_seconds", pa.float64()),
+    _opt("learner_forward_tokens", pa.int64()),
+    # critic only: the value model's extra cost per step (forward for the baselines, one training
+    # step on the step's rewards) and its training loss
+    _opt("critic_forward_seconds", pa.float64()),
+    _opt("critic_forward_tokens", pa.int64()),
+    _opt("critic_train_seconds", pa.float64()),
+    _opt("critic_train_tokens", pa.int64()),
+    _opt("critic_loss", pa.float64()),
 )
 
 # One row per eval item per arm.
@@ -130,6 +153,7 @@ CHECKPOINTS = _schema(
     _req("next_step", pa.int32()),  # the first step to run after loading this state
     _req("state_path", pa.string()),  # save_state path (a local dir or a tinker:// path)
     _req("wall_time", pa.float64()),
+    _opt("critic_state_path", pa.string()),  # a critic arm's value model, saved at the same step
 )
 
 # One row per held-out sample of a pilot prompt (the baseline_reward_corr gate's target).
@@ -206,6 +230,9 @@ def read_artifact(name: str, path: str | Path) -> pa.Table:
     if stored is not None and stored.decode() != name:
         raise UserError(f"{path}: holds a {stored.decode()!r} table, expected {name!r}")
     missing = [c for c in schema.names if c not in table.column_names]
+    for column in [c for c in missing if schema.field(c).nullable]:  # a log from before an optional column
+        table = table.append_column(schema.field(column), pa.nulls(table.num_rows, schema.field(column).type))
+    missing = [c for c in missing if not schema.field(c).nullable]
     if missing:
         raise UserError(f"{path}: not a {name!r} table: missing column(s) {', '.join(missing)}")
     try:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 NOT_COMPUTABLE = "not computable"
+NOT_APPLICABLE = "not applicable"  # a metric that means nothing for the treatment's kind of arm (passes)
 NEEDS_SYMBOLS = {"min": "≥", "max": "≤", "one_of": "one of"}
 
 
@@ -97,6 +98,8 @@ class GateRow:
 
     @property
     def result(self) -> str:
+        if self.passed and self.observed is not None and self.observed.startswith(NOT_APPLICABLE):
+            return "N/A"
         return "PASS" if self.passed else "FAIL"
 
     @property

@@ -16,6 +16,11 @@ Optional fields this project adds (defaults make the user's spec valid as it is)
 - `pilot`: `{steps: 2, heldout_prompts: 64, heldout_samples: 8}`: the activation pilot's length
   and the held-out per-prompt reward estimate behind the `baseline_reward_corr` gate.
 - `arms[].kernel`: a `schemas.kernel.KernelSpec`; its defaults are the user's pinned kernel.
+- `arms[].kernel_file`: instead of `kernel`, a `kernel.json` that `gs1 hillclimb` wrote
+  (`{"kernel": {...}}`), relative to the spec file's folder; read and validated as a KernelSpec
+  when the spec loads (its recipe then counts in the spec's hash), recorded in the run plan.
+- `arms[].trust_delta`: FlashREINFORCE's trust threshold (default 3e-3; flash_reinforce arms).
+- `arms[].critic`: a `schemas.arm.CriticSpec` (critic arms).
 
 Problems are reported as `field.path: reason` lines (`load_spec` raises `SpecError`).
 """
@@ -29,9 +34,9 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
-from schemas.arm import ADVANTAGE_ESTIMATORS
+from schemas.arm import ADVANTAGE_ESTIMATORS, DEFAULT_TRUST_DELTA, ONE_ROLLOUT_PER_PROMPT, CriticSpec
 from schemas.errors import FieldProblems, SpecError, UserError, known_keys_only
 from schemas.kernel import KernelSpec
 from schemas.names import GATE_METRICS, env_names, unknown_env_options
@@ -100,6 +105,10 @@ class Arm(Record):
     lr: Annotated[float, Positive]
     seed: int = 0
     kernel: KernelSpec = Field(default_factory=KernelSpec)  # read by the gs1_kernel estimator
+    kernel_file: str | None = None  # a hill-climbed kernel.json instead of `kernel` (gs1_kernel)
+    trust_delta: Annotated[float, NonNegative] = DEFAULT_TRUST_DELTA  # read by flash_reinforce
+    critic: CriticSpec = Field(default_factory=CriticSpec)  # read by the critic estimator
+    _kernel_source: str | None = PrivateAttr(default=None)
 
     @field_validator("name")
     @classmethod
@@ -116,6 +125,37 @@ class Arm(Record):
             raise ValueError(f"no estimator implements {v!r} (known: {', '.join(known)})")
         return v
 
+    @model_validator(mode="after")
+    def _arm_kind(self, info: ValidationInfo):
+        estimator = ADVANTAGE_ESTIMATORS.get(self.advantage)
+        problems = []
+        if estimator in ONE_ROLLOUT_PER_PROMPT and self.group_size != 1:
+            problems.append(("group_size", f"a {self.advantage} arm samples one rollout per prompt (group_size 1), got {self.group_size}"))
+        if estimator == "rloo" and self.group_size < 2:
+            problems.append(("group_size", "a leave_one_out arm needs at least 2 rollouts per prompt"))
+        if self.kernel_file is not None:
+            if estimator != "gs1_kernel":
+                problems.append(("kernel_file", f"only a gs1_kernel arm reads a kernel, not a {self.advantage} arm"))
+            elif "kernel" in self.model_fields_set:
+                problems.append(("kernel_file", "give kernel or kernel_file, not both"))
+            else:
+                spec_dir = (info.context or {}).get("spec_dir")
+                try:
+                    kernel, source = read_kernel_file(self.kernel_file, spec_dir)
+                except ValueError as e:
+                    problems.append(("kernel_file", str(e)))
+                else:
+                    self.__dict__["kernel"] = kernel  # the recipe itself enters the canonical form (hash)
+                    self._kernel_source = source
+        if problems:
+            raise FieldProblems(problems)
+        return self
+
+    @property
+    def kernel_source(self) -> str | None:
+        """`<path> sha256:<hex>` of the kernel file this arm's kernel was read from; None otherwise."""
+        return self._kernel_source
+
     @property
     def estimator(self) -> str:
         return ADVANTAGE_ESTIMATORS[self.advantage]
@@ -124,6 +164,35 @@ class Arm(Record):
     def batch_shape(self) -> str:
         """`P x G = B`: prompts per step x rollouts per prompt = rollouts per step."""
         return f"{self.groups_per_batch}x{self.group_size}={self.groups_per_batch * self.group_size}"
+
+
+def read_kernel_file(path: str, spec_dir: str | None) -> tuple[KernelSpec, str]:
+    """A `gs1 hillclimb` kernel.json (`{"kernel": {...}}`) as a KernelSpec, and `<path> sha256:<hex>`.
+
+    A relative path is taken from `spec_dir` (the spec file's folder; the working folder when the
+    spec did not come from a file). Any problem is a ValueError of one line.
+    """
+    from schemas.io import loads_strict
+
+    file = Path(path).expanduser()
+    if not file.is_absolute() and spec_dir is not None:
+        file = Path(spec_dir) / file
+    if not file.is_file():
+        raise ValueError(f"no such kernel file {str(file)!r}")
+    raw = file.read_bytes()
+    try:
+        data = loads_strict(raw.decode("utf-8"), str(file))
+    except (UserError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file}: not a JSON kernel file ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    if not isinstance(data, dict) or set(data) != {"kernel"} or not isinstance(data["kernel"], dict):
+        raise ValueError(f"{file}: expected {{\"kernel\": {{...}}}} as `gs1 hillclimb` writes it")
+    try:
+        kernel = KernelSpec.model_validate(data["kernel"])
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "kernel"
+        raise ValueError(f"{file}: kernel.{where}: {first['msg'].removeprefix('Value error, ')}") from None
+    return kernel, f"{file.resolve()} sha256:{hashlib.sha256(raw).hexdigest()}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -706,7 +775,8 @@ def parse_spec(data: Any, source: str | None = None) -> ExperimentSpec:
     if not isinstance(data, dict):
         raise UserError(f"{source or 'spec'}: expected a JSON object at the top level")
     try:
-        return ExperimentSpec.model_validate(data)
+        spec_dir = str(Path(source).parent) if source and Path(source).is_file() else None
+        return ExperimentSpec.model_validate(data, context={"spec_dir": spec_dir})
     except ValidationError as e:
         raise SpecError(spec_problems(e), source) from None
     except RecursionError:

@@ -51,6 +51,18 @@ def open_arm(run: RunContext, arm: ArmConfig, backend: str):
     return training_client, renderer_for(run, training_client.get_tokenizer())
 
 
+def open_critic(run: RunContext, arm: ArmConfig, backend: str):
+    """A critic arm's value model: a second, fresh LoRA training client on the arm's base model
+    (None for any other arm)."""
+    if arm.critic is None:
+        return None
+    service = service_client(backend)
+    kwargs = {"base_model_path": arm.base_model_path} if backend == "local" and arm.base_model_path else {}
+    return service.create_lora_training_client(
+        base_model=arm.base_model, rank=arm.critic.lora_rank or arm.lora_rank, seed=arm.seed, **kwargs
+    )
+
+
 def write_step_log(arm_dir: Path, log: StepLog) -> None:
     step = log.metrics["step"]
     rows = [dict(zip(log.rollouts, values)) for values in zip(*log.rollouts.values())]
@@ -168,7 +180,8 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, r
             report(log)
 
         train_arm(arm, training_client=training_client, env=env, renderer=renderer, order=order,
-                  steps=range(n_steps), window=new_window(arm), on_step=on_step, heldout=heldout, stage=pilot_name(stage))
+                  steps=range(n_steps), window=new_window(arm), on_step=on_step, heldout=heldout, stage=pilot_name(stage),
+                  critic_client=open_critic(run, arm, backend))
         timings["step_seconds"][arm.name] = sum(step_seconds) / len(step_seconds)
         rollouts_path, _ = merge_step_logs(arm_dir)
         paths["treatment" if is_treatment else "baseline"] = str(rollouts_path)
@@ -209,16 +222,18 @@ def train_with_checkpoints(arm: ArmConfig, run: RunContext, run_dir: str, backen
     order = env.train_order(seed=0)
     arm_dir = RunLayout(run_dir).train_arm_dir(arm.name)
     training_client, renderer = open_arm(run, arm, backend)
+    critic_client = open_critic(run, arm, backend)
 
     checkpoints_path = arm_dir / "checkpoints.parquet"
     try:
-        checkpoints, first_step, window = _resume_point(arm, arm_dir, checkpoints_path, training_client)
+        checkpoints, first_step, window = _resume_point(arm, arm_dir, checkpoints_path, training_client, critic_client)
     except UserError as damaged:
         # A damaged checkpoint or step log before it: the arm cannot resume, so it starts over
         # (the steps are seeded, so it retraces the same run).
         logging.getLogger("gs1.train").warning(f"{damaged}; training {arm.name} again from step 0")
         checkpoints_path.unlink(missing_ok=True)
         training_client, renderer = open_arm(run, arm, backend)
+        critic_client = open_critic(run, arm, backend)
         checkpoints, first_step, window = [], 0, new_window(arm)
     for f in steps_dir(arm_dir).glob("step-*.parquet"):  # logs of steps after the checkpoint are stale
         if step_of(f) >= first_step:
@@ -230,12 +245,15 @@ def train_with_checkpoints(arm: ArmConfig, run: RunContext, run_dir: str, backen
         done = log.metrics["step"] + 1
         if checkpoint_every and (done % checkpoint_every == 0) and done < arm.steps:
             state_path = training_client.save_state(f"{Path(run_dir).name}-{arm.name}-{done:05d}").result().path
-            checkpoints.append({"next_step": done, "state_path": state_path, "wall_time": time.time()})
+            critic_path = (None if critic_client is None else
+                           critic_client.save_state(f"{Path(run_dir).name}-{arm.name}-critic-{done:05d}").result().path)
+            checkpoints.append({"next_step": done, "state_path": state_path, "wall_time": time.time(),
+                                "critic_state_path": critic_path})
             write_artifact("checkpoints", checkpoints, checkpoints_path)
         report(log)
 
     train_arm(arm, training_client=training_client, env=env, renderer=renderer, order=order,
-              steps=range(first_step, arm.steps), window=window, on_step=on_step)
+              steps=range(first_step, arm.steps), window=window, on_step=on_step, critic_client=critic_client)
     rollouts_path, metrics_path = merge_step_logs(arm_dir)
     sampler_path = training_client.save_weights_for_sampler(f"{Path(run_dir).name}-{arm.name}-final").result().path
     record_output(sampler_path)  # the local engine's adapter files: verified before a cache hit
@@ -246,14 +264,19 @@ def train_with_checkpoints(arm: ArmConfig, run: RunContext, run_dir: str, backen
     return final
 
 
-def _resume_point(arm: ArmConfig, arm_dir: Path, checkpoints_path: Path, training_client):
+def _resume_point(arm: ArmConfig, arm_dir: Path, checkpoints_path: Path, training_client, critic_client=None):
     """(checkpoints, first step to train, kernel window) from the arm's last checkpoint, with the
-    checkpointed state loaded; a UserError when the checkpoint or an earlier step log is damaged."""
+    checkpointed state (and a critic arm's value model) loaded; a UserError when the checkpoint or
+    an earlier step log is damaged."""
     checkpoints = read_artifact("checkpoints", checkpoints_path).to_pylist() if checkpoints_path.exists() else []
     first_step = 0
     if checkpoints:
         last = checkpoints[-1]
         training_client.load_state_with_optimizer(last["state_path"]).result()
+        if critic_client is not None:
+            if not last.get("critic_state_path"):
+                raise UserError(f"{checkpoints_path}: the last checkpoint holds no critic state")
+            critic_client.load_state_with_optimizer(last["critic_state_path"]).result()
         first_step = last["next_step"]
     return checkpoints, first_step, window_from_logs(read_step_logs(arm_dir, "rollouts", before=first_step), arm)
 

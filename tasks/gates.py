@@ -15,7 +15,7 @@ from rl.checks import run_offline_checks
 from rl.audit import RolloutLog, audit_log
 from rl.reference import gs1_kernel_reference
 from rl.feasibility import PilotTimings, project_full_run
-from rl.gates import compute_gate_metrics, evaluate_checks
+from rl.gates import NotApplicable, compute_gate_metrics, evaluate_checks
 from rl.stats import paired_decision
 from schemas.arm import ArmConfig
 from schemas.artifacts import DECISION, read_artifact, write_artifact
@@ -85,17 +85,20 @@ def _stage_parameter() -> str:
 @judging_task(name="activation gate", task_run_name=lambda: gate_name(_stage_parameter()),
               cache_policy=stage_cache("treatment_path", "baseline_path", "heldout_path"), persist_result=True)
 def activation_gate(checks: tuple[GateCheck, ...], treatment_path: str, baseline_path: str, heldout_path: str,
-                    n_pilot_steps: int, run_dir: str, stage: PilotStage = "pilot") -> dict:
-    """Every check of the spec's activation_gate on the logs of the pilot stage `stage`."""
+                    n_pilot_steps: int, run_dir: str, stage: PilotStage = "pilot",
+                    treatment_estimator: str | None = None) -> dict:
+    """Every check of the spec's activation_gate on the logs of the pilot stage `stage`. A check of
+    a metric that means nothing for the treatment's estimator passes as not applicable (rl.gates)."""
     metrics = compute_gate_metrics(
         read_artifact("rollouts", treatment_path),
         read_artifact("rollouts", baseline_path),
         read_artifact("heldout", heldout_path),
         n_pilot_steps=n_pilot_steps,
+        treatment_estimator=treatment_estimator,
     )
     rows = _gate_rows("activation_gate", evaluate_checks(checks, metrics))
     record_gate(gate_name(stage), rows, RunLayout(run_dir).gate_dir(stage))
-    return metrics
+    return {k: str(v) if isinstance(v, NotApplicable) else v for k, v in metrics.items()}
 
 
 @judging_task(name="audit", task_run_name=lambda: audit_name(_stage_parameter()),

@@ -17,7 +17,7 @@ from schemas.io import write_json_atomic
 from schemas.layout import PREFLIGHT, RunLayout
 from schemas.plan import RunContext
 from schemas.spec import CorrectnessPreflight
-from tasks.arms import env_for, open_arm
+from tasks.arms import env_for, open_arm, open_critic
 from tasks.common import judging_task, stage_cache
 from tasks.gates import record_gate
 
@@ -40,6 +40,7 @@ def correctness_preflight(arms: tuple[ArmConfig, ...], run: RunContext, prefligh
         arms, baseline, treatment, fresh_client=lambda arm: open_arm(run, arm, backend)[0],
         sampling_client=client.save_weights_and_get_sampling_client(), env=env, renderer=renderer, problems=problems,
         num_samples=FIXED_SAMPLES, max_tokens=min(baseline.max_tokens, FIXED_MAX_TOKENS), tolerances=tolerances,
+        fresh_critic=lambda arm: open_critic(run, arm, backend),
     )
     out = RunLayout(run_dir).preflight_dir
     record = {

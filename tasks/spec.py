@@ -54,13 +54,17 @@ def flow_run_name(spec_path: str | Path, backend: str, overrides: dict | None = 
 
 
 def plan_from_spec(spec: ExperimentSpec) -> RunPlan:
-    """The run plan: every stage's inputs, typed. A kernel arm holds its validated KernelSpec."""
+    """The run plan: every stage's inputs, typed. Each arm holds the recipe its estimator reads
+    (schemas.arm.ArmConfig): a kernel arm its validated KernelSpec and the kernel file it came from."""
     arms = tuple(
         ArmConfig(
             name=arm.name, advantage=arm.advantage, group_size=arm.group_size, groups_per_batch=arm.groups_per_batch,
             lr=arm.lr, seed=arm.seed, steps=spec.steps, lora_rank=spec.lora_rank, base_model=spec.base_model,
             base_model_path=spec.base_model_path, max_tokens=spec.sampling.max_tokens,
             temperature=spec.sampling.temperature, kernel=arm.kernel if arm.estimator == "gs1_kernel" else None,
+            kernel_source=arm.kernel_source if arm.estimator == "gs1_kernel" else None,
+            trust_delta=arm.trust_delta if arm.estimator == "flash_reinforce" else None,
+            critic=arm.critic if arm.estimator == "critic" else None,
         )
         for arm in spec.arms
     )
@@ -97,7 +101,7 @@ def validated_plan(spec_path: str, run_dir: str) -> RunPlan:
     write_json_atomic(layout.spec_json, spec_json)
     write_json_atomic(layout.plan_json, plan.model_dump(mode="json"))
     arms = "\n".join(
-        f"| {a.name} | {a.advantage}{'' if a.kernel is None else ' (' + a.kernel.label() + ')'} | "
+        f"| {a.name} | {a.advantage}{_recipe_label(a)} | "
         f"{a.groups_per_batch} x {a.group_size} | {a.lr:g} |"
         for a in plan.arms
     )
@@ -110,6 +114,16 @@ def validated_plan(spec_path: str, run_dir: str) -> RunPlan:
         description="The validated spec",
     )
     return plan
+
+
+def _recipe_label(arm: ArmConfig) -> str:
+    if arm.kernel is not None:
+        return f" ({arm.kernel.label()}{'' if arm.kernel_source is None else ', from ' + arm.kernel_source})"
+    if arm.trust_delta is not None:
+        return f" (trust delta {arm.trust_delta:g})"
+    if arm.critic is not None:
+        return f" (critic lr {arm.critic.lr:g})"
+    return ""
 
 
 def _record_revision(layout: RunLayout, new: dict) -> SpecRevision | None:
@@ -154,6 +168,8 @@ def calibrated_plan(plan: RunPlan, spec_path: str, bandwidth: float, run_dir: st
     treatment = plan.run.treatment
     for arm in spec_json["arms"]:
         if arm["name"] == treatment:
+            if arm.pop("kernel_file", None) is not None:  # the revision holds the recipe itself
+                arm["kernel"] = plan.treatment.kernel.model_dump(mode="json")
             arm["kernel"] = {**(arm.get("kernel") or {}), "bandwidth": bandwidth}
     spec_json.setdefault("revisions", []).append(
         {

@@ -31,7 +31,16 @@ ROLLOUT_COLUMNS = [
     ("effective_neighbors", pa.float64()),
     ("fallback", pa.bool_()),
     ("response", pa.string()),
+    ("sampler_logprobs", pa.list_(pa.float64())),
+    ("learner_logprobs", pa.list_(pa.float64())),
+    ("sequence_kl", pa.float64()),
+    ("admitted", pa.bool_()),
+    ("token_advantage", pa.float64()),
+    ("critic_yes_logprob", pa.float64()),
+    ("critic_no_logprob", pa.float64()),
 ]
+ARM_KIND_COLUMNS = ("sampler_logprobs", "learner_logprobs", "sequence_kl", "admitted", "token_advantage",
+                    "critic_yes_logprob", "critic_no_logprob")
 
 
 def rollout(i: int, kernel: bool = True) -> dict:
@@ -53,6 +62,7 @@ def rollout(i: int, kernel: bool = True) -> dict:
         "effective_neighbors": 2.25 if kernel else None,
         "fallback": (i == 0) if kernel else None,
         "response": f"answer \\boxed{{{i}}} ✓",
+        **dict.fromkeys(ARM_KIND_COLUMNS),
     }
 
 
@@ -60,7 +70,7 @@ def test_rollouts_schema_is_the_contract():
     schema = schema_for("rollouts")
     assert [(f.name, f.type) for f in schema] == ROLLOUT_COLUMNS
     nullable = {f.name for f in schema if f.nullable}
-    assert nullable == {"kernel_mass", "effective_neighbors", "fallback"}
+    assert nullable == {"kernel_mass", "effective_neighbors", "fallback", *ARM_KIND_COLUMNS}
 
 
 def test_other_schemas_have_their_columns():
@@ -72,7 +82,7 @@ def test_other_schemas_have_their_columns():
     decision = schema_for("decision")
     assert decision.names[:8] == ["criterion", "n", "mean_diff", "lower", "upper", "alpha", "margin", "verdict"]
     assert all(f.nullable for f in decision if f.name not in decision.names[:8])
-    assert schema_for("checkpoints").names == ["next_step", "state_path", "wall_time"]
+    assert schema_for("checkpoints").names == ["next_step", "state_path", "wall_time", "critic_state_path"]
     metrics = schema_for("step_metrics")
     assert metrics.field("effective_neighbors_p10").nullable
     for name in ["reward_mean", "advantage_abs_mean", "frac_nonzero_advantage", "baseline_mean", "sample_seconds",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 
 import numpy as np
@@ -394,6 +396,20 @@ def test_dispatcher_covers_every_registered_estimator():
         if estimator == "gs1_kernel":
             out = advantages_for_step(name, batch, kernel=KernelSpec(window=8), window=KernelWindow.empty(8))
             assert out.kernel_mass is not None and out.fallback.dtype == bool
+        elif estimator == "flash_reinforce":
+            logprobs = tuple(np.full(3, -0.5) for _ in rewards)
+            with pytest.raises(ValueError, match="sampler and learner logprobs"):
+                advantages_for_step(name, batch, trust_delta=1e-3)
+            out = advantages_for_step(name, dataclasses.replace(batch, sampler_logprobs_B_T=logprobs, learner_logprobs_B_T=logprobs),
+                                      trust_delta=1e-3)
+            np.testing.assert_array_equal(out.advantage, batch_mean_advantages(rewards)[1])  # its baseline: the batch mean
+            assert out.admitted.all() and np.allclose(out.token_advantage, out.advantage / (3 * 4))
+        elif estimator == "critic":
+            with pytest.raises(ValueError, match="critic logprobs"):
+                advantages_for_step(name, batch)
+            yes, no = np.log([0.2, 0.5, 0.9, 0.7]), np.log([0.8, 0.5, 0.1, 0.3])
+            out = advantages_for_step(name, dataclasses.replace(batch, critic_yes_logprob_B=yes, critic_no_logprob_B=no))
+            np.testing.assert_allclose(out.baseline, [0.2, 0.5, 0.9, 0.7], rtol=1e-12)
         else:
             out = advantages_for_step(name, batch)
             np.testing.assert_array_equal(out.advantage, expected[estimator])
@@ -459,10 +475,18 @@ def test_flash_reinforce_coefficients_match_hand_loop():
 def test_flash_reinforce_certain_token_and_bad_input():
     coefficients, mask = flash_reinforce_coefficients([[0.0, -0.1]], [[0.0, -0.1]], delta=0.0)
     assert mask[0] and np.allclose(coefficients[0], 0.5)
-    _, mask = flash_reinforce_coefficients([[-0.5]], [[0.0]], delta=10.0)  # learner certain, sampler not
+    # learner certain, sampler not: the gate's probabilities are clamped into [1e-6, 1 - 1e-6] (as the
+    # paper's reference does), so the KL is large but finite
+    p, q = math.exp(-0.5), 1 - 1e-6
+    kl = p * math.log(p / q) + (1 - p) * math.log((1 - p) / (1 - q))
+    _, mask = flash_reinforce_coefficients([[-0.5]], [[0.0]], delta=kl * (1 + 1e-9))
+    assert mask[0]
+    _, mask = flash_reinforce_coefficients([[-0.5]], [[0.0]], delta=kl * (1 - 1e-9))
     assert not mask[0]
+    coefficients, mask = flash_reinforce_coefficients([[], [-0.1]], [[], [-0.1]], delta=0.1)
+    assert mask.tolist() == [False, True] and coefficients[0].size == 0  # no tokens: no gradient, not admitted
     with pytest.raises(ValueError):
-        flash_reinforce_coefficients([[]], [[]], delta=0.1)
+        flash_reinforce_coefficients([[-0.1]], [[-0.1, -0.2]], delta=0.1)
 
 
 # ---------------------------------------------------------------------------- the offline checks

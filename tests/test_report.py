@@ -16,7 +16,8 @@ from gs1.cli import main
 from schemas.errors import UserError
 from report import PLOTS, load_run, stage_statuses, write_report
 from rl.stats import paired_decision
-from schemas.artifacts import write_artifact
+from rl.loop import ROLLOUT_COLUMNS, STEP_EXTRA_METRICS
+from schemas.artifacts import schema_for, write_artifact
 from schemas.io import write_json_atomic, write_jsonl_atomic
 
 TREATMENT, BASELINE = "gs1_kernel", "grpo_gs8"
@@ -71,6 +72,7 @@ def _rollouts(arm: str, steps: range, rng) -> list[dict]:
                     "kernel_mass": float(rng.uniform(5, 20)) if kernel else None,
                     "effective_neighbors": float(rng.uniform(5, 30)) if kernel else None,
                     "fallback": False if kernel else None, "response": f"{step}-{g}-{s}",
+                    **{c: None for c in schema_for("rollouts").names if c not in ROLLOUT_COLUMNS},
                 })
     return rows
 
@@ -88,6 +90,7 @@ def _metrics(arm: str, rollouts: list[dict]) -> list[dict]:
             "baseline_mean": float(np.mean([r["baseline"] for r in of_step])), "loss": 0.1, "num_datums": len(of_step),
             "num_tokens": 40 * len(of_step), "effective_neighbors_p10": float(np.percentile(eff, 10)) if eff else None,
             "sample_seconds": 2.0, "train_seconds": 3.0, "step_seconds": 5.5, "wall_time": 1.7e9 + 10 * step,
+            **dict.fromkeys(STEP_EXTRA_METRICS),
         })
     return rows
 
@@ -166,7 +169,7 @@ def make_run(root: Path, *, stop_at_activation: bool = False, calibrated: bool =
     for arm in (BASELINE, TREATMENT):
         _write_arm_logs(run / "train" / arm, arm, range(4), rng)
         write_json_atomic(run / "train" / arm / "final.json", {"arm": arm, "sampler_path": "/tmp/x"})
-        write_artifact("checkpoints", [{"next_step": 2, "state_path": "/tmp/state", "wall_time": 1.7e9}],
+        write_artifact("checkpoints", [{"next_step": 2, "state_path": "/tmp/state", "wall_time": 1.7e9, "critic_state_path": None}],
                        run / "train" / arm / "checkpoints.parquet")
     _audit(run / "audit" / "train")
     correct = {TREATMENT: rng.random(40) < 0.7, BASELINE: rng.random(40) < 0.5}

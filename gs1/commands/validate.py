@@ -74,7 +74,14 @@ def summary(spec, path: str) -> str:
             lines.append(
                 f"  {'':<{width}}  kernel {k.family}, bandwidth {k.bandwidth:g}, window {k.window}, "
                 f"min_mass {k.min_mass:g}, features {', '.join(k.features)}"
+                + (f", from {arm.kernel_source}" if arm.kernel_source else "")
             )
+        elif arm.estimator == "flash_reinforce":
+            lines.append(f"  {'':<{width}}  trust gate: mean Bernoulli KL per trajectory <= {arm.trust_delta:g}")
+        elif arm.estimator == "critic":
+            c = arm.critic
+            lines.append(f"  {'':<{width}}  critic: second LoRA client (rank {c.lora_rank or spec.lora_rank}), lr {c.lr:g}, "
+                         f"answers {c.yes!r}/{c.no!r}")
     p = spec.pilot
     gate = spec.activation_gate
     lines.append(
