@@ -2,7 +2,11 @@
 
 validate spec -> correctness preflight -> offline unit checks -> pilot -> audit (pilot) ->
 activation gate -> [bandwidth calibration: pilot -> audit -> gate] -> feasibility -> full runs
-(arms in parallel) -> audit (train) -> eval -> decision -> report
+(every arm at every seed: a *unit*, in parallel) -> audit (train) -> eval -> decision -> report
+
+The pilot and its gates are about the treatment (the kernel arm) and the baseline at seed 0. With
+`dispatch` naming a deployment of `flows.units.arm_unit`, each unit trains and evaluates as its own
+flow run on that deployment's work pool, and the audit and the decision wait for all of them.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from prefect import Flow, flow, get_run_logger
 from schemas.layout import RunLayout
 from tasks.arms import eval_items, pilot_rollouts, trained_arm
 from tasks.common import GateFailed
-from tasks.gates import activation_gate, audit_gate, feasibility, offline_unit_checks, paired_decision_record
+from flows.units import dispatched_units
+from tasks.gates import (activation_gate, audit_gate, family_decision_record, feasibility, offline_unit_checks,
+                         paired_decision_record)
 from tasks.preflight import correctness_preflight
 from tasks.report import run_report
 from tasks.spec import calibrated_plan, validated_plan
@@ -26,8 +32,10 @@ CALIBRATION_WALL_LIMIT_S = 600  # the spec's cap: at most 2 pilot steps and 10 w
 
 
 @flow(name="gs1-experiment")
-def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: str | None = None) -> dict:
-    """Run a pre-registered GS1-vs-baseline experiment end to end; returns the decision record."""
+def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: str | None = None,
+               dispatch: str | None = None) -> dict:
+    """Run a pre-registered GS1-vs-baseline experiment end to end; returns the decision record.
+    `dispatch`: a deployment of `gs1-arm-unit` (`<flow>/<deployment>`) to run the units on."""
     stopped = None
     try:
         plan = validated_plan(spec_path, run_dir)
@@ -60,19 +68,25 @@ def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: s
 
         feasibility(pilot.timings, plan.steps, plan.n_eval, plan.budget, backend, str(RunLayout(run_dir).feasibility_dir))
 
-        trained = {arm.name: trained_arm.submit(arm, run, run_dir, backend, data_dir) for arm in plan.arms}
-        # Every arm's result first: a failed arm is the run's error (and the audit reads them all).
-        trained = {name: future.result() for name, future in trained.items()}
-        audit_gate(plan.arms, [trained[arm.name].rollouts for arm in plan.arms], run_dir, stage="train")
-        evals = {
-            arm.name: eval_items.submit(trained[arm.name], arm, run, plan.n_eval, run_dir, backend, data_dir)
-            for arm in plan.arms
-        }
-        evals = {name: future.result() for name, future in evals.items()}
-        decision = paired_decision_record(
-            evals[run.treatment].jsonl, evals[run.baseline].jsonl, plan.decision,
-            {"treatment": run.treatment, "baseline": run.baseline}, str(RunLayout(run_dir).decision_dir),
-        )
+        units = plan.units()
+        if dispatch:
+            trained, evals = dispatched_units(dispatch, units, run, plan.n_eval, run_dir, backend, data_dir)
+            audit_gate(units, [trained[u.unit].rollouts for u in units], run_dir, stage="train")
+        else:
+            trained = {u.unit: trained_arm.submit(u, run, run_dir, backend, data_dir) for u in units}
+            # Every unit's result first: a failed arm is the run's error (and the audit reads them all).
+            trained = {name: future.result() for name, future in trained.items()}
+            audit_gate(units, [trained[u.unit].rollouts for u in units], run_dir, stage="train")
+            evals = {u.unit: eval_items.submit(trained[u.unit], u, run, plan.n_eval, run_dir, backend, data_dir) for u in units}
+            evals = {name: future.result() for name, future in evals.items()}
+        names = {"treatment": run.treatment, "baseline": run.baseline}
+        decision_dir = str(RunLayout(run_dir).decision_dir)
+        if len(plan.compared) == 1 and not plan.multi_seed:  # two arms, one seed: the pinned paired rule as it was
+            decision = paired_decision_record(evals[run.treatment].jsonl, evals[run.baseline].jsonl, plan.decision,
+                                              names, decision_dir)
+        else:
+            decision = family_decision_record([evals[u.unit].jsonl for u in units],
+                                              [(u.name, u.order_seed) for u in units], plan.decision, names, decision_dir)
     except BaseException as exc:
         stopped = str(exc) or type(exc).__name__
         raise

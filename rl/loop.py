@@ -34,6 +34,7 @@ from rl.envs.base import Env, Problem
 from rl.estimators import KernelWindow, StepAdvantages, StepBatch, advantages_for_step
 from rl.kernels import prompt_mean_logprob
 from schemas.arm import ArmConfig
+from schemas.cost import StepCost
 
 
 @dataclass
@@ -44,6 +45,7 @@ class StepLog:
     rollouts: dict[str, list]
     metrics: dict[str, float]
     next_window: KernelWindow | None = None
+    cost: StepCost | None = None
 
 
 @dataclass
@@ -174,6 +176,10 @@ def run_step(
                 )
             )
 
+    # Cost: every request to the service, and every token the sampler prefilled or generated.
+    model_calls = 1 + len(sample_futures_P) + len(heldout_futures_P)  # 1: the sampler refresh above
+    sampler_tokens = 0
+
     # Grade.
     rewards_B: list[float] = []
     group_ids_B: list[int] = []
@@ -183,6 +189,7 @@ def run_step(
     for p, (problem, prompt, sample_future) in enumerate(zip(problems_P, prompts_P, sample_futures_P)):
         response = sample_future.result()
         mean_lp = prompt_mean_logprob(response.prompt_logprobs, prompt.length)
+        sampler_tokens += prompt.length + sum(len(sequence.tokens) for sequence in response.sequences)
         for g, sequence in enumerate(response.sequences):
             reward = float(env.reward(renderer, problem, list(sequence.tokens)))
             rewards_B.append(reward)
@@ -227,11 +234,14 @@ def run_step(
         fwd_bwd = fwd_bwd_future.result()
         optim_future.result()
         loss = float(fwd_bwd.metrics.get("loss:sum", float("nan")))
+        model_calls += 2
     t_trained = time.time()
 
     if heldout is not None:
-        for problem, future in heldout_futures_P:
-            for k, sequence in enumerate(future.result().sequences):
+        for p, (problem, future) in enumerate(heldout_futures_P):  # held-out request p samples prompt p
+            heldout_response = future.result()
+            sampler_tokens += prompts_P[p].length + sum(len(seq.tokens) for seq in heldout_response.sequences)
+            for k, sequence in enumerate(heldout_response.sequences):
                 heldout.rows.append(
                     {"prompt_id": problem.id, "sample_idx": k, "reward": float(env.reward(renderer, problem, list(sequence.tokens)))}
                 )
@@ -257,7 +267,12 @@ def run_step(
         "step_seconds": time.time() - t_start,
         "wall_time": time.time(),
     }
-    return StepLog(rollouts=rows, metrics=metrics, next_window=next_window)
+    cost = StepCost(
+        step=step, arm=arm.name, seed=arm.seed, wall_seconds=metrics["step_seconds"],
+        sample_seconds=metrics["sample_seconds"], train_seconds=metrics["train_seconds"], sampler_tokens=sampler_tokens,
+        trainer_tokens=sum(d.model_input.length for d in datums_D), model_calls=model_calls,
+    )
+    return StepLog(rollouts=rows, metrics=metrics, next_window=next_window, cost=cost)
 
 
 ROLLOUT_COLUMNS = [

@@ -27,7 +27,7 @@ import importlib.util
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -100,6 +100,9 @@ class Arm(Record):
     lr: Annotated[float, Positive]
     seed: int = 0
     kernel: KernelSpec = Field(default_factory=KernelSpec)  # read by the gs1_kernel estimator
+    # In a spec of more than two arms: "baseline" names the arm every other arm is decided against,
+    # "treatment" the one arm the pilot and the activation gate are about (a kernel arm's default).
+    role: Literal["treatment", "baseline"] | None = None
 
     @field_validator("name")
     @classmethod
@@ -551,7 +554,16 @@ def _role_arm(spec: ExperimentSpec, role: str) -> Arm | None:
     return None
 
 
+def _with_role(spec: ExperimentSpec, role: str) -> Arm | None:
+    named = [a for a in spec.arms if a.role == role]
+    if len(named) > 1:
+        raise ValueError(f"{len(named)} arms have role {role!r} ({', '.join(a.name for a in named)}); at most one may")
+    return named[0] if named else None
+
+
 def _find_treatment(spec: ExperimentSpec) -> Arm:
+    if (arm := _with_role(spec, "treatment")) is not None:
+        return arm
     kernel = [a for a in spec.arms if a.advantage == TREATMENT_ADVANTAGE]
     if len(kernel) == 1:
         return kernel[0]
@@ -560,10 +572,13 @@ def _find_treatment(spec: ExperimentSpec) -> Arm:
     others = [a for a in spec.arms if a.advantage != BASELINE_ADVANTAGE]
     if len(spec.arms) == 2 and len(others) == 1:
         return others[0]
-    raise ValueError(f"cannot tell the treatment arm: give exactly one arm advantage {TREATMENT_ADVANTAGE!r} or name it in decision_rule weights")
+    raise ValueError(f"cannot tell the treatment arm: give exactly one arm advantage {TREATMENT_ADVANTAGE!r}, "
+                     "role \"treatment\" to one arm, or name it in decision_rule weights")
 
 
 def _find_baseline(spec: ExperimentSpec) -> Arm:
+    if (arm := _with_role(spec, "baseline")) is not None:
+        return arm
     grpo = [a for a in spec.arms if a.advantage == BASELINE_ADVANTAGE]
     if len(grpo) == 1:
         return grpo[0]
@@ -573,17 +588,27 @@ def _find_baseline(spec: ExperimentSpec) -> Arm:
     others = [a for a in spec.arms if a.name != treatment.name]
     if len(others) == 1:
         return others[0]
-    raise ValueError(f"cannot tell the baseline arm: give exactly one arm advantage {BASELINE_ADVANTAGE!r} or name it in decision_rule weights")
+    raise ValueError(f"cannot tell the baseline arm: give exactly one arm advantage {BASELINE_ADVANTAGE!r}, "
+                     "role \"baseline\" to one arm, or name it in decision_rule weights")
 
 
 def treatment_arm(spec: ExperimentSpec) -> Arm:
-    """The arm under test: the kernel-baseline arm, else the arm with positive decision weight."""
+    """The arm the pilot and the activation gate are about: the arm with role "treatment", else the
+    one kernel-baseline arm, else the arm with positive decision weight."""
     return _find_treatment(spec)
 
 
 def baseline_arm(spec: ExperimentSpec) -> Arm:
-    """The comparison arm: the group-mean (GRPO) arm, else the arm with negative decision weight."""
+    """The comparison arm: the arm with role "baseline", else the group-mean (GRPO) arm, else the
+    arm with negative decision weight."""
     return _find_baseline(spec)
+
+
+def compared_arms(spec: ExperimentSpec) -> list[Arm]:
+    """Every arm decided against the baseline, in spec order: all arms but the baseline (in a
+    two-arm spec, the treatment)."""
+    baseline = _find_baseline(spec)
+    return [a for a in spec.arms if a.name != baseline.name]
 
 
 def _model_registry(org: str) -> dict:

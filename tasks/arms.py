@@ -22,6 +22,7 @@ from rl.envs import get_env
 from rl.loop import HeldoutRequest, StepLog, eval_rows, new_window, train_arm, window_from_logs
 from schemas.arm import ArmConfig
 from schemas.artifacts import read_artifact, write_artifact
+from schemas.cost import ArmCost
 from schemas.io import write_json_atomic, write_jsonl_atomic
 from schemas.errors import UserError
 from schemas.layout import PilotStage, RunLayout, step_log, step_of, steps_dir
@@ -56,11 +57,16 @@ def write_step_log(arm_dir: Path, log: StepLog) -> None:
     rows = [dict(zip(log.rollouts, values)) for values in zip(*log.rollouts.values())]
     write_artifact("rollouts", rows, step_log(arm_dir, step, "rollouts"))
     write_artifact("step_metrics", [log.metrics], step_log(arm_dir, step, "metrics"))
+    if log.cost is not None:
+        write_artifact("step_costs", [log.cost.model_dump()], step_log(arm_dir, step, "costs"))
+
+
+STEP_LOG_ARTIFACTS = {"rollouts": "rollouts", "metrics": "step_metrics", "costs": "step_costs"}
 
 
 def read_step_logs(arm_dir: Path, kind: str, before: int | None = None) -> list[pa.Table]:
     files = sorted(steps_dir(arm_dir).glob(f"step-*.{kind}.parquet"))
-    name = "rollouts" if kind == "rollouts" else "step_metrics"
+    name = STEP_LOG_ARTIFACTS[kind]
     tables = []
     for f in files:
         if before is None or step_of(f) < before:
@@ -88,8 +94,8 @@ def _progress_reporter(arm: ArmConfig, total: int, first_step: int, label: str):
     if in_prefect:
         progress_id = create_progress_artifact(
             progress=100.0 * first_step / max(total, 1),
-            key=f"{label}-{arm.name}".replace("_", "-").lower(),
-            description=f"{label} {arm.name}: step {first_step}/{total}",
+            key=f"{label}-{arm.unit}".replace("_", "-").replace(".", "-").lower(),
+            description=f"{label} {arm.unit}: step {first_step}/{total}",
         )
 
     def report(log: StepLog) -> None:
@@ -102,12 +108,12 @@ def _progress_reporter(arm: ArmConfig, total: int, first_step: int, label: str):
                 artifact_id=progress_id,
                 progress=100.0 * done / total,
                 description=(
-                    f"{label} {arm.name}: step {done}/{total}, reward {log.metrics['reward_mean']:.3f}, "
+                    f"{label} {arm.unit}: step {done}/{total}, reward {log.metrics['reward_mean']:.3f}, "
                     f"elapsed {elapsed:.0f}s, ETA {eta:.0f}s"
                 ),
             )
         logger.info(
-            f"{label} {arm.name}: step {done}/{total} reward={log.metrics['reward_mean']:.3f} "
+            f"{label} {arm.unit}: step {done}/{total} reward={log.metrics['reward_mean']:.3f} "
             f"|adv|={log.metrics['advantage_abs_mean']:.3f} loss={log.metrics['loss']:.4g} "
             f"elapsed={elapsed:.0f}s eta={eta:.0f}s"
         )
@@ -189,10 +195,13 @@ def trained_arm(arm: ArmConfig, run: RunContext, run_dir: str, backend: str, dat
 def train_with_checkpoints(arm: ArmConfig, run: RunContext, run_dir: str, backend: str, data_dir: str | None,
                            checkpoint_every: int = 5) -> TrainedArm:
     """The training stage's body (callable without Prefect): per-step logs, a `save_state`
-    checkpoint every `checkpoint_every` steps, and resume from the last one after a crash."""
+    checkpoint every `checkpoint_every` steps, and resume from the last one after a crash.
+    `arm` is one unit (an arm at one seed): its folder is `arm.unit`, its prompt order seed
+    `arm.order_seed`."""
     env = env_for(run, data_dir)
-    order = env.train_order(seed=0)
-    arm_dir = RunLayout(run_dir).train_arm_dir(arm.name)
+    order = env.train_order(seed=arm.order_seed)
+    layout = RunLayout(run_dir)
+    arm_dir = layout.train_arm_dir(arm.unit)
     training_client, renderer = open_arm(run, arm, backend)
 
     checkpoints_path = arm_dir / "checkpoints.parquet"
@@ -214,7 +223,7 @@ def train_with_checkpoints(arm: ArmConfig, run: RunContext, run_dir: str, backen
         write_step_log(arm_dir, log)
         done = log.metrics["step"] + 1
         if checkpoint_every and (done % checkpoint_every == 0) and done < arm.steps:
-            state_path = training_client.save_state(f"{Path(run_dir).name}-{arm.name}-{done:05d}").result().path
+            state_path = training_client.save_state(f"{Path(run_dir).name}-{arm.unit}-{done:05d}").result().path
             checkpoints.append({"next_step": done, "state_path": state_path, "wall_time": time.time()})
             write_artifact("checkpoints", checkpoints, checkpoints_path)
         report(log)
@@ -222,13 +231,28 @@ def train_with_checkpoints(arm: ArmConfig, run: RunContext, run_dir: str, backen
     train_arm(arm, training_client=training_client, env=env, renderer=renderer, order=order,
               steps=range(first_step, arm.steps), window=window, on_step=on_step)
     rollouts_path, metrics_path = merge_step_logs(arm_dir)
-    sampler_path = training_client.save_weights_for_sampler(f"{Path(run_dir).name}-{arm.name}-final").result().path
+    costs_path = record_costs(arm, arm_dir, layout.costs_path(arm.unit))
+    sampler_path = training_client.save_weights_for_sampler(f"{Path(run_dir).name}-{arm.unit}-final").result().path
     record_output(sampler_path)  # the local engine's adapter files: verified before a cache hit
     # eval keys on the weights themselves: a retrained arm with other weights is evaluated again
-    final = TrainedArm(arm=arm.name, sampler_path=sampler_path, rollouts=str(rollouts_path), metrics=str(metrics_path),
-                       sampler_digest=digest_paths(sampler_path))
+    final = TrainedArm(arm=arm.unit, sampler_path=sampler_path, rollouts=str(rollouts_path), metrics=str(metrics_path),
+                       sampler_digest=digest_paths(sampler_path), costs=str(costs_path))
     write_json_atomic(arm_dir / "final.json", final.model_dump())
     return final
+
+
+def record_costs(arm: ArmConfig, arm_dir: Path, out: Path) -> Path:
+    """The unit's cost record: its step costs summed (a resumed run's earlier steps included)."""
+    steps = [row for table in read_step_logs(arm_dir, "costs") for row in table.to_pylist()]
+    cost = ArmCost.from_steps(arm.unit, steps)
+    path = write_artifact("arm_costs", [cost.model_dump()], out)
+    if TaskRunContext.get() is not None:
+        create_table_artifact(
+            key=f"cost-{arm.unit}".replace("_", "-").replace(".", "-").lower(),
+            table=[{k: (round(v, 2) if isinstance(v, float) else v) for k, v in cost.model_dump().items()}],
+            description=f"What training {arm.unit} cost",
+        )
+    return path
 
 
 def _resume_point(arm: ArmConfig, arm_dir: Path, checkpoints_path: Path, training_client):
@@ -256,13 +280,13 @@ def eval_items(trained: TrainedArm, arm: ArmConfig, run: RunContext, n_eval: int
     renderer = renderer_for(run, sampler.get_tokenizer())
     problems = env.test_problems()[:n_eval]
     rows = eval_rows(sampler, env=env, renderer=renderer, problems=problems, arm_name=arm.name, max_tokens=arm.max_tokens)
-    out = RunLayout(run_dir).eval_arm_dir(arm.name)
+    out = RunLayout(run_dir).eval_arm_dir(arm.unit)
     jsonl = write_jsonl_atomic(out / "eval.jsonl", [{"item_id": r["item_id"], "correct": r["correct"]} for r in rows])
     parquet = write_artifact("eval_items", rows, out / "eval.parquet")
     accuracy = sum(r["correct"] for r in rows) / len(rows)
     create_table_artifact(
-        key=f"eval-{arm.name}".replace("_", "-").lower(),
-        table=[{"arm": arm.name, "items": len(rows), "accuracy": round(accuracy, 4)}],
-        description=f"Eval of {arm.name}",
+        key=f"eval-{arm.unit}".replace("_", "-").replace(".", "-").lower(),
+        table=[{"arm": arm.unit, "items": len(rows), "accuracy": round(accuracy, 4)}],
+        description=f"Eval of {arm.unit}",
     )
-    return EvalResult(arm=arm.name, jsonl=str(jsonl), parquet=str(parquet), accuracy=accuracy)
+    return EvalResult(arm=arm.unit, jsonl=str(jsonl), parquet=str(parquet), accuracy=accuracy)

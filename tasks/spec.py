@@ -16,7 +16,7 @@ from schemas.arm import ArmConfig
 from schemas.io import write_json_atomic
 from schemas.layout import RunLayout
 from schemas.plan import DecisionPlan, RunContext, RunPlan
-from schemas.spec import ExperimentSpec, baseline_arm, load_spec, spec_hash, treatment_arm
+from schemas.spec import ExperimentSpec, baseline_arm, compared_arms, load_spec, spec_hash, treatment_arm
 from tasks.common import stage_cache
 
 
@@ -53,9 +53,11 @@ def plan_from_spec(spec: ExperimentSpec) -> RunPlan:
         decision=DecisionPlan(
             alpha=spec.decision_rule.alpha, margin=criterion.margin, bounds=tuple(criterion.bounds),
             criterion=criterion.id, method=spec.decision_rule.method,
+            compared=tuple(a.name for a in compared_arms(spec)),
         ),
         budget=spec.budget,
         preflight=spec.correctness_preflight,
+        seeds=tuple(spec.decision_rule.seeds),
     )
 
 
