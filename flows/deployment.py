@@ -22,8 +22,11 @@ def gs1_run(
     overrides: SpecOverrides | None = None,
     run_dir: str | None = None,
     data_dir: str | None = None,
+    dispatch: str | None = None,
 ) -> dict:
-    """Run a pre-registered spec (a path on the serving machine) end to end."""
+    """Run a pre-registered spec (a path on the serving machine) end to end; `dispatch` names a
+    deployment of gs1-arm-unit whose workers run the arm x seed units."""
     spec = spec_with_overrides(spec_path, overrides.model_dump(exclude_none=True) if overrides else {})
     run_dir = run_dir or spec["run_dir"]
-    return experiment_in(run_dir)(spec_path=spec["spec_path"], run_dir=run_dir, backend=backend, data_dir=data_dir)
+    return experiment_in(run_dir)(spec_path=spec["spec_path"], run_dir=run_dir, backend=backend, data_dir=data_dir,
+                                  dispatch=dispatch)

@@ -60,6 +60,19 @@ class ArmCost(_Cost):
             sums[c] = sum(values) if values else None
         return cls(arm=rows[0]["arm"], seed=rows[0]["seed"], unit=unit, steps=len(rows), **sums)
 
+    @classmethod
+    def summed(cls, name: str, costs: Iterable[ArmCost]) -> ArmCost:
+        """Several units' costs as one (an arm over its seeds), named `name`."""
+        costs = list(costs)
+        if not costs:
+            raise ValueError(f"{name}: no costs to sum")
+        rows = [c.model_dump() for c in costs]
+        sums = {c: sum(r[c] for r in rows) for c in COUNTS}
+        for c in CRITIC_COUNTS:
+            values = [r[c] for r in rows if r[c] is not None]
+            sums[c] = sum(values) if values else None
+        return cls(arm=costs[0].arm, seed=costs[0].seed, unit=name, steps=sum(r["steps"] for r in rows), **sums)
+
     def relative_to(self, baseline: ArmCost) -> dict[str, float | None]:
         """Each count divided by the baseline's (None where the baseline's is 0 or absent)."""
         out = {}

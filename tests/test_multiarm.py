@@ -1,0 +1,108 @@
+"""Many arms, one baseline, several seeds: each arm decided against the baseline on the same items,
+paired within seed, Holm over the arms; per arm x seed folders, costs, and the comparison table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fixtures.flow_env  # noqa: F401  (registers the token_threshold env)
+from fixtures.tiny_model import tiny_model_dir  # noqa: F401
+from schemas.artifacts import read_rows
+from test_flow import flow_spec, run_flow
+
+ARMS = ("grpo_gs8", "gs1_kernel", "batch_mean", "rloo")
+
+
+def multiarm_spec(repo_root: Path, model_dir: Path, seeds=(0, 1)) -> dict:
+    spec = flow_spec(repo_root, model_dir, steps=2)
+    spec["arms"] += [
+        {"name": "batch_mean", "advantage": "batch_mean", "group_size": 1, "groups_per_batch": 16, "lr": 1e-3},
+        {"name": "rloo", "advantage": "leave_one_out", "group_size": 8, "groups_per_batch": 2, "lr": 1e-3},
+    ]
+    spec["arms"][0]["role"] = "baseline"
+    spec["decision_rule"]["seeds"] = list(seeds)
+    spec["restoration_preflight"] = None
+    return spec
+
+
+def eval_map(path: Path) -> dict[str, float]:
+    return {r["item_id"]: float(r["correct"]) for r in map(json.loads, path.open())}
+
+
+def test_four_arms_two_seeds_reach_a_holm_decision_with_costs(prefect_harness, tmp_path, repo_root, tiny_model_dir):
+    state, run_dir = run_flow(tmp_path, multiarm_spec(repo_root, tiny_model_dir))
+    assert state.is_completed(), state.message
+    units = [f"{arm}-s{seed}" for arm in ARMS for seed in (0, 1)]
+    assert sorted(p.name for p in (run_dir / "train").iterdir()) == sorted(units)
+    assert sorted(p.name for p in (run_dir / "eval").iterdir()) == sorted(units)
+
+    # Each seed has its own prompt order (shared by the arms at that seed) and its own init.
+    def first_prompts(unit, every=1):
+        return [r["prompt_id"] for r in read_rows("rollouts", run_dir / "train" / unit / "rollouts.parquet")][::every][:2]
+
+    for seed in (0, 1):
+        assert first_prompts(f"gs1_kernel-s{seed}") == first_prompts(f"grpo_gs8-s{seed}", every=8)
+    assert first_prompts("gs1_kernel-s0") != first_prompts("gs1_kernel-s1")
+    seeds_logged = {r["seed"] for r in read_rows("rollouts", run_dir / "train" / "batch_mean-s1" / "rollouts.parquet")}
+    assert seeds_logged == {1}
+
+    # The decision: every non-baseline arm against grpo_gs8, recomputed from the per-item files.
+    decision = json.loads((run_dir / "decision" / "decision.json").read_text())
+    assert decision["family"]["method"] == "holm" and decision["family"]["m"] == 3
+    assert "family-wise" in decision["family"]["statement"]
+    assert decision["seeds"] == [0, 1] and decision["treatment"] == "gs1_kernel" and decision["baseline"] == "grpo_gs8"
+    pairs = {p["arm"]: p for p in decision["comparisons"]}
+    assert set(pairs) == {"gs1_kernel", "batch_mean", "rloo"}
+    base = {s: eval_map(run_dir / "eval" / f"grpo_gs8-s{s}" / "eval.jsonl") for s in (0, 1)}
+    for arm, pair in pairs.items():
+        mine = {s: eval_map(run_dir / "eval" / f"{arm}-s{s}" / "eval.jsonl") for s in (0, 1)}
+        by_seed = {s: np.mean([mine[s][i] - base[s][i] for i in base[s]]) for s in (0, 1)}
+        assert pair["n"] == 48 and pair["seeds"] == 2
+        assert pair["mean_diff"] == pytest.approx(np.mean(list(by_seed.values())), abs=1e-12)
+        assert pair["mean_diff_by_seed"] == {str(s): pytest.approx(v, abs=1e-12) for s, v in by_seed.items()}
+        assert pair["holm_p_noninferior"] >= pair["p_noninferior"]
+    assert decision["verdict"] == pairs["gs1_kernel"]["verdict"]
+    table = read_rows("comparisons", run_dir / "decision" / "comparisons.parquet")
+    assert [r["arm"] for r in table] == ["gs1_kernel", "batch_mean", "rloo"]
+    assert all(r["verdict"] == pairs[r["arm"]]["verdict"] for r in table)
+
+    # Costs: recorded per unit by the training loop, summed over its steps.
+    for unit in units:
+        cost = read_rows("arm_costs", run_dir / "train" / unit / "costs.parquet")[0]
+        steps = read_rows("step_metrics", run_dir / "train" / unit / "step_metrics.parquet")
+        rollouts = read_rows("rollouts", run_dir / "train" / unit / "rollouts.parquet")
+        assert cost["unit"] == unit and cost["steps"] == 2
+        assert cost["wall_seconds"] == pytest.approx(sum(s["step_seconds"] for s in steps))
+        # the sampler generated every response token, and prefilled each request's prompt
+        generated = sum(r["num_tokens"] for r in rollouts)
+        prompts = sum(r["prompt_num_tokens"] for r in rollouts if r["sample_idx"] == 0)
+        assert cost["sampler_tokens"] == generated + prompts
+        requests = len({(r["step"], r["group_id"]) for r in rollouts})
+        trained_steps = sum(1 for s in steps if s["num_datums"] > 0)
+        assert cost["model_calls"] == 2 + requests + 2 * trained_steps  # sampler refresh per step + samples + fwd/bwd, optim
+        assert cost["critic_seconds"] is None
+
+    # The report's comparison table: accuracy, paired interval, verdict and cost relative to the baseline.
+    report = (run_dir / "report" / "report.md").read_text()
+    comparison = report.split("## Comparison")[1].split("## Gates")[0]
+    assert "Holm" in comparison and "family-wise" in comparison
+    costs = {u: read_rows("arm_costs", run_dir / "train" / u / "costs.parquet")[0] for u in units}
+
+    def summed(arm, column):
+        return sum(costs[f"{arm}-s{s}"][column] for s in (0, 1))
+
+    for arm in ARMS:
+        cells = [c.strip() for c in next(line for line in comparison.splitlines() if line.startswith(f"| {arm} |")).split("|")[1:-1]]
+        accuracy = np.mean([np.mean(list(eval_map(run_dir / "eval" / f"{arm}-s{s}" / "eval.jsonl").values())) for s in (0, 1)])
+        assert cells[2] == f"{accuracy:.4f}"
+        ratio = summed(arm, "sampler_tokens") / summed("grpo_gs8", "sampler_tokens")
+        assert cells[8] == f"{ratio:.2f}×"
+        if arm == "grpo_gs8":
+            assert cells[1] == "baseline" and cells[3] == "—"
+        else:
+            assert cells[6] == pairs[arm]["verdict"] and cells[3] == f"{pairs[arm]['mean_diff']:+.4f}"
+            assert cells[4] == f"[{pairs[arm]['lower']:+.4f}, {pairs[arm]['upper']:+.4f}]"
