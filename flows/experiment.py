@@ -66,9 +66,11 @@ def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: s
                             stage="calibration")
             plan = calibrated_plan(plan, spec_path, bandwidth, run_dir)
 
-        feasibility(pilot.timings, plan.steps, plan.n_eval, plan.budget, backend, str(RunLayout(run_dir).feasibility_dir))
-
         units = plan.units()
+        many = {"units": {u.unit: u.name for u in units}} if len(units) > 2 else {}  # two arms: projected as always
+        feasibility(pilot.timings, plan.steps, plan.n_eval, plan.budget, backend, str(RunLayout(run_dir).feasibility_dir),
+                    **many)
+
         if dispatch:
             trained, evals = dispatched_units(dispatch, units, run, plan.n_eval, run_dir, backend, data_dir)
             audit_gate(units, [trained[u.unit].rollouts for u in units], run_dir, stage="train")

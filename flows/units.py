@@ -14,12 +14,14 @@ import time
 from pathlib import Path
 
 from prefect import flow, get_run_logger
+from prefect.client.orchestration import get_client
+from prefect.deployments import run_deployment
 
 from schemas.arm import ArmConfig
 from schemas.errors import UserError
 from schemas.layout import RunLayout
 from schemas.plan import EvalResult, RunContext, TrainedArm
-from tasks.arms import eval_items, trained_arm
+from tasks.arms import eval_items, trained_arm, unit_results
 
 UNIT_FLOW = "gs1-arm-unit"
 
@@ -46,9 +48,6 @@ def dispatched_units(deployment: str, units: tuple[ArmConfig, ...], run: RunCont
 
     A unit whose flow run did not complete is the error, named (after every unit has ended, so
     none is left running unseen)."""
-    from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
-
     logger = get_run_logger()
     runs = {}
     for unit in units:
@@ -76,18 +75,5 @@ def dispatched_units(deployment: str, units: tuple[ArmConfig, ...], run: RunCont
     failed = {u: s for u, s in ended.items() if not s.is_completed()}
     if failed:
         raise RuntimeError("; ".join(f"unit {u} ended {s.name}: {s.message or 'no message'}" for u, s in failed.items()))
-    layout = RunLayout(run_dir)
-    trained, evals = {}, {}
-    for unit in units:
-        trained[unit.unit] = TrainedArm.model_validate_json((layout.train_arm_dir(unit.unit) / "final.json").read_text())
-        eval_dir = layout.eval_arm_dir(unit.unit)
-        evals[unit.unit] = EvalResult(arm=unit.unit, jsonl=str(eval_dir / "eval.jsonl"), parquet=str(eval_dir / "eval.parquet"),
-                                      accuracy=_accuracy(eval_dir / "eval.jsonl"))
-    return trained, evals
-
-
-def _accuracy(jsonl: Path) -> float:
-    from rl.stats import read_eval_items
-
-    items = read_eval_items(jsonl)
-    return sum(items.values()) / len(items)
+    results = {unit.unit: unit_results(unit, run_dir) for unit in units}
+    return {u: r[0] for u, r in results.items()}, {u: r[1] for u, r in results.items()}

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from report.model import Decision, GateTable, RunData
 from schemas.arm import ArmConfig
+from schemas.cost import ArmCost
 from report.palette import PENDING_COLOUR, STOPPED_COLOUR, verdict_colour
 from report.plots import RenderedPlot
 from report.status import Status, StageStatus, stopping_gate
@@ -306,9 +307,7 @@ def _ratio(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}×"
 
 
-def _arm_cost(data: RunData, arm: str):
-    from schemas.cost import ArmCost
-
+def _arm_cost(data: RunData, arm: str) -> ArmCost | None:
     costs = [data.costs[u.unit] for u in data.plan.units_of(arm) if u.unit in data.costs]
     return ArmCost.summed(arm, costs) if costs else None
 

@@ -682,7 +682,11 @@ def resolve_base_model_path(spec: ExperimentSpec) -> str | None:
 
 def canonical_json(spec: ExperimentSpec) -> str:
     """The spec with every default filled in, as sorted compact JSON (the hashed form)."""
-    return json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    data = spec.model_dump(mode="json")
+    for arm in data["arms"]:  # an arm without a role hashes as before roles existed (same run directory)
+        if arm.get("role") is None:
+            arm.pop("role", None)
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def spec_hash(spec_or_path: ExperimentSpec | str | Path) -> str:

@@ -19,6 +19,7 @@ from prefect.context import TaskRunContext
 from tinker_cookbook import model_info, renderers
 
 from rl.envs import get_env
+from rl.stats import read_eval_items
 from rl.loop import HeldoutRequest, StepLog, eval_rows, new_window, train_arm, window_from_logs
 from schemas.arm import ArmConfig
 from schemas.artifacts import read_artifact, write_artifact
@@ -253,6 +254,16 @@ def record_costs(arm: ArmConfig, arm_dir: Path, out: Path) -> Path:
             description=f"What training {arm.unit} cost",
         )
     return path
+
+
+def unit_results(arm: ArmConfig, run_dir: str) -> tuple[TrainedArm, EvalResult]:
+    """What a unit that ran elsewhere (a dispatched flow run) left in the shared run directory."""
+    layout = RunLayout(run_dir)
+    trained = TrainedArm.model_validate_json((layout.train_arm_dir(arm.unit) / "final.json").read_text())
+    out = layout.eval_arm_dir(arm.unit)
+    items = read_eval_items(out / "eval.jsonl")
+    return trained, EvalResult(arm=arm.unit, jsonl=str(out / "eval.jsonl"), parquet=str(out / "eval.parquet"),
+                               accuracy=sum(items.values()) / len(items))
 
 
 def _resume_point(arm: ArmConfig, arm_dir: Path, checkpoints_path: Path, training_client):

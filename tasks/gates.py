@@ -136,12 +136,16 @@ def audit_gate(arms: tuple[ArmConfig, ...], rollout_paths: list[str], run_dir: s
 
 @task(name="feasibility", cache_policy=stage_cache("timings_path"), persist_result=True)
 def feasibility(timings_path: str, steps: int, n_eval: int, budget: Budget, backend: str, out_dir: str,
-                recovery_reserve: float = 0.25) -> dict:
-    """Project the full run from the pilot's timings; over budget is a gate failure."""
+                recovery_reserve: float = 0.25, units: dict[str, str] | None = None) -> dict:
+    """Project the full run from the pilot's timings; over budget is a gate failure. `units`
+    (unit -> arm) projects every arm x seed: an arm the pilot did not run is taken to step as
+    slowly as the slowest one it did."""
     timings = json.loads(Path(timings_path).read_text())
+    piloted = timings["step_seconds"]
+    step_seconds = piloted if units is None else {u: piloted.get(arm, max(piloted.values())) for u, arm in units.items()}
     measured = PilotTimings(
         setup_seconds=max(timings["setup_seconds"].values()),
-        step_seconds=timings["step_seconds"],
+        step_seconds=step_seconds,
         eval_seconds_per_item=timings["eval_seconds_per_item"],
         gpus=_gpus(backend),
     )

@@ -154,3 +154,37 @@ def test_comparison_demo_runs_end_to_end_on_the_demo_model(prefect_harness, tmp_
             assert len(eval_map(run_dir / "eval" / f"{arm}-s{seed}" / "eval.jsonl")) == 32
             assert read_rows("arm_costs", run_dir / "train" / f"{arm}-s{seed}" / "costs.parquet")[0]["steps"] == 2
     assert "## Comparison" in (run_dir / "report" / "report.md").read_text()
+
+
+def test_roles_name_the_baseline_and_the_piloted_treatment(repo_root):
+    from schemas.errors import SpecError
+    from schemas.spec import baseline_arm, compared_arms, parse_spec, treatment_arm
+
+    raw = json.loads((repo_root / "specs" / "comparison_demo_local.json").read_text())
+    spec = parse_spec(raw)
+    assert (treatment_arm(spec).name, baseline_arm(spec).name) == ("gs1_kernel", "grpo_gs8")
+    assert [a.name for a in compared_arms(spec)] == ["gs1_kernel", "batch_mean", "rloo"]
+    # Without roles a group_mean arm and one kernel arm still tell them; a second kernel arm needs the role.
+    bare = json.loads(json.dumps(raw))
+    for arm in bare["arms"]:
+        arm.pop("role", None)
+    assert treatment_arm(parse_spec(bare)).name == "gs1_kernel"
+    two_kernels = json.loads(json.dumps(bare))
+    two_kernels["arms"].append({**two_kernels["arms"][1], "name": "gs1_kernel_b"})
+    two_kernels["feasibility"]["effective_config"]["arms"].append("gs1_kernel_b")
+    with pytest.raises(SpecError, match="cannot tell the treatment arm"):
+        parse_spec(two_kernels)
+    two_kernels["arms"][1]["role"] = "treatment"
+    assert treatment_arm(parse_spec(two_kernels)).name == "gs1_kernel"
+    # The rloo arm as the baseline: every other arm, grpo_gs8 included, is decided against it.
+    other = json.loads(json.dumps(raw))
+    other["arms"][0].pop("role")
+    other["arms"][3]["role"] = "baseline"
+    spec = parse_spec(other)
+    assert baseline_arm(spec).name == "rloo" and [a.name for a in compared_arms(spec)] == ["grpo_gs8", "gs1_kernel", "batch_mean"]
+    other["arms"][0]["role"] = "baseline"
+    with pytest.raises(SpecError, match="2 arms have role 'baseline'"):
+        parse_spec(other)
+    other["arms"][0]["role"] = "control"
+    with pytest.raises(SpecError, match=r"arms\.0\.role"):
+        parse_spec(other)
