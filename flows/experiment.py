@@ -2,7 +2,11 @@
 
 validate spec -> correctness preflight -> offline unit checks -> pilot -> pilot audit ->
 activation gate -> [bandwidth calibration: pilot -> audit -> gate] -> feasibility -> full runs
-(arms in parallel) -> train audit -> eval -> decision -> report
+(every arm at every seed: a *unit*, in parallel) -> train audit -> eval -> decision -> report
+
+The pilot and its gates are about the treatment (the kernel arm) and the baseline at seed 0. With
+`dispatch` naming a deployment of `flows.units.arm_unit`, each unit trains and evaluates as its own
+flow run on that deployment's work pool, and the audit and the decision wait for all of them.
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ from prefect.futures import wait
 from prefect.states import Failed
 
 from flows.memory import bound_malloc
+from flows.units import dispatched_units
 from schemas.layout import RunLayout
 from tasks.arms import eval_items, pilot_rollouts, trained_arm
 from tasks.common import GateFailed
-from tasks.gates import activation_gate, audit_gate, feasibility, offline_unit_checks, paired_decision_record
+from tasks.gates import (activation_gate, audit_gate, family_decision_record, feasibility, offline_unit_checks,
+                         paired_decision_record)
 from tasks.preflight import correctness_preflight
 from tasks.report import run_report
 from tasks.spec import calibrated_plan, flow_run_name, validated_plan
@@ -35,14 +41,15 @@ def _run_name() -> str:
 
 
 @flow(name="gs1-experiment", flow_run_name=_run_name)
-def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: str | None = None) -> dict:
+def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: str | None = None,
+               dispatch: str | None = None) -> dict:
     """Run a pre-registered GS1-vs-baseline experiment end to end; returns the decision record.
 
     A failed gate ends the flow run Failed with the gate's message (metric, value, bound first),
     returned as a state: an expected stop, so no traceback is logged. Anything else is raised."""
     bound_malloc()
     try:
-        decision = _stages(spec_path, run_dir, backend, data_dir)
+        decision = _stages(spec_path, run_dir, backend, data_dir, dispatch)
     except GateFailed as failed:
         # The report renders whatever ran, so a run stopped at a gate still gets its page.
         run_report(run_dir, str(failed), return_state=True)
@@ -54,7 +61,7 @@ def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: s
     return decision
 
 
-def _stages(spec_path: str, run_dir: str, backend: str, data_dir: str | None) -> dict:
+def _stages(spec_path: str, run_dir: str, backend: str, data_dir: str | None, dispatch: str | None) -> dict:
     plan = validated_plan(spec_path, run_dir)
     run = plan.run
     piloted = (plan.treatment, plan.baseline)  # the arms a pilot runs, in its logs' order
@@ -85,24 +92,32 @@ def _stages(spec_path: str, run_dir: str, backend: str, data_dir: str | None) ->
                         treatment_estimator=plan.treatment.estimator)
         plan = calibrated_plan(plan, spec_path, bandwidth, run_dir)
 
-    feasibility(pilot.timings, plan.steps, plan.n_eval, plan.budget, backend, str(RunLayout(run_dir).feasibility_dir))
+    units = plan.units()
+    many = {"units": {u.unit: u.name for u in units}} if len(units) > 2 else {}  # two arms: projected as always
+    feasibility(pilot.timings, plan.steps, plan.n_eval, plan.budget, backend, str(RunLayout(run_dir).feasibility_dir),
+                **many)
 
-    trained = {arm.name: trained_arm.submit(arm, run, run_dir, backend, data_dir) for arm in plan.arms}
-    # Every arm finishes (and is cached) before a failed one ends the run: a resume retrains
-    # only the failed arm. The audit reads them all.
-    wait(list(trained.values()))
-    trained = {name: future.result() for name, future in trained.items()}
-    audit_gate(plan.arms, [trained[arm.name].rollouts for arm in plan.arms], run_dir, stage="train")
-    evals = {
-        arm.name: eval_items.submit(trained[arm.name], arm, run, plan.n_eval, run_dir, backend, data_dir)
-        for arm in plan.arms
-    }
-    wait(list(evals.values()))
-    evals = {name: future.result() for name, future in evals.items()}
-    return paired_decision_record(
-        evals[run.treatment].jsonl, evals[run.baseline].jsonl, plan.decision,
-        {"treatment": run.treatment, "baseline": run.baseline}, str(RunLayout(run_dir).decision_dir),
-    )
+    if dispatch:
+        trained, evals = dispatched_units(dispatch, units, run, plan.n_eval, run_dir, backend, data_dir)
+        audit_gate(units, [trained[u.unit].rollouts for u in units], run_dir, stage="train")
+    else:
+        trained = {u.unit: trained_arm.submit(u, run, run_dir, backend, data_dir) for u in units}
+        # Every unit finishes (and is cached) before a failed one ends the run: a resume retrains
+        # only the failed unit. The audit reads them all.
+        wait(list(trained.values()))
+        trained = {name: future.result() for name, future in trained.items()}
+        audit_gate(units, [trained[u.unit].rollouts for u in units], run_dir, stage="train")
+        evals = {u.unit: eval_items.submit(trained[u.unit], u, run, plan.n_eval, run_dir, backend, data_dir)
+                 for u in units}
+        wait(list(evals.values()))
+        evals = {name: future.result() for name, future in evals.items()}
+    names = {"treatment": run.treatment, "baseline": run.baseline}
+    decision_dir = str(RunLayout(run_dir).decision_dir)
+    if len(plan.compared) == 1 and not plan.multi_seed:  # two arms, one seed: the pinned paired rule as it was
+        return paired_decision_record(evals[run.treatment].jsonl, evals[run.baseline].jsonl, plan.decision,
+                                      names, decision_dir)
+    return family_decision_record([evals[u.unit].jsonl for u in units], [(u.name, u.order_seed) for u in units],
+                                  plan.decision, names, decision_dir)
 
 
 def experiment_in(run_dir: str | Path) -> Flow:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from schemas.arm import ArmConfig
 from schemas.artifacts import read_artifact
+from schemas.cost import ArmCost
 from schemas.errors import UserError
 from schemas.gate_text import GateRow, failing_text, fmt, gate_passed
 from schemas.layout import (
@@ -118,8 +119,36 @@ class McNemar(_Record):
     n_discordant: int | None = None
 
 
+class Comparison(_Record):
+    """One arm against the baseline in a multi-arm or multi-seed decision (rl.stats.family_decision)."""
+
+    arm: str
+    verdict: str
+    n: int
+    seeds: int = 1
+    mean_diff: float
+    lower: float
+    upper: float
+    treatment_mean: float | None = None
+    baseline_mean: float | None = None
+    p_noninferior: float | None = None
+    holm_p_noninferior: float | None = None
+    holm_p_inferior: float | None = None
+    holm_level: float | None = None
+    holm_lower: float | None = None
+    holm_upper: float | None = None
+
+
+class Family(_Record):
+    method: str
+    alpha: float
+    m: int
+    statement: str = ""
+
+
 class Decision(_Record):
-    """decision/decision.json (rl.stats.paired_decision + the arm names)."""
+    """decision/decision.json (rl.stats.paired_decision + the arm names; a multi-arm or multi-seed
+    decision adds the family statement, the seeds and every arm's comparison)."""
 
     verdict: str
     n: int
@@ -138,6 +167,14 @@ class Decision(_Record):
     mcnemar_p: float | None = None
     mcnemar: McNemar | None = None
     min_noninferior_true_diff: float | None = None
+    family: Family | None = None
+    seeds: tuple[int, ...] = ()
+    comparisons: tuple[Comparison, ...] = ()
+    holm_p_noninferior: float | None = None
+    holm_p_inferior: float | None = None
+    holm_level: float | None = None
+    holm_lower: float | None = None
+    holm_upper: float | None = None
 
 
 class Feasibility(_Record):
@@ -249,7 +286,8 @@ class RunData:
     spec: SpecNotes = SpecNotes()
     gates: dict[str, GateTable] = field(default_factory=dict)  # gate stage key -> its table
     logs: dict[str, StageLogs] = field(default_factory=dict)  # pilot / calibration / train -> logs
-    evals: dict[str, ArmEval] = field(default_factory=dict)  # arm -> eval
+    evals: dict[str, ArmEval] = field(default_factory=dict)  # unit (the arm, when single-seed) -> eval
+    costs: dict[str, ArmCost] = field(default_factory=dict)  # unit -> its training cost
     feasibility: Feasibility | None = None
     decision: Decision | None = None
     revision: BandwidthRevision | None = None
@@ -281,11 +319,20 @@ class RunData:
         return names
 
     def role(self, arm: str) -> str | None:
+        """The role of an arm, or of the arm a unit runs."""
         run = self.plan.run
-        return "treatment" if arm == run.treatment else "baseline" if arm == run.baseline else None
+        plan = self.arm_plan(arm)
+        name = plan.name if plan else arm
+        return "treatment" if name == run.treatment else "baseline" if name == run.baseline else None
 
     def arm_plan(self, arm: str) -> ArmConfig | None:
-        return next((a for a in self.plan.arms if a.name == arm), None)
+        """An arm's plan, or a unit's (the arm at one seed)."""
+        return next((a for a in (*self.plan.arms, *self.plan.units()) if a.name == arm or a.unit == arm), None)
+
+    @property
+    def units(self) -> list[str]:
+        """Every arm x seed the training and eval stages run (the arm names when single-seed)."""
+        return [u.unit for u in self.plan.units()]
 
     def check_for(self, metric: str) -> GateCheck | None:
         return next((c for c in self.plan.checks if c.metric == metric), None)
@@ -427,13 +474,18 @@ def load_run(run_dir: str | Path, stages: tuple[Stage, ...] = STAGES) -> RunData
             if table is not None:
                 detail = _read_detail(stage, layout, problems) if stage.detail else None
                 gates[stage.key] = GateTable(stage, tuple(GateRow.from_row(r) for r in table.to_pylist()), detail)
-    arms = [a.name for a in plan.arms]
-    logs = {source: found for source in LOG_SOURCES if (found := _read_stage_logs(layout, source, arms, problems)) is not None}
-    evals = {}
-    for arm in arms:
-        table = _read_table("eval_items", layout.eval_arm_dir(arm) / "eval.parquet", problems)
+    arms = [a.name for a in plan.arms]  # the pilots run arms; training and eval run units (arm x seed)
+    units = [u.unit for u in plan.units()]
+    logs = {source: found for source in LOG_SOURCES
+            if (found := _read_stage_logs(layout, source, units if source == "train" else arms, problems)) is not None}
+    evals, costs = {}, {}
+    for unit in units:
+        table = _read_table("eval_items", layout.eval_arm_dir(unit) / "eval.parquet", problems)
         if table is not None and table.num_rows:
-            evals[arm] = ArmEval(arm, tuple(bool(c) for c in table.column("correct").to_pylist()))
+            evals[unit] = ArmEval(unit, tuple(bool(c) for c in table.column("correct").to_pylist()))
+        cost = _read_table("arm_costs", layout.costs_path(unit), problems)
+        if cost is not None and cost.num_rows:
+            costs[unit] = ArmCost.model_validate(cost.to_pylist()[0])
     feasibility = _read_record(Feasibility, layout.feasibility_dir / "feasibility.json", problems)
     decision = _read_record(Decision, layout.decision_dir / "decision.json", problems)
     revision = _read_revision(layout.revised_spec_json, problems)
@@ -442,7 +494,7 @@ def load_run(run_dir: str | Path, stages: tuple[Stage, ...] = STAGES) -> RunData
         if (r := _read_record(SpecRevision, f, problems)) is not None
     )
     return RunData(
-        run_dir=run_dir, plan=plan, stages=stages, spec=spec, gates=gates, logs=logs, evals=evals,
+        run_dir=run_dir, plan=plan, stages=stages, spec=spec, gates=gates, logs=logs, evals=evals, costs=costs,
         feasibility=feasibility, decision=decision, revision=revision, spec_revisions=spec_revisions,
         problems=tuple(problems),
     )

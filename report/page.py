@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from report.model import Decision, GateTable, RunData
 from schemas.arm import ArmConfig
+from schemas.cost import ArmCost
 from report.palette import PENDING_COLOUR, STOPPED_COLOUR, verdict_colour
 from report.plots import RenderedPlot
 from report.status import Status, StageStatus, stopping_gate
@@ -82,6 +83,56 @@ ARM_COLUMNS = (
 
 
 @dataclass(frozen=True)
+class ComparisonRow:
+    """One arm in the comparison table: accuracy, its paired difference from the baseline with the
+    Hoeffding bounds, the verdict, and its training cost relative to the baseline's."""
+
+    arm: str
+    role: str
+    accuracy: str
+    difference: str
+    interval: str
+    holm_p: str
+    verdict: str
+    wall: str
+    sampler_tokens: str
+    trainer_tokens: str
+    model_calls: str
+    critic_share: str
+
+
+# (heading, ComparisonRow field)
+COMPARISON_COLUMNS = (
+    ("arm", "arm"),
+    ("role", "role"),
+    ("accuracy", "accuracy"),
+    ("difference vs baseline", "difference"),
+    ("paired Hoeffding bounds", "interval"),
+    ("Holm p (noninferior)", "holm_p"),
+    ("verdict", "verdict"),
+    ("wall time", "wall"),
+    ("sampler tokens", "sampler_tokens"),
+    ("trainer tokens", "trainer_tokens"),
+    ("model calls", "model_calls"),
+    ("critic share", "critic_share"),
+)
+
+
+@dataclass(frozen=True)
+class ComparisonView:
+    rows: tuple[ComparisonRow, ...] = ()
+    note: str = ""  # what the table's numbers are
+    costs: tuple[tuple[str, ...], ...] = ()  # per unit: unit, steps, wall s, sampler tokens, trainer tokens, calls
+
+    @property
+    def shown(self) -> bool:
+        return bool(self.rows or self.costs)
+
+
+COST_COLUMNS = ("unit", "steps", "wall seconds", "sampler tokens", "trainer tokens", "model calls", "critic seconds")
+
+
+@dataclass(frozen=True)
 class GateSection:
     heading: str
     table: GateTable
@@ -130,6 +181,7 @@ class Page:
     facts: tuple[tuple[str, str], ...]
     arms: tuple[ArmRow, ...]
     decision: DecisionView
+    comparison: ComparisonView
     gates: tuple[GateSection, ...]
     gates_missing: tuple[tuple[str, str], ...]  # (gate heading, why it has no table)
     plots: tuple[RenderedPlot, ...]
@@ -158,6 +210,14 @@ def headline(data: RunData, statuses: list[StageStatus]) -> Headline:
         earlier = " A decision.json in this directory is from an earlier run, not this one." if d else ""
         label = "NO DECISION: STOPPED AT A GATE" if is_gate_failure(data.stopped) else "NO DECISION: THE RUN FAILED"
         return Headline(label, STOPPED_COLOUR, f"This run ended Failed: {data.stopped}.{earlier}")
+    if d and d.family and d.holm_p_noninferior is not None:
+        others = f"; {d.family.m - 1} other arm(s) in the comparison table" if d.family.m > 1 else ""
+        return Headline(
+            d.verdict.upper(), verdict_colour(d.verdict),
+            f"{d.treatment} − {d.baseline} accuracy: mean difference {d.mean_diff:+.4f} over {d.n} items x "
+            f"{len(d.seeds)} seed(s); Holm-adjusted p {fmt(d.holm_p_noninferior)} (noninferior) and "
+            f"{fmt(d.holm_p_inferior)} (inferior) against α={d.alpha:g}, margin {d.margin:+.4f}{others}.",
+        )
     if d:
         how = {
             "noninferior": f"the lower bound {d.lower:+.4f} is above the margin {d.margin:+.4f}",
@@ -210,6 +270,12 @@ def decision_lines(d: Decision) -> list[tuple[str, str]]:
         b, c, n = (("?" if v is None else v) for v in ((mc.b, mc.c, mc.n_discordant) if mc else (None, None, None)))
         lines.append(("McNemar p", f"{d.mcnemar_p:.4g}: exact two-sided test of any difference on the {n} items the arms disagree on "
                       f"({b} only treatment right, {c} only baseline right); not a noninferiority test"))
+    if d.family and d.holm_level is not None:
+        lines.append(("Holm", f"adjusted p {fmt(d.holm_p_noninferior)} (noninferior), {fmt(d.holm_p_inferior)} (inferior): "
+                      f"{d.family.statement} At Holm's level {fmt(d.holm_level)} for this arm the bounds are "
+                      f"[{d.holm_lower:+.4f}, {d.holm_upper:+.4f}]; the verdict is Holm's"))
+    if d.seeds and len(d.seeds) > 1:
+        lines.append(("seeds", f"{', '.join(map(str, d.seeds))}: each item's difference is paired within a seed and averaged over seeds"))
     if d.min_noninferior_true_diff is not None:
         lines.append(("smallest detectable", f"{d.min_noninferior_true_diff:+.4f}: the smallest true difference this rule can call noninferior at n={d.n} (margin + Hoeffding radius)"))
     return lines
@@ -254,6 +320,64 @@ def spec_facts(data: RunData) -> list[tuple[str, str]]:
     return facts
 
 
+def _ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}×"
+
+
+def _arm_cost(data: RunData, arm: str) -> ArmCost | None:
+    costs = [data.costs[u.unit] for u in data.plan.units_of(arm) if u.unit in data.costs]
+    return ArmCost.summed(arm, costs) if costs else None
+
+
+def _arm_accuracy(data: RunData, arm: str) -> float | None:
+    accs = [data.evals[u.unit].accuracy for u in data.plan.units_of(arm) if u.unit in data.evals]
+    return sum(accs) / len(accs) if accs else None
+
+
+def comparison_view(data: RunData) -> ComparisonView:
+    """Every arm against the baseline: the decision's numbers (this run's), and the cost of each
+    arm's training summed over its seeds, divided by the baseline's."""
+    baseline = data.plan.run.baseline
+    d = data.decision if data.decision and not data.stopped else None
+    pairs = {c.arm: c for c in d.comparisons} if d else {}
+    if d and not pairs and d.treatment:  # a two-arm decision: its one pair
+        pairs = {d.treatment: d}
+    base_cost = _arm_cost(data, baseline)
+    rows = []
+    for arm in [baseline, *[a for a in data.plan.compared if a != baseline]]:
+        pair = pairs.get(arm)
+        acc = _arm_accuracy(data, arm)
+        cost = _arm_cost(data, arm)
+        rel = cost.relative_to(base_cost) if cost and base_cost else {}
+        holm = getattr(pair, "holm_p_noninferior", None) if pair else None
+        critic = "—" if not cost or cost.critic_seconds is None else f"{cost.critic_seconds / cost.wall_seconds:.0%} of wall"
+        rows.append(ComparisonRow(
+            arm=arm, role=data.role(arm) or "",
+            accuracy="—" if acc is None else f"{acc:.4f}",
+            difference="—" if pair is None else f"{pair.mean_diff:+.4f}",
+            interval="—" if pair is None else f"[{pair.lower:+.4f}, {pair.upper:+.4f}]",
+            holm_p="—" if holm is None else f"{holm:.3g}",
+            verdict="" if pair is None else pair.verdict,
+            wall=_ratio(rel.get("wall_seconds")), sampler_tokens=_ratio(rel.get("sampler_tokens")),
+            trainer_tokens=_ratio(rel.get("trainer_tokens")), model_calls=_ratio(rel.get("model_calls")),
+            critic_share=critic,
+        ))
+    seeds = len(data.plan.seeds)
+    note = (f"Accuracy: mean over {seeds} seed(s). Difference: the arm minus {baseline}, paired within each seed over the "
+            f"same eval items and averaged over seeds, with one-sided Hoeffding bounds at α={fmt(data.plan.decision.alpha)} "
+            "each. Costs: the arm's training (every seed) divided by the baseline's.")
+    if d and d.family:
+        note += f" {d.family.statement}"
+    costs = tuple(
+        (u, fmt(c.steps), f"{c.wall_seconds:.1f}", str(c.sampler_tokens), str(c.trainer_tokens), str(c.model_calls),
+         "—" if c.critic_seconds is None else f"{c.critic_seconds:.1f}")
+        for u, c in data.costs.items()
+    )
+    if not pairs and not costs:
+        return ComparisonView()
+    return ComparisonView(rows=tuple(rows), note=note, costs=costs)
+
+
 def gate_sections(data: RunData) -> list[GateSection]:
     """One per gate stage with a gate_report on file, in flow order."""
     out = []
@@ -290,6 +414,7 @@ def build_page(data: RunData, statuses: list[StageStatus], plots: list[RenderedP
         facts=tuple(spec_facts(data)),
         arms=tuple(arm_rows(data)),
         decision=_decision_view(data, statuses),
+        comparison=comparison_view(data),
         gates=tuple(gate_sections(data)),
         gates_missing=tuple((s.stage.heading, s.detail) for s in statuses if s.key in gate_keys and s.key not in data.gates),
         plots=tuple(plots),

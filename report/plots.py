@@ -194,7 +194,11 @@ def plot_eval_accuracy(data: RunData) -> tuple[Figure | None, str]:
                     xytext=(0, 3), textcoords="offset points", ha="center", va="bottom")
     ax.set_ylim(0, min(1.0, max(accuracy) * 1.3 + 0.1))
     ax.set_ylabel("eval accuracy (greedy, final weights)")
-    ax.set_title("Eval accuracy per arm")
+    ax.set_title("Eval accuracy per arm" + (" and seed" if data.plan.multi_seed else ""))
+    if len(arms) > 4:  # arm x seed units: slanted names stay apart
+        ax.tick_params(axis="x", labelrotation=30)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
     ax.grid(axis="x", visible=False)
     if d:
         ax = axes[1]

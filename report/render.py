@@ -20,7 +20,7 @@ from markupsafe import Markup
 
 from schemas.errors import UserError
 from report.model import STAGES, RunData, Stage, load_run
-from report.page import ARM_COLUMNS, Page, build_page
+from report.page import ARM_COLUMNS, COMPARISON_COLUMNS, COST_COLUMNS, Page, build_page
 from report.plots import RenderedPlot, render_plots
 from report.status import Status, stage_statuses, stopping_gate
 from schemas.io import write_bytes_atomic, write_text_atomic
@@ -50,6 +50,8 @@ def _cell(text) -> str:
 _ENV.filters["data_uri"] = _data_uri
 _ENV.filters["cell"] = _cell
 _ENV.globals["arm_columns"] = ARM_COLUMNS
+_ENV.globals["comparison_columns"] = COMPARISON_COLUMNS
+_ENV.globals["cost_columns"] = COST_COLUMNS
 
 
 def render_html(page: Page) -> str:

@@ -150,6 +150,7 @@ def _pilot_status(data: RunData, arms: list[str]) -> tuple[Status, str]:
 
 
 def _train_status(data: RunData, arms: list[str]) -> tuple[Status, str]:
+    arms = data.units  # training runs every arm at every seed
     train = data.arm_logs("train")
     if not train:
         return Status.NOT_RUN, ""
@@ -164,6 +165,7 @@ def _train_status(data: RunData, arms: list[str]) -> tuple[Status, str]:
 
 
 def _eval_status(data: RunData, arms: list[str]) -> tuple[Status, str]:
+    arms = data.units
     if not data.evals:
         return Status.NOT_RUN, ""
     parts = [f"{a}: accuracy {fmt(data.evals[a].accuracy)} on {data.evals[a].n} items" for a in arms if a in data.evals]
@@ -178,6 +180,10 @@ def _decision_status(data: RunData, arms: list[str]) -> tuple[Status, str]:
     d = data.decision
     if d is None:
         return Status.NOT_RUN, ""
+    if d.comparisons:
+        verdicts = ", ".join(f"{c.arm} {c.verdict}" for c in d.comparisons)
+        family = f" (Holm over {d.family.m} arms)" if d.family else ""
+        return Status.DONE, f"against {d.baseline}: {verdicts}{family}, {d.n} items x {len(d.seeds) or 1} seeds"
     return Status.DONE, f"{d.verdict}: lower bound {fmt(d.lower)} vs margin {fmt(d.margin)} over {d.n} items"
 
 

@@ -35,6 +35,7 @@ from rl.envs.base import Env, Problem
 from rl.estimators import KernelWindow, StepAdvantages, StepBatch, advantages_for_step, critic_targets
 from rl.kernels import prompt_mean_logprob
 from schemas.arm import ArmConfig, CriticSpec
+from schemas.cost import StepCost
 from schemas.errors import ArmFailed, UserError
 
 
@@ -46,6 +47,7 @@ class StepLog:
     rollouts: dict[str, list]
     metrics: dict[str, float]
     next_window: KernelWindow | None = None
+    cost: StepCost | None = None
 
 
 @dataclass
@@ -279,6 +281,10 @@ def run_step(
                 )
             )
 
+    # Cost: every request to the service, and every token the sampler prefilled or generated.
+    model_calls = 1 + len(sample_futures_P) + len(heldout_futures_P)  # 1: the sampler refresh above
+    sampler_tokens = 0
+
     # Grade.
     rewards_B: list[float] = []
     group_ids_B: list[int] = []
@@ -288,6 +294,7 @@ def run_step(
     for p, (problem, prompt, sample_future) in enumerate(zip(problems_P, prompts_P, sample_futures_P)):
         response = sample_future.result()
         mean_lp = prompt_mean_logprob(response.prompt_logprobs, prompt.length)
+        sampler_tokens += prompt.length + sum(len(sequence.tokens) for sequence in response.sequences)
         for g, sequence in enumerate(response.sequences):
             reward = float(env.reward(renderer, problem, list(sequence.tokens)))
             rewards_B.append(reward)
@@ -355,6 +362,7 @@ def run_step(
         fwd_bwd = fwd_bwd_future.result()
         optim_future.result()
         loss = float(fwd_bwd.metrics.get("loss:sum", float("nan")))
+        model_calls += 2
         if "loss:sum" in fwd_bwd.metrics and not math.isfinite(loss):
             # the optimizer step already applied it: the adapter is no longer trustworthy
             raise FloatingPointError(f"the training loss is {loss} (forward_backward's loss:sum; "
@@ -368,8 +376,10 @@ def run_step(
                      sequence_kl_mean=float(np.mean(advantages.sequence_kl)) if B else float("nan"))
 
     if heldout is not None:
-        for problem, future in heldout_futures_P:
-            for k, sequence in enumerate(future.result().sequences):
+        for p, (problem, future) in enumerate(heldout_futures_P):  # held-out request p samples prompt p
+            heldout_response = future.result()
+            sampler_tokens += prompts_P[p].length + sum(len(seq.tokens) for seq in heldout_response.sequences)
+            for k, sequence in enumerate(heldout_response.sequences):
                 heldout.rows.append(
                     {"prompt_id": problem.id, "sample_idx": k, "reward": float(env.reward(renderer, problem, list(sequence.tokens)))}
                 )
@@ -396,7 +406,23 @@ def run_step(
         "wall_time": time.time(),
         **extra,
     }
-    return StepLog(rollouts=rows, metrics=metrics, next_window=next_window)
+    # Trainer work includes flash_reinforce's learner forward and the critic's forward and training;
+    # the critic's part is also given on its own.
+    trainer_tokens = sum(d.model_input.length for d in datums_D) + extra.get("learner_forward_tokens", 0)
+    model_calls += 1 if "learner_forward_tokens" in extra else 0
+    critic = {}
+    if "critic_forward_tokens" in extra:
+        critic = {"critic_seconds": extra["critic_forward_seconds"] + extra["critic_train_seconds"],
+                  "critic_tokens": extra["critic_forward_tokens"] + extra["critic_train_tokens"],
+                  "critic_calls": 3}  # forward; forward_backward + optim_step
+        trainer_tokens += critic["critic_tokens"]
+        model_calls += critic["critic_calls"]
+    cost = StepCost(
+        step=step, arm=arm.name, seed=arm.seed, wall_seconds=metrics["step_seconds"],
+        sample_seconds=metrics["sample_seconds"], train_seconds=metrics["train_seconds"], sampler_tokens=sampler_tokens,
+        trainer_tokens=trainer_tokens, model_calls=model_calls, **critic,
+    )
+    return StepLog(rollouts=rows, metrics=metrics, next_window=next_window, cost=cost)
 
 
 def _non_finite_logprobs(datums_D: list[types.Datum], fwd_bwd: types.ForwardBackwardOutput) -> str:

@@ -256,3 +256,122 @@ def paired_decision(treatment, baseline, *, alpha: float, margin: float, bounds=
         "bootstrap_ci": bootstrap,
         "min_noninferior_true_diff": min_noninferior_true_diff(len(treatment_R), alpha, margin, bounds),
     }
+
+
+# ------------------------------------------------------------- many arms, one baseline, several seeds
+
+
+def hoeffding_p_value(mean_diff: float, n: int, margin: float, bounds=(0.0, 1.0), *, side: str = "noninferior") -> float:
+    """The one-sided Hoeffding p-value matching `paired_hoeffding`'s bounds: for side
+    "noninferior", of H0: true difference <= margin, exp(-n (mean_diff - margin)^2 / (2 (hi - lo)^2))
+    when mean_diff > margin, else 1; for "inferior", of H0: difference >= margin (mirrored).
+    `lower > margin` at level alpha exactly when this p-value is below alpha."""
+    if n < 1:
+        raise ValueError("n must be >= 1")
+    gap = (mean_diff - margin) if side == "noninferior" else (margin - mean_diff)
+    if side not in ("noninferior", "inferior"):
+        raise ValueError(f"side must be noninferior or inferior, got {side!r}")
+    if gap <= 0:
+        return 1.0
+    return float(math.exp(-n * gap * gap / (2.0 * _range(bounds) ** 2)))
+
+
+def holm_adjust(p_values) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input's order: with the m p-values sorted
+    ascending, adjusted p_(k) = min(1, max over j <= k of (m - j + 1) p_(j)). Rejecting every
+    hypothesis whose adjusted p-value is <= alpha controls the family-wise error at alpha."""
+    p = np.asarray(p_values, dtype=np.float64)
+    if p.ndim != 1 or p.size == 0:
+        raise ValueError("need a non-empty 1-d list of p-values")
+    if np.any((p < 0) | (p > 1) | ~np.isfinite(p)):
+        raise ValueError("p-values must lie in [0, 1]")
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    stepped = np.maximum.accumulate((m - np.arange(m)) * p[order])
+    adjusted = np.empty(m)
+    adjusted[order] = np.minimum(stepped, 1.0)
+    return adjusted.tolist()
+
+
+def holm_level(alpha: float, rank: int, m: int) -> float:
+    """The level Holm tests the hypothesis of 0-based `rank` (by ascending p) at: alpha / (m - rank)."""
+    return alpha / (m - rank)
+
+
+def seed_averaged(by_seed: dict[int, dict[str, float]], arm: str) -> dict[str, float]:
+    """item -> the item's outcome averaged over the seeds (every seed must hold the same items).
+
+    Differences are paired within a seed (the same item, both arms trained at that seed) and then
+    averaged over seeds per item: the items stay the independent units Hoeffding needs, and the
+    average of per-seed outcomes stays within the metric's bounds."""
+    if not by_seed:
+        raise EvalDataError(f"{arm}: no seed has eval results")
+    seeds = sorted(by_seed)
+    items = by_seed[seeds[0]]
+    for s in seeds[1:]:
+        if by_seed[s].keys() != items.keys():
+            raise EvalDataError(f"{arm}: seed {s} holds other eval items than seed {seeds[0]}")
+    return {i: float(np.mean([by_seed[s][i] for s in seeds])) for i in items}
+
+
+def family_decision(compared: dict[str, dict[int, object]], baseline: dict[int, object], *, alpha: float, margin: float,
+                    bounds=(0.0, 1.0), n_resamples: int = 10_000, seed: int = 0) -> dict:
+    """Every compared arm against one baseline, the family-wise error controlled by Holm.
+
+    `compared`: arm -> seed -> eval results (a path or an item -> outcome map); `baseline`: seed ->
+    eval results. Each arm is paired with the baseline on the same items within each seed, and the
+    per-item differences averaged over seeds; `paired_decision` gives its Hoeffding bounds (at the
+    unadjusted alpha) and descriptive statistics. The verdicts come from the Holm-adjusted Hoeffding
+    p-values over the m compared arms: noninferior when the adjusted p of H0 (difference <= margin)
+    is <= alpha, inferior when that of H0 (difference >= margin) is, else inconclusive; each of the
+    two one-sided families is held at alpha, as the single-pair rule holds each side at alpha.
+    """
+    def outcomes(by_seed, arm):
+        return seed_averaged({s: (v if isinstance(v, dict) else read_eval_items(v)) for s, v in by_seed.items()}, arm)
+
+    if not compared:
+        raise ValueError("no arm to compare with the baseline")
+    base_seeds = sorted(baseline)
+    base = outcomes(baseline, "baseline")
+    base_by_seed = {s: (v if isinstance(v, dict) else read_eval_items(v)) for s, v in baseline.items()}
+    records = []
+    for arm, by_seed in compared.items():
+        if sorted(by_seed) != base_seeds:
+            raise EvalDataError(f"{arm}: seeds {sorted(by_seed)} differ from the baseline's {base_seeds}")
+        loaded = {s: (v if isinstance(v, dict) else read_eval_items(v)) for s, v in by_seed.items()}
+        record = paired_decision(seed_averaged(loaded, arm), base, alpha=alpha, margin=margin, bounds=bounds,
+                                 n_resamples=n_resamples, seed=seed)
+        per_seed = {}
+        for s in base_seeds:
+            _, t_R, b_R = paired_outcomes(loaded[s], base_by_seed[s])
+            per_seed[str(s)] = float(np.mean(t_R - b_R))
+        record.update(
+            arm=arm, seeds=len(base_seeds), mean_diff_by_seed=per_seed,
+            p_noninferior=hoeffding_p_value(record["mean_diff"], record["n"], margin, bounds, side="noninferior"),
+            p_inferior=hoeffding_p_value(record["mean_diff"], record["n"], margin, bounds, side="inferior"),
+        )
+        records.append(record)
+    m = len(records)
+    for side in ("noninferior", "inferior"):
+        raw = [r[f"p_{side}"] for r in records]
+        ranks = np.argsort(np.argsort(raw, kind="stable"), kind="stable")
+        for r, adjusted, rank in zip(records, holm_adjust(raw), ranks):
+            r[f"holm_p_{side}"] = adjusted
+            if side == "noninferior":  # the bounds at the level Holm tests this arm at
+                level = holm_level(alpha, int(rank), m)
+                radius = hoeffding_radius(r["n"], level, bounds)
+                r.update(holm_level=level, holm_lower=r["mean_diff"] - radius, holm_upper=r["mean_diff"] + radius)
+    for r in records:
+        r["verdict"] = ("noninferior" if r["holm_p_noninferior"] <= alpha
+                        else "inferior" if r["holm_p_inferior"] <= alpha else "inconclusive")
+    return {
+        "family": {
+            "method": "holm", "alpha": float(alpha), "m": m,
+            "statement": (f"Holm's step-down procedure over the {m} arm(s) compared with the baseline holds the "
+                          f"family-wise error at alpha={alpha:g} for the noninferiority claims (and, separately, for "
+                          "the inferiority claims); each arm's p-value is the one-sided Hoeffding p-value of its "
+                          "seed-averaged paired differences."),
+        },
+        "seeds": base_seeds,
+        "comparisons": records,
+    }

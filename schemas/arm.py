@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from schemas.errors import FieldProblems, known_keys_only
 from schemas.kernel import KernelSpec
+from schemas.layout import unit_name
 
 # Spec `advantage` name -> estimator id (rl.estimators implements each id).
 ADVANTAGE_ESTIMATORS = {
@@ -105,6 +106,9 @@ class ArmConfig(BaseModel):
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
+    # The decision seed this unit runs at, in a spec of several seeds (None: a single-seed spec,
+    # where the arm runs at its own `seed` on the shared seed-0 prompt order, as it always has).
+    run_seed: int | None = None
 
     @model_validator(mode="after")
     def _recipe_iff_its_estimator(self):
@@ -121,6 +125,22 @@ class ArmConfig(BaseModel):
     @property
     def estimator(self) -> str:
         return estimator_id(self.advantage)
+
+    @property
+    def unit(self) -> str:
+        """Its folder under train/ and eval/ (schemas.layout.unit_name)."""
+        return unit_name(self.name, self.run_seed)
+
+    @property
+    def order_seed(self) -> int:
+        """The seed of its prompt order: 0 in a single-seed spec (shared by every arm), else the
+        decision seed (shared by every arm at that seed)."""
+        return self.run_seed or 0
+
+    def at_seed(self, run_seed: int) -> ArmConfig:
+        """This arm as one unit of a multi-seed run: its own init and sampling seed offset by the
+        decision seed, and that seed's prompt order."""
+        return self.model_copy(update={"run_seed": run_seed, "seed": self.seed + run_seed})
 
     @property
     def batch_size(self) -> int:

@@ -175,9 +175,49 @@ AUDIT_MISMATCHES = _schema(
     _req("recomputed", pa.float64()),
 )
 
+_COST_FIELDS = (
+    _req("arm", pa.string()),
+    _req("seed", pa.int32()),
+    _req("wall_seconds", pa.float64()),
+    _req("sample_seconds", pa.float64()),
+    _req("train_seconds", pa.float64()),
+    _req("sampler_tokens", pa.int64()),  # prompt tokens prefilled + tokens generated
+    _req("trainer_tokens", pa.int64()),  # tokens of the datums sent to forward_backward
+    _req("model_calls", pa.int64()),  # sampler refresh, sample, forward_backward, optim_step requests
+    _opt("critic_seconds", pa.float64()),  # a critic arm's share (null: no critic)
+    _opt("critic_tokens", pa.int64()),
+    _opt("critic_calls", pa.int64()),
+)
+
+# One row per training step of an arm: what the step cost (schemas.cost.StepCost).
+STEP_COSTS = _schema("step_costs", _req("step", pa.int32()), *_COST_FIELDS)
+
+# One row: one unit's (arm x seed) training cost, its steps summed (schemas.cost.ArmCost).
+ARM_COSTS = _schema("arm_costs", _req("unit", pa.string()), _req("steps", pa.int32()), *_COST_FIELDS)
+
+# One row per arm compared with the baseline (a multi-arm or multi-seed decision).
+COMPARISONS = _schema(
+    "comparisons",
+    _req("arm", pa.string()),
+    _req("baseline", pa.string()),
+    _req("n", pa.int64()),  # paired items (per-item outcomes averaged over the seeds)
+    _req("seeds", pa.int32()),
+    _req("mean_diff", pa.float64()),
+    _req("lower", pa.float64()),  # one-sided Hoeffding bounds at the unadjusted alpha
+    _req("upper", pa.float64()),
+    _req("p_noninferior", pa.float64()),  # Hoeffding p-value of H0: difference <= margin
+    _req("p_inferior", pa.float64()),  # of H0: difference >= margin
+    _req("holm_p_noninferior", pa.float64()),  # Holm-adjusted over the compared arms
+    _req("holm_p_inferior", pa.float64()),
+    _req("verdict", pa.string()),
+    _opt("treatment_mean", pa.float64()),
+    _opt("baseline_mean", pa.float64()),
+)
+
 SCHEMAS: dict[str, pa.Schema] = {
     s.metadata[NAME_KEY].decode(): s
-    for s in (ROLLOUTS, STEP_METRICS, EVAL_ITEMS, GATE_REPORT, DECISION, HELDOUT, CHECKPOINTS, AUDIT_MISMATCHES)
+    for s in (ROLLOUTS, STEP_METRICS, EVAL_ITEMS, GATE_REPORT, DECISION, HELDOUT, CHECKPOINTS, AUDIT_MISMATCHES,
+              STEP_COSTS, ARM_COSTS, COMPARISONS)
 }
 
 

@@ -12,12 +12,15 @@
     <run_dir>/audit/calibration/              audit of the calibration pilot
     <run_dir>/calibration/gate/               activation gate on the calibration pilot
     <run_dir>/feasibility/                    feasibility
-    <run_dir>/train/<arm>/                    training logs, checkpoints, final.json
+    <run_dir>/train/<unit>/                   training logs, checkpoints, final.json, costs.parquet
     <run_dir>/audit/train/                    audit of the training logs, before the decision
-    <run_dir>/eval/<arm>/                     eval.jsonl, eval.parquet
+    <run_dir>/eval/<unit>/                    eval.jsonl, eval.parquet
     <run_dir>/decision/                       decision.{json,parquet,md}
     <run_dir>/report/                         report.{md,html} + plots
     <run_dir>/.stage-results/                 Prefect's persisted stage results (the resume cache)
+
+A *unit* is one arm run at one seed (`unit_name`): the arm's own name in a single-seed spec (the
+layout of every run so far), `<arm>-s<seed>` for each seed of a spec with several.
 """
 
 from __future__ import annotations
@@ -71,17 +74,27 @@ def artifact_key(name: str) -> str:
 
 
 def steps_dir(arm_dir: Path) -> Path:
-    """An arm folder's per-step logs: `step-NNNNN.{rollouts,metrics}.parquet`."""
+    """An arm folder's per-step logs: `step-NNNNN.{rollouts,metrics,costs}.parquet`."""
     return Path(arm_dir) / "steps"
 
 
-def step_log(arm_dir: Path, step: int, kind: Literal["rollouts", "metrics"]) -> Path:
+def step_log(arm_dir: Path, step: int, kind: Literal["rollouts", "metrics", "costs"]) -> Path:
     return steps_dir(arm_dir) / f"step-{step:05d}.{kind}.parquet"
 
 
 def step_of(path: Path) -> int:
     """The step a step-log file holds (`step-00012.rollouts.parquet` -> 12)."""
     return int(Path(path).name.split(".")[0].split("-")[1])
+
+
+def unit_name(arm: str, run_seed: int | None) -> str:
+    """The folder of an arm at one seed: `<arm>` in a single-seed run (`run_seed` None), else
+    `<arm>-s<seed>` (an arm name cannot end in `-s<seed>` ambiguously: every unit of a
+    multi-seed run carries the suffix, and a seed is an integer)."""
+    return arm if run_seed is None else f"{arm}-s{run_seed}"
+
+
+COSTS_FILE = "costs.parquet"  # a training unit's cost record (schemas.cost.ArmCost), in its train folder
 
 
 @dataclass(frozen=True)
@@ -151,12 +164,16 @@ class RunLayout:
     def audit_dir(self, stage: AuditStage) -> Path:
         return self.root / "audit" / stage
 
-    # arms
+    # arms (an `arm` here is a unit name: `unit_name(arm, seed)`, the arm's name when single-seed)
     def train_arm_dir(self, arm: str) -> Path:
         return self.root / "train" / arm
 
     def eval_arm_dir(self, arm: str) -> Path:
         return self.root / "eval" / arm
+
+    def costs_path(self, arm: str) -> Path:
+        """A training unit's cost record: wall time, tokens, model calls (schemas.cost)."""
+        return self.train_arm_dir(arm) / COSTS_FILE
 
     def arm_dir(self, stage: AuditStage, arm: str) -> Path:
         """Where an arm of a stage logs its steps: a pilot stage's arm folder or the training one."""

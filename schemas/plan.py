@@ -35,6 +35,9 @@ class DecisionPlan(_Plan):
     bounds: tuple[float, float]
     criterion: str
     method: str
+    # Every arm decided against the baseline (spec order); more than one: Holm over them.
+    # Empty in a plan written before multi-arm specs: the treatment alone.
+    compared: tuple[str, ...] = ()
 
 
 class RunPlan(_Plan):
@@ -48,6 +51,25 @@ class RunPlan(_Plan):
     budget: Budget
     preflight: CorrectnessPreflight
     revised_spec: str | None = None  # set when the pre-registered calibration revised the spec
+    seeds: tuple[int, ...] = (0,)  # decision_rule.seeds: every arm runs once per seed when several
+
+    @property
+    def compared(self) -> tuple[str, ...]:
+        """The arms decided against the baseline."""
+        return self.decision.compared or (self.run.treatment,)
+
+    @property
+    def multi_seed(self) -> bool:
+        return len(self.seeds) > 1
+
+    def units(self) -> tuple[ArmConfig, ...]:
+        """Every arm at every seed (arm-major): the arms themselves in a single-seed plan."""
+        if not self.multi_seed:
+            return self.arms
+        return tuple(a.at_seed(s) for a in self.arms for s in self.seeds)
+
+    def units_of(self, arm: str) -> tuple[ArmConfig, ...]:
+        return tuple(u for u in self.units() if u.name == arm)
 
     def arm(self, name: str) -> ArmConfig:
         return next(a for a in self.arms if a.name == name)
@@ -89,15 +111,16 @@ class PilotLogs(_Plan):
 
 
 class TrainedArm(_Plan):
-    arm: str
+    arm: str  # the unit: the arm's name, or `<arm>-s<seed>` in a multi-seed run
     sampler_path: str
     rollouts: str
     metrics: str
     sampler_digest: str  # content hash of the sampler weights: eval keys on the weights themselves
+    costs: str | None = None  # its arm_costs record
 
 
 class EvalResult(_Plan):
-    arm: str
+    arm: str  # the unit, as in TrainedArm
     jsonl: str
     parquet: str
     accuracy: float

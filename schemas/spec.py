@@ -32,7 +32,7 @@ import importlib.util
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
@@ -109,6 +109,9 @@ class Arm(Record):
     trust_delta: Annotated[float, NonNegative] = DEFAULT_TRUST_DELTA  # read by flash_reinforce
     critic: CriticSpec = Field(default_factory=CriticSpec)  # read by the critic estimator
     _kernel_source: str | None = PrivateAttr(default=None)
+    # In a spec of more than two arms: "baseline" names the arm every other arm is decided against,
+    # "treatment" the one arm the pilot and the activation gate are about (a kernel arm's default).
+    role: Literal["treatment", "baseline"] | None = None
 
     @field_validator("name")
     @classmethod
@@ -620,7 +623,16 @@ def _role_arm(spec: ExperimentSpec, role: str) -> Arm | None:
     return None
 
 
+def _with_role(spec: ExperimentSpec, role: str) -> Arm | None:
+    named = [a for a in spec.arms if a.role == role]
+    if len(named) > 1:
+        raise ValueError(f"{len(named)} arms have role {role!r} ({', '.join(a.name for a in named)}); at most one may")
+    return named[0] if named else None
+
+
 def _find_treatment(spec: ExperimentSpec) -> Arm:
+    if (arm := _with_role(spec, "treatment")) is not None:
+        return arm
     kernel = [a for a in spec.arms if a.advantage == TREATMENT_ADVANTAGE]
     if len(kernel) == 1:
         return kernel[0]
@@ -629,10 +641,13 @@ def _find_treatment(spec: ExperimentSpec) -> Arm:
     others = [a for a in spec.arms if a.advantage != BASELINE_ADVANTAGE]
     if len(spec.arms) == 2 and len(others) == 1:
         return others[0]
-    raise ValueError(f"cannot tell the treatment arm: give exactly one arm advantage {TREATMENT_ADVANTAGE!r} or name it in decision_rule weights")
+    raise ValueError(f"cannot tell the treatment arm: give exactly one arm advantage {TREATMENT_ADVANTAGE!r}, "
+                     "role \"treatment\" to one arm, or name it in decision_rule weights")
 
 
 def _find_baseline(spec: ExperimentSpec) -> Arm:
+    if (arm := _with_role(spec, "baseline")) is not None:
+        return arm
     grpo = [a for a in spec.arms if a.advantage == BASELINE_ADVANTAGE]
     if len(grpo) == 1:
         return grpo[0]
@@ -642,17 +657,27 @@ def _find_baseline(spec: ExperimentSpec) -> Arm:
     others = [a for a in spec.arms if a.name != treatment.name]
     if len(others) == 1:
         return others[0]
-    raise ValueError(f"cannot tell the baseline arm: give exactly one arm advantage {BASELINE_ADVANTAGE!r} or name it in decision_rule weights")
+    raise ValueError(f"cannot tell the baseline arm: give exactly one arm advantage {BASELINE_ADVANTAGE!r}, "
+                     "role \"baseline\" to one arm, or name it in decision_rule weights")
 
 
 def treatment_arm(spec: ExperimentSpec) -> Arm:
-    """The arm under test: the kernel-baseline arm, else the arm with positive decision weight."""
+    """The arm the pilot and the activation gate are about: the arm with role "treatment", else the
+    one kernel-baseline arm, else the arm with positive decision weight."""
     return _find_treatment(spec)
 
 
 def baseline_arm(spec: ExperimentSpec) -> Arm:
-    """The comparison arm: the group-mean (GRPO) arm, else the arm with negative decision weight."""
+    """The comparison arm: the arm with role "baseline", else the group-mean (GRPO) arm, else the
+    arm with negative decision weight."""
     return _find_baseline(spec)
+
+
+def compared_arms(spec: ExperimentSpec) -> list[Arm]:
+    """Every arm decided against the baseline, in spec order: all arms but the baseline (in a
+    two-arm spec, the treatment)."""
+    baseline = _find_baseline(spec)
+    return [a for a in spec.arms if a.name != baseline.name]
 
 
 def _model_registry(org: str) -> dict:
@@ -726,7 +751,11 @@ def resolve_base_model_path(spec: ExperimentSpec) -> str | None:
 
 def canonical_json(spec: ExperimentSpec) -> str:
     """The spec with every default filled in, as sorted compact JSON (the hashed form)."""
-    return json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    data = spec.model_dump(mode="json")
+    for arm in data["arms"]:  # an arm without a role hashes as before roles existed (same run directory)
+        if arm.get("role") is None:
+            arm.pop("role", None)
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def spec_hash(spec_or_path: ExperimentSpec | str | Path) -> str:

@@ -19,9 +19,11 @@ from prefect.context import TaskRunContext
 from tinker_cookbook import model_info, renderers
 
 from rl.envs import get_env
+from rl.stats import read_eval_items
 from rl.loop import HeldoutRequest, StepLog, eval_rows, new_window, train_arm, window_from_logs
 from schemas.arm import ArmConfig
 from schemas.artifacts import read_artifact, write_artifact
+from schemas.cost import ArmCost
 from schemas.io import write_json_atomic, write_jsonl_atomic
 from schemas.errors import ArmFailed, UserError
 from schemas.layout import PilotStage, RunLayout, arm_stage_name, artifact_key, pilot_name, step_log, step_of, steps_dir
@@ -68,11 +70,16 @@ def write_step_log(arm_dir: Path, log: StepLog) -> None:
     rows = [dict(zip(log.rollouts, values)) for values in zip(*log.rollouts.values())]
     write_artifact("rollouts", rows, step_log(arm_dir, step, "rollouts"))
     write_artifact("step_metrics", [log.metrics], step_log(arm_dir, step, "metrics"))
+    if log.cost is not None:
+        write_artifact("step_costs", [log.cost.model_dump()], step_log(arm_dir, step, "costs"))
+
+
+STEP_LOG_ARTIFACTS = {"rollouts": "rollouts", "metrics": "step_metrics", "costs": "step_costs"}
 
 
 def read_step_logs(arm_dir: Path, kind: str, before: int | None = None) -> list[pa.Table]:
     files = sorted(steps_dir(arm_dir).glob(f"step-*.{kind}.parquet"))
-    name = "rollouts" if kind == "rollouts" else "step_metrics"
+    name = STEP_LOG_ARTIFACTS[kind]
     tables = []
     for f in files:
         if before is None or step_of(f) < before:
@@ -105,8 +112,8 @@ def _progress_reporter(arm: ArmConfig, total: int, first_step: int, label: str):
     if in_prefect:
         progress_id = create_progress_artifact(
             progress=100.0 * first_step / max(total, 1),
-            key=artifact_key(f"{label} {arm.name}"),
-            description=f"{label} {arm.name}: step {first_step}/{total}",
+            key=artifact_key(f"{label} {arm.unit}"),
+            description=f"{label} {arm.unit}: step {first_step}/{total}",
         )
 
     def report(log: StepLog) -> None:
@@ -119,12 +126,12 @@ def _progress_reporter(arm: ArmConfig, total: int, first_step: int, label: str):
                 artifact_id=progress_id,
                 progress=100.0 * done / total,
                 description=(
-                    f"{label} {arm.name}: step {done}/{total}, reward {log.metrics['reward_mean']:.3f}, "
+                    f"{label} {arm.unit}: step {done}/{total}, reward {log.metrics['reward_mean']:.3f}, "
                     f"elapsed {elapsed:.0f}s, ETA {eta:.0f}s"
                 ),
             )
         logger.info(
-            f"{label} {arm.name}: step {done}/{total} reward={log.metrics['reward_mean']:.3f} "
+            f"{label} {arm.unit}: step {done}/{total} reward={log.metrics['reward_mean']:.3f} "
             f"|adv|={log.metrics['advantage_abs_mean']:.3f} loss={log.metrics['loss']:.4g} "
             f"elapsed={elapsed:.0f}s eta={eta:.0f}s"
         )
@@ -207,7 +214,7 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, r
 # Full training runs
 
 
-@task(name="train", task_run_name="train {arm.name}", cache_policy=stage_cache(), persist_result=True)
+@task(name="train", task_run_name="train {arm.unit}", cache_policy=stage_cache(), persist_result=True)
 def trained_arm(arm: ArmConfig, run: RunContext, run_dir: str, backend: str, data_dir: str | None,
                 checkpoint_every: int = 5) -> TrainedArm:
     """Train one arm for the spec's steps; resume from the last checkpoint if there is one."""
@@ -217,10 +224,13 @@ def trained_arm(arm: ArmConfig, run: RunContext, run_dir: str, backend: str, dat
 def train_with_checkpoints(arm: ArmConfig, run: RunContext, run_dir: str, backend: str, data_dir: str | None,
                            checkpoint_every: int = 5) -> TrainedArm:
     """The training stage's body (callable without Prefect): per-step logs, a `save_state`
-    checkpoint every `checkpoint_every` steps, and resume from the last one after a crash."""
+    checkpoint every `checkpoint_every` steps, and resume from the last one after a crash.
+    `arm` is one unit (an arm at one seed): its folder is `arm.unit`, its prompt order seed
+    `arm.order_seed`."""
     env = env_for(run, data_dir)
-    order = env.train_order(seed=0)
-    arm_dir = RunLayout(run_dir).train_arm_dir(arm.name)
+    order = env.train_order(seed=arm.order_seed)
+    layout = RunLayout(run_dir)
+    arm_dir = layout.train_arm_dir(arm.unit)
     training_client, renderer = open_arm(run, arm, backend)
     critic_client = open_critic(run, arm, backend)
 
@@ -244,9 +254,9 @@ def train_with_checkpoints(arm: ArmConfig, run: RunContext, run_dir: str, backen
         write_step_log(arm_dir, log)
         done = log.metrics["step"] + 1
         if checkpoint_every and (done % checkpoint_every == 0) and done < arm.steps:
-            state_path = training_client.save_state(f"{Path(run_dir).name}-{arm.name}-{done:05d}").result().path
+            state_path = training_client.save_state(f"{Path(run_dir).name}-{arm.unit}-{done:05d}").result().path
             critic_path = (None if critic_client is None else
-                           critic_client.save_state(f"{Path(run_dir).name}-{arm.name}-critic-{done:05d}").result().path)
+                           critic_client.save_state(f"{Path(run_dir).name}-{arm.unit}-critic-{done:05d}").result().path)
             checkpoints.append({"next_step": done, "state_path": state_path, "wall_time": time.time(),
                                 "critic_state_path": critic_path})
             write_artifact("checkpoints", checkpoints, checkpoints_path)
@@ -255,13 +265,38 @@ def train_with_checkpoints(arm: ArmConfig, run: RunContext, run_dir: str, backen
     train_arm(arm, training_client=training_client, env=env, renderer=renderer, order=order,
               steps=range(first_step, arm.steps), window=window, on_step=on_step, critic_client=critic_client)
     rollouts_path, metrics_path = merge_step_logs(arm_dir)
-    sampler_path = training_client.save_weights_for_sampler(f"{Path(run_dir).name}-{arm.name}-final").result().path
+    costs_path = record_costs(arm, arm_dir, layout.costs_path(arm.unit))
+    sampler_path = training_client.save_weights_for_sampler(f"{Path(run_dir).name}-{arm.unit}-final").result().path
     record_output(sampler_path)  # the local engine's adapter files: verified before a cache hit
     # eval keys on the weights themselves: a retrained arm with other weights is evaluated again
-    final = TrainedArm(arm=arm.name, sampler_path=sampler_path, rollouts=str(rollouts_path), metrics=str(metrics_path),
-                       sampler_digest=digest_paths(sampler_path))
+    final = TrainedArm(arm=arm.unit, sampler_path=sampler_path, rollouts=str(rollouts_path), metrics=str(metrics_path),
+                       sampler_digest=digest_paths(sampler_path), costs=str(costs_path))
     write_json_atomic(arm_dir / "final.json", final.model_dump())
     return final
+
+
+def record_costs(arm: ArmConfig, arm_dir: Path, out: Path) -> Path:
+    """The unit's cost record: its step costs summed (a resumed run's earlier steps included)."""
+    steps = [row for table in read_step_logs(arm_dir, "costs") for row in table.to_pylist()]
+    cost = ArmCost.from_steps(arm.unit, steps)
+    path = write_artifact("arm_costs", [cost.model_dump()], out)
+    if TaskRunContext.get() is not None:
+        create_table_artifact(
+            key=f"cost-{arm.unit}".replace("_", "-").replace(".", "-").lower(),
+            table=[{k: (round(v, 2) if isinstance(v, float) else v) for k, v in cost.model_dump().items()}],
+            description=f"What training {arm.unit} cost",
+        )
+    return path
+
+
+def unit_results(arm: ArmConfig, run_dir: str) -> tuple[TrainedArm, EvalResult]:
+    """What a unit that ran elsewhere (a dispatched flow run) left in the shared run directory."""
+    layout = RunLayout(run_dir)
+    trained = TrainedArm.model_validate_json((layout.train_arm_dir(arm.unit) / "final.json").read_text())
+    out = layout.eval_arm_dir(arm.unit)
+    items = read_eval_items(out / "eval.jsonl")
+    return trained, EvalResult(arm=arm.unit, jsonl=str(out / "eval.jsonl"), parquet=str(out / "eval.parquet"),
+                               accuracy=sum(items.values()) / len(items))
 
 
 def _resume_point(arm: ArmConfig, arm_dir: Path, checkpoints_path: Path, training_client, critic_client=None):
@@ -285,7 +320,7 @@ def _resume_point(arm: ArmConfig, arm_dir: Path, checkpoints_path: Path, trainin
 # Eval
 
 
-@task(name="eval", task_run_name="eval {arm.name}", cache_policy=stage_cache(), persist_result=True)
+@task(name="eval", task_run_name="eval {arm.unit}", cache_policy=stage_cache(), persist_result=True)
 def eval_items(trained: TrainedArm, arm: ArmConfig, run: RunContext, n_eval: int, run_dir: str, backend: str,
                data_dir: str | None) -> EvalResult:
     """Greedy-decode every eval item with the arm's final weights; write eval.jsonl + Parquet."""
@@ -299,14 +334,14 @@ def eval_items(trained: TrainedArm, arm: ArmConfig, run: RunContext, n_eval: int
     except (UserError, ArmFailed):
         raise
     except Exception as exc:
-        raise ArmFailed.of("eval", arm.name, exc) from exc
-    out = RunLayout(run_dir).eval_arm_dir(arm.name)
+        raise ArmFailed.of("eval", arm.unit, exc) from exc
+    out = RunLayout(run_dir).eval_arm_dir(arm.unit)
     jsonl = write_jsonl_atomic(out / "eval.jsonl", [{"item_id": r["item_id"], "correct": r["correct"]} for r in rows])
     parquet = write_artifact("eval_items", rows, out / "eval.parquet")
     accuracy = sum(r["correct"] for r in rows) / len(rows)
     create_table_artifact(
-        key=artifact_key(arm_stage_name("eval", arm.name)),
-        table=[{"arm": arm.name, "items": len(rows), "accuracy": round(accuracy, 4)}],
-        description=f"Eval of {arm.name}",
+        key=artifact_key(arm_stage_name("eval", arm.unit)),
+        table=[{"arm": arm.unit, "items": len(rows), "accuracy": round(accuracy, 4)}],
+        description=f"Eval of {arm.unit}",
     )
-    return EvalResult(arm=arm.name, jsonl=str(jsonl), parquet=str(parquet), accuracy=accuracy)
+    return EvalResult(arm=arm.unit, jsonl=str(jsonl), parquet=str(parquet), accuracy=accuracy)

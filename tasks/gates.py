@@ -7,6 +7,7 @@ values are in plain sight whether the gate passed or not.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from prefect import task
@@ -16,9 +17,9 @@ from rl.audit import RolloutLog, audit_log
 from rl.reference import gs1_kernel_reference
 from rl.feasibility import PilotTimings, project_full_run
 from rl.gates import NotApplicable, compute_gate_metrics, evaluate_checks
-from rl.stats import paired_decision
+from rl.stats import family_decision, paired_decision
 from schemas.arm import ArmConfig
-from schemas.artifacts import DECISION, read_artifact, write_artifact
+from schemas.artifacts import COMPARISONS, DECISION, read_artifact, write_artifact
 from schemas.gate_text import GateRow, failing_text, fmt
 from schemas.layout import DECISION as DECISION_STAGE
 from schemas.layout import (
@@ -106,7 +107,9 @@ def activation_gate(checks: tuple[GateCheck, ...], treatment_path: str, baseline
 def audit_gate(arms: tuple[ArmConfig, ...], rollout_paths: list[str], run_dir: str, stage: AuditStage) -> list[dict]:
     """Recompute every logged advantage of each arm from its own rollout log with the independent
     reference (rl.audit); a row beyond tolerance fails the run before its logs are used."""
-    results = [audit_log(arm, RolloutLog.from_table(read_artifact("rollouts", path))) for arm, path in zip(arms, rollout_paths)]
+    # an arm at several seeds is audited once per seed, named by its unit
+    results = [replace(audit_log(arm, RolloutLog.from_table(read_artifact("rollouts", path))), arm=arm.unit)
+               for arm, path in zip(arms, rollout_paths)]
     out = RunLayout(run_dir).audit_dir(stage)
     mismatches = [m.__dict__ for r in results for m in r.mismatches]
     write_artifact("audit_mismatches", mismatches, out / "mismatches.parquet")
@@ -133,12 +136,16 @@ def audit_gate(arms: tuple[ArmConfig, ...], rollout_paths: list[str], run_dir: s
 
 @judging_task(name=FEASIBILITY, task_run_name=FEASIBILITY, cache_policy=stage_cache("timings_path"), persist_result=True)
 def feasibility(timings_path: str, steps: int, n_eval: int, budget: Budget, backend: str, out_dir: str,
-                recovery_reserve: float = 0.25) -> dict:
-    """Project the full run from the pilot's timings; over budget is a gate failure."""
+                recovery_reserve: float = 0.25, units: dict[str, str] | None = None) -> dict:
+    """Project the full run from the pilot's timings; over budget is a gate failure. `units`
+    (unit -> arm) projects every arm x seed: an arm the pilot did not run is taken to step as
+    slowly as the slowest one it did."""
     timings = json.loads(Path(timings_path).read_text())
+    piloted = timings["step_seconds"]
+    step_seconds = piloted if units is None else {u: piloted.get(arm, max(piloted.values())) for u, arm in units.items()}
     measured = PilotTimings(
         setup_seconds=max(timings["setup_seconds"].values()),
-        step_seconds=timings["step_seconds"],
+        step_seconds=step_seconds,
         eval_seconds_per_item=timings["eval_seconds_per_item"],
         gpus=_gpus(backend),
     )
@@ -213,4 +220,56 @@ def decision_markdown(record: dict) -> str:
         f"| Hoeffding lower bound (alpha={record['alpha']}) | {record['lower']:+.4f} |\n"
         f"| Hoeffding upper bound | {record['upper']:+.4f} |\n"
         f"| noninferiority margin | {record['margin']:+.4f} |\n"
+    )
+
+
+@task(name="paired decision", task_run_name="paired decision (Holm)",
+      cache_policy=stage_cache("eval_files"), persist_result=True)
+def family_decision_record(eval_files: list[str], units: list[tuple[str, int]], decision: DecisionPlan, names: dict,
+                           out_dir: str) -> dict:
+    """Every compared arm against the baseline on the same items, paired within each seed, with
+    Holm's control of the family-wise error; `eval_files[i]` is the eval of `units[i]` = (arm, seed).
+
+    decision.json holds the treatment's pair at the top level (the fields a two-arm decision has,
+    its verdict Holm's), the family statement, and every pair under `comparisons`; the per-pair
+    verdicts are one table in comparisons.parquet and decision.md."""
+    by_arm: dict[str, dict[int, str]] = {}
+    for path, (arm, seed) in zip(eval_files, units, strict=True):
+        by_arm.setdefault(arm, {})[int(seed)] = path
+    baseline = names["baseline"]
+    compared = {arm: by_arm[arm] for arm in decision.compared or (names["treatment"],)}
+    family = family_decision(compared, by_arm[baseline], alpha=decision.alpha, margin=decision.margin,
+                             bounds=tuple(decision.bounds))
+    for pair in family["comparisons"]:
+        pair.update(criterion=decision.criterion, treatment=pair["arm"], baseline=baseline)
+    primary = next(p for p in family["comparisons"] if p["arm"] == names["treatment"]) if names["treatment"] in compared \
+        else family["comparisons"][0]
+    record = {**{k: v for k, v in primary.items() if k != "arm"}, **family}
+    out = Path(out_dir)
+    write_json_atomic(out / "decision.json", record)
+    write_artifact("decision", [{c: record.get(c) for c in DECISION.names}], out / "decision.parquet")
+    write_artifact("comparisons", [{c: p.get(c) for c in COMPARISONS.names}
+                                   for p in family["comparisons"]], out / "comparisons.parquet")
+    markdown = family_markdown(record)
+    write_text_atomic(out / "decision.md", markdown)
+    verdicts = ", ".join(f"{p['arm']} {p['verdict']}" for p in family["comparisons"])
+    create_markdown_artifact(key="decision", markdown=markdown, description=f"Decision: {verdicts}")
+    return record
+
+
+def family_markdown(record: dict) -> str:
+    family = record["family"]
+    rows = "\n".join(
+        f"| {p['arm']} | {p['treatment_mean']:.4f} | {p['mean_diff']:+.4f} | [{p['lower']:+.4f}, {p['upper']:+.4f}] | "
+        f"{p['holm_p_noninferior']:.3g} | {p['holm_p_inferior']:.3g} | **{p['verdict']}** |"
+        for p in record["comparisons"]
+    )
+    return (
+        f"# Decision: {family['m']} arm(s) against **{record['baseline']}** "
+        f"(accuracy {record['baseline_mean']:.4f}), {len(record['seeds'])} seed(s)\n\n"
+        f"Paired over {record['n']} eval items within each seed (seeds {', '.join(map(str, record['seeds']))}), "
+        f"differences averaged over seeds; noninferiority margin {record['margin']:+.4f}.\n\n"
+        f"{family['statement']}\n\n"
+        f"| arm | accuracy | mean difference | Hoeffding bounds (α={record['alpha']:g} each side) | "
+        f"Holm p (noninferior) | Holm p (inferior) | verdict |\n|---|---|---|---|---|---|---|\n{rows}\n"
     )

@@ -19,7 +19,7 @@ from schemas.io import write_json_atomic
 from schemas.layout import CALIBRATED_SPEC, VALIDATE_SPEC, RunLayout
 from schemas.plan import DecisionPlan, RunContext, RunPlan
 from schemas.revision import SpecRevision, experiment_hash, field_changes
-from schemas.spec import ExperimentSpec, baseline_arm, load_spec, spec_hash, treatment_arm
+from schemas.spec import ExperimentSpec, baseline_arm, compared_arms, load_spec, spec_hash, treatment_arm
 from tasks.common import publish_markdown, stage_cache, uncached_stage_hooks
 
 
@@ -82,9 +82,11 @@ def plan_from_spec(spec: ExperimentSpec) -> RunPlan:
         decision=DecisionPlan(
             alpha=spec.decision_rule.alpha, margin=criterion.margin, bounds=tuple(criterion.bounds),
             criterion=criterion.id, method=spec.decision_rule.method,
+            compared=tuple(a.name for a in compared_arms(spec)),
         ),
         budget=spec.budget,
         preflight=spec.correctness_preflight,
+        seeds=tuple(spec.decision_rule.seeds),
     )
 
 

@@ -27,6 +27,9 @@ def register(subparsers) -> None:
     p.add_argument("--backend", choices=["local", "tinker"], default="local")
     p.add_argument("--run-dir", help="run directory (default: runs/<title-slug>-<experiment-hash>; gate bounds are not part of it)")
     p.add_argument("--data-dir", help="directory with GSM8K train.jsonl/test.jsonl (default: the hub; env GS1_GSM8K_DIR)")
+    p.add_argument("--dispatch", metavar="DEPLOYMENT",
+                   help="run each arm x seed as a flow run of this deployment of gs1-arm-unit (e.g. gs1-arm-unit/gs1) "
+                        "on its work pool's workers; needs PREFECT_API_URL and a run directory the workers share")
     p.set_defaults(func=run)
 
 
@@ -58,6 +61,9 @@ def _run(args: argparse.Namespace, server) -> int:
     api_url = PREFECT_API_URL.value()
     if api_url:
         check_prefect_api(api_url)  # down, or never answering: one line, exit 2, within seconds
+    dispatch = getattr(args, "dispatch", None)
+    if dispatch and not api_url:
+        raise UserError("--dispatch needs the Prefect server the workers poll: set PREFECT_API_URL")
     from rl.envs import get_env
 
     get_env(spec.dataset.name, data_dir=data_dir, **dict(spec.dataset.options))  # its data files, now
@@ -75,7 +81,7 @@ def _run(args: argparse.Namespace, server) -> int:
             api_url = server.start()  # our child: it ends when gs1 run does, however that happens
         with temporary_settings({PREFECT_API_URL: api_url}):
             try:
-                return _run_flow(spec_path, run_dir, args.backend, data_dir)
+                return _run_flow(spec_path, run_dir, args.backend, data_dir, dispatch)
             finally:
                 _send_pending_logs()  # while the server is still up: it stops when the run ends
 
@@ -91,7 +97,7 @@ def _send_pending_logs(timeout: float = 5.0) -> None:
             pass
 
 
-def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None) -> int:
+def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None, dispatch: str | None = None) -> int:
     from flows.experiment import experiment_in
     from schemas.layout import RunLayout
     from tasks.common import GateFailed
@@ -101,10 +107,14 @@ def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None
 
     state = experiment_in(run_dir)(
         spec_path=str(spec_path.resolve()), run_dir=str(run_dir.resolve()), backend=backend,
-        data_dir=str(Path(data_dir).resolve()) if data_dir else None, return_state=True,
+        data_dir=str(Path(data_dir).resolve()) if data_dir else None, dispatch=dispatch, return_state=True,
     )
     if state.is_completed():
         decision = state.result()
+        for pair in decision.get("comparisons", []):  # several arms (or seeds): one line per arm, Holm's verdicts
+            print(f"gs1: {pair['arm']} - {decision['baseline']} = {pair['mean_diff']:+.4f} "
+                  f"(Hoeffding [{pair['lower']:+.4f}, {pair['upper']:+.4f}], Holm p {pair['holm_p_noninferior']:.3g}): "
+                  f"{pair['verdict']}")
         print(
             f"gs1: decision {decision['verdict']}: {decision['treatment']} - {decision['baseline']} = "
             f"{decision['mean_diff']:+.4f} (Hoeffding lower {decision['lower']:+.4f}, margin {decision['margin']:+.4f}, "

@@ -39,7 +39,8 @@ def _weighted(crit) -> str:
 
 def summary(spec, path: str) -> str:
     # lazy: start-up time
-    from schemas.spec import baseline_arm, resolve_base_model_path, resolve_renderer_name, spec_hash, treatment_arm
+    from schemas.spec import (baseline_arm, compared_arms, resolve_base_model_path, resolve_renderer_name, spec_hash,
+                              treatment_arm)
 
     treatment, baseline = treatment_arm(spec), baseline_arm(spec)
     renderer = resolve_renderer_name(spec)
@@ -93,6 +94,11 @@ def summary(spec, path: str) -> str:
         lines.append(f"  {c.metric:<{mwidth}}  {_bounds(c)}")
     dr = spec.decision_rule
     lines.append(f"decision    {dr.method}, alpha {dr.alpha:g}, seeds {dr.seeds}")
+    compared = compared_arms(spec)
+    if len(compared) > 1 or len(dr.seeds) > 1:
+        lines.append(f"  every arm at each of {len(dr.seeds)} seed(s) ({len(spec.arms) * len(dr.seeds)} runs); "
+                     f"{', '.join(a.name for a in compared)} each against {baseline.name}, paired within seed, "
+                     f"Holm over the {len(compared)}")
     for crit in dr.criteria:
         lines.append(
             f"  {crit.id}: {crit.metric} in {list(crit.bounds)}; D = {_weighted(crit)}; "
