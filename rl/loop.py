@@ -30,9 +30,9 @@ import pyarrow as pa
 from tinker import types
 from tinker.types.tensor_data import TensorData
 
+from rl.backends.responses import backend_of, client_of, loss_sum, prompt_mean_logprob_of
 from rl.envs.base import Env, Problem
 from rl.estimators import KernelWindow, StepAdvantages, StepBatch, advantages_for_step
-from rl.kernels import prompt_mean_logprob
 from schemas.arm import ArmConfig
 
 
@@ -134,7 +134,9 @@ def run_step(
 ) -> StepLog:
     """One training step of `arm` against `window`; the log carries the next step's window."""
     t_start = time.time()
-    sampling_client = training_client.save_weights_and_get_sampling_client()
+    backend = backend_of(training_client)
+    sampling_client = client_of(training_client.save_weights_and_get_sampling_client(), backend=backend,
+                                call="save_weights_and_get_sampling_client", expected="a sampling client")
     problems_P = step_problems(order, arm, step)
     prompts_P = [env.build_prompt(renderer, problem) for problem in problems_P]
     stop = env.stop_sequences(renderer)
@@ -182,7 +184,8 @@ def run_step(
     rows: dict[str, list] = {c: [] for c in ROLLOUT_COLUMNS}
     for p, (problem, prompt, sample_future) in enumerate(zip(problems_P, prompts_P, sample_futures_P)):
         response = sample_future.result()
-        mean_lp = prompt_mean_logprob(response.prompt_logprobs, prompt.length)
+        mean_lp = prompt_mean_logprob_of(response.prompt_logprobs, prompt.length, backend=backend,
+                                         call="sample(include_prompt_logprobs=True)")
         for g, sequence in enumerate(response.sequences):
             reward = float(env.reward(renderer, problem, list(sequence.tokens)))
             rewards_B.append(reward)
@@ -226,7 +229,7 @@ def run_step(
         )
         fwd_bwd = fwd_bwd_future.result()
         optim_future.result()
-        loss = float(fwd_bwd.metrics.get("loss:sum", float("nan")))
+        loss = loss_sum(fwd_bwd, backend=backend)
     t_trained = time.time()
 
     if heldout is not None:

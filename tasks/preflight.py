@@ -8,6 +8,7 @@ independent reference (`rl/reference.py`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 from prefect import task
@@ -19,7 +20,8 @@ from schemas.io import write_json_atomic
 from schemas.layout import RunLayout
 from schemas.plan import RunContext
 from schemas.spec import CorrectnessPreflight
-from tasks.arms import env_for, open_arm
+from rl.backends.responses import client_of
+from tasks.arms import arm_client, env_for
 from tasks.common import stage_cache
 from tasks.gates import record_gate
 
@@ -36,12 +38,21 @@ def correctness_preflight(arms: tuple[ArmConfig, ...], run: RunContext, prefligh
     tolerances = {k: v.model_dump() for k, v in preflight.paths[0].tolerances.items()}
     baseline = next(a for a in arms if a.name == run.baseline)
     treatment = next(a for a in arms if a.name == run.treatment)
-    client, renderer = open_arm(run, baseline, backend)
-    outcome = correctness_checks(
-        arms, baseline, treatment, fresh_client=lambda arm: open_arm(run, arm, backend)[0],
-        sampling_client=client.save_weights_and_get_sampling_client(), env=env, renderer=renderer, problems=problems,
-        num_samples=FIXED_SAMPLES, max_tokens=min(baseline.max_tokens, FIXED_MAX_TOKENS), tolerances=tolerances,
-    )
+
+    @contextlib.contextmanager
+    def fresh_client(arm: ArmConfig):
+        with arm_client(run, arm, backend) as (training_client, _):
+            yield training_client
+
+    # The fixed batch's sampler and one fresh client per check: at most two training clients at once.
+    with arm_client(run, baseline, backend) as (client, renderer):
+        sampling_client = client_of(client.save_weights_and_get_sampling_client(), backend=backend,
+                                    call="save_weights_and_get_sampling_client", expected="a sampling client")
+        outcome = correctness_checks(
+            arms, baseline, treatment, fresh_client=fresh_client, sampling_client=sampling_client, env=env,
+            renderer=renderer, problems=problems, num_samples=FIXED_SAMPLES,
+            max_tokens=min(baseline.max_tokens, FIXED_MAX_TOKENS), tolerances=tolerances,
+        )
     out = RunLayout(run_dir).preflight_dir
     record = {
         "revisions": {"baseline_revision": cookbook_revision(), "reference_revision": module_revision(reference)},

@@ -53,8 +53,9 @@ def test_futures_are_tinker_api_futures(tc, tiny_tokenizer):
     assert isinstance(f, APIFuture)
     resp = f.result(timeout=60)
     assert isinstance(resp, types.SampleResponse)
-    # the client future can be used as the client directly, as tinker's can
-    again = sc_fut.sample(_prompt(tiny_tokenizer, "hi"), 1, types.SamplingParams(max_tokens=2, seed=1))
+    # the client future can still be used as the client, deprecated (a FutureWarning) as tinker's is
+    with pytest.warns(FutureWarning, match=r"call \.result\(\)"):
+        again = sc_fut.sample(_prompt(tiny_tokenizer, "hi"), 1, types.SamplingParams(max_tokens=2, seed=1))
     assert again.result().sequences[0].tokens == resp.sequences[0].tokens
 
 
