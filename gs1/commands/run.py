@@ -94,9 +94,11 @@ def _send_pending_logs(timeout: float = 5.0) -> None:
 def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None) -> int:
     from flows.experiment import experiment_in
     from schemas.layout import RunLayout
+    from schemas.errors import BackendError
+    from schemas.redaction import one_line, redact_key
     from tasks.common import GateFailed
 
-    _quiet_tracebacks((GateFailed, UserError))
+    _quiet_tracebacks((GateFailed, UserError, BackendError))
 
     state = experiment_in(run_dir)(
         spec_path=str(spec_path.resolve()), run_dir=str(run_dir.resolve()), backend=backend,
@@ -117,6 +119,9 @@ def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None
         return 1
     if isinstance(error, UserError):
         raise error
+    if isinstance(error, BackendError):  # the service failed a call or answered off its API: a run failure
+        sys.stderr.write(one_line(redact_key(f"gs1: {error}")) + "\n")
+        return 1
     raise UserError(f"the flow ended {state.name}: {state.message}")
 
 
