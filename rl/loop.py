@@ -30,7 +30,7 @@ import pyarrow as pa
 from tinker import types
 from tinker.types.tensor_data import TensorData
 
-from rl.backends.responses import backend_of, client_of, loss_sum, prompt_mean_logprob_of
+from rl.backends.responses import backend_of, loss_sum, prompt_mean_logprob_of, resolved
 from rl.envs.base import Env, Problem
 from rl.estimators import KernelWindow, StepAdvantages, StepBatch, advantages_for_step
 from schemas.arm import ArmConfig
@@ -135,7 +135,7 @@ def run_step(
     """One training step of `arm` against `window`; the log carries the next step's window."""
     t_start = time.time()
     backend = backend_of(training_client)
-    sampling_client = client_of(training_client.save_weights_and_get_sampling_client(), backend=backend,
+    sampling_client = resolved(training_client.save_weights_and_get_sampling_client(), backend=backend,
                                 call="save_weights_and_get_sampling_client", expected="a sampling client")
     problems_P = step_problems(order, arm, step)
     prompts_P = [env.build_prompt(renderer, problem) for problem in problems_P]
@@ -183,7 +183,7 @@ def run_step(
     logprobs_B_T: list[list[float]] = []
     rows: dict[str, list] = {c: [] for c in ROLLOUT_COLUMNS}
     for p, (problem, prompt, sample_future) in enumerate(zip(problems_P, prompts_P, sample_futures_P)):
-        response = sample_future.result()
+        response = resolved(sample_future, backend=backend, call="sample", expected="a SampleResponse")
         mean_lp = prompt_mean_logprob_of(response.prompt_logprobs, prompt.length, backend=backend,
                                          call="sample(include_prompt_logprobs=True)")
         for g, sequence in enumerate(response.sequences):
@@ -227,14 +227,15 @@ def run_step(
         optim_future = training_client.optim_step(
             types.AdamParams(learning_rate=arm.lr, beta1=arm.beta1, beta2=arm.beta2, eps=arm.eps)
         )
-        fwd_bwd = fwd_bwd_future.result()
-        optim_future.result()
+        fwd_bwd = resolved(fwd_bwd_future, backend=backend, call="forward_backward", expected="a ForwardBackwardOutput")
+        resolved(optim_future, backend=backend, call="optim_step", expected="an OptimStepResponse")
         loss = loss_sum(fwd_bwd, backend=backend)
     t_trained = time.time()
 
     if heldout is not None:
         for problem, future in heldout_futures_P:
-            for k, sequence in enumerate(future.result().sequences):
+            held = resolved(future, backend=backend, call="sample (held-out)", expected="a SampleResponse")
+            for k, sequence in enumerate(held.sequences):
                 heldout.rows.append(
                     {"prompt_id": problem.id, "sample_idx": k, "reward": float(env.reward(renderer, problem, list(sequence.tokens)))}
                 )
@@ -326,10 +327,12 @@ def eval_rows(
 
     prompts_P = [env.build_prompt(renderer, problem) for problem in problems]
     params = types.SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=env.stop_sequences(renderer), seed=0)
+    backend = backend_of(sampling_client)
     responses_P = []
     for start in range(0, len(prompts_P), max_in_flight):
         futures = submit_all(sampling_client, prompts_P[start : start + max_in_flight], 1, params)
-        responses_P += [future.result() for future in futures]
+        responses_P += [resolved(future, backend=backend, call="sample (eval, greedy)", expected="a SampleResponse")
+                        for future in futures]
     rows = []
     for problem, response in zip(problems, responses_P):
         tokens_T = list(response.sequences[0].tokens)

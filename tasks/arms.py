@@ -25,7 +25,7 @@ from prefect.context import TaskRunContext
 from tinker_cookbook import model_info, renderers
 
 from rl.backends import release_training_client
-from rl.backends.responses import client_of
+from rl.backends.responses import resolved
 from rl.envs import get_env
 from rl.loop import HeldoutRequest, StepLog, eval_rows, new_window, train_arm, window_from_logs
 from schemas.arm import ArmConfig
@@ -64,7 +64,7 @@ def open_arm(run: RunContext, arm: ArmConfig, backend: str, state_path: str | No
     else:
         future = service.create_training_client_from_state_with_optimizer(state_path)
         call = "create_training_client_from_state_with_optimizer"
-    training_client = client_of(future, backend=backend, call=call, expected=TRAINING_CLIENT)
+    training_client = resolved(future, backend=backend, call=call, expected=TRAINING_CLIENT)
     return training_client, renderer_for(run, training_client.get_tokenizer())
 
 
@@ -198,7 +198,7 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, r
             if is_treatment:
                 paths["heldout"] = str(write_artifact("heldout", heldout.rows, out / "heldout.parquet"))
                 # Eval timing for feasibility: a few greedy test items on the pilot policy.
-                sampler = client_of(training_client.save_weights_and_get_sampling_client(), backend=backend,
+                sampler = resolved(training_client.save_weights_and_get_sampling_client(), backend=backend,
                                     call="save_weights_and_get_sampling_client", expected="a sampling client")
                 problems = env.test_problems()[: getattr(pilot, "eval_timing_items", None) or 16]
                 t0 = time.time()
@@ -295,7 +295,7 @@ def eval_items(trained: TrainedArm, arm: ArmConfig, run: RunContext, n_eval: int
                data_dir: str | None) -> EvalResult:
     """Greedy-decode every eval item with the arm's final weights; write eval.jsonl + Parquet."""
     env = env_for(run, data_dir)
-    sampler = client_of(service_client(backend).create_sampling_client(model_path=trained.sampler_path), backend=backend,
+    sampler = resolved(service_client(backend).create_sampling_client(model_path=trained.sampler_path), backend=backend,
                         call="create_sampling_client(model_path=...)", expected="a sampling client of the arm's final weights")
     renderer = renderer_for(run, sampler.get_tokenizer())
     problems = env.test_problems()[:n_eval]

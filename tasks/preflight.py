@@ -14,13 +14,13 @@ import json
 from prefect import task
 
 from rl import reference
+from rl.backends.responses import resolved
 from rl.preflight import correctness_checks, cookbook_revision, module_revision
 from schemas.arm import ArmConfig
 from schemas.io import write_json_atomic
 from schemas.layout import RunLayout
 from schemas.plan import RunContext
 from schemas.spec import CorrectnessPreflight
-from rl.backends.responses import client_of
 from tasks.arms import arm_client, env_for
 from tasks.common import stage_cache
 from tasks.gates import record_gate
@@ -46,7 +46,7 @@ def correctness_preflight(arms: tuple[ArmConfig, ...], run: RunContext, prefligh
 
     # The fixed batch's sampler and one fresh client per check: at most two training clients at once.
     with arm_client(run, baseline, backend) as (client, renderer):
-        sampling_client = client_of(client.save_weights_and_get_sampling_client(), backend=backend,
+        sampling_client = resolved(client.save_weights_and_get_sampling_client(), backend=backend,
                                     call="save_weights_and_get_sampling_client", expected="a sampling client")
         outcome = correctness_checks(
             arms, baseline, treatment, fresh_client=fresh_client, sampling_client=sampling_client, env=env,

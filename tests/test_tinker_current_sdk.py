@@ -226,3 +226,29 @@ def test_the_sdk_client_future_used_as_a_client_warns_and_the_local_engine_match
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         local_future.result().get_tokenizer()  # the resolved client: no warning
+
+
+def test_gs1_run_on_a_service_with_fewer_adapters_than_the_preflight_needs_is_one_line_exit_1(
+        prefect_harness, tmp_path, repo_root, tiny_model_dir, use_fake, capfd):  # noqa: F811
+    """The issue's run: a per-user adapter limit met in the preflight ends `gs1 run` on one line
+    naming the backend, the call and what was expected; exit 1; no traceback, no KeyError."""
+    import sys
+
+    from gs1.cli import main
+
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(flow_spec(repo_root, tiny_model_dir, steps=2)))
+    terminal = logging.StreamHandler(sys.stderr)  # as in test_flow: a handler on this test's stderr
+    logging.getLogger().addHandler(terminal)
+    try:
+        with use_fake(max_adapters=1):  # the preflight holds its sampler's client and one fresh one
+            rc = main(["run", str(spec_path), "--backend", "tinker", "--run-dir", str(tmp_path / "run")])
+    finally:
+        logging.getLogger().removeHandler(terminal)
+    out, err = capfd.readouterr()
+    assert rc == 1
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("gs1: tinker backend: create_lora_training_client: expected a LoRA training client"), last
+    assert "Maximum number of LoRA adapters (1) reached" in last
+    assert "Traceback" not in out + err and "KeyError" not in out + err
+    assert KEY not in out + err

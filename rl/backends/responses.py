@@ -5,9 +5,9 @@ Tinker-API server (or a future SDK) that answers in another documented-compatibl
 exactly, and one that answers otherwise ends the run with a `BackendError` naming the backend,
 the call and what was expected -- never a bare KeyError and never a silently shifted feature.
 
-- `client_of(future, ...)`: the client a `create_*` call returns a future of, resolved where the
-  SDK expects it (`.result()`); a failed creation (e.g. the service's limit on LoRA adapters) is
-  a `BackendError`.
+- `resolved(future, ...)`: a call's answer (`.result()`), e.g. the client a `create_*` call returns
+  a future of, resolved where the SDK expects it; a failed call (the service's limit on LoRA
+  adapters, a sample the service refuses) is a `BackendError`.
 - `loss_sum(output, ...)`: the summed loss of a `forward_backward` / `forward`: the documented
   `loss:sum` metric, else the exact sum of the per-token `elementwise_loss` outputs.
 - `prompt_mean_logprob_of(prompt_logprobs, prompt_length, ...)`: the kernel feature from a
@@ -40,8 +40,8 @@ def backend_of(client: Any) -> str:
     return module.rsplit(".", 1)[-1]
 
 
-def client_of(future: Any, *, backend: str, call: str, expected: str = "a client") -> Any:
-    """`future.result()` for a `create_*` call; a failure of the call is one BackendError line."""
+def resolved(future: Any, *, backend: str, call: str, expected: str) -> Any:
+    """`future.result()`; a failure of the call is one BackendError line (a UserError stays one)."""
     try:
         return future.result()
     except UserError:  # already one line about the user's input (a missing model, a bad path)
@@ -83,4 +83,4 @@ def prompt_mean_logprob_of(prompt_logprobs: Sequence[float | None] | None, promp
         raise BackendError(backend, call, expected, str(e)) from None
 
 
-__all__ = ["ELEMENTWISE_LOSS", "LOSS_SUM", "backend_of", "client_of", "loss_sum", "prompt_mean_logprob_of"]
+__all__ = ["ELEMENTWISE_LOSS", "LOSS_SUM", "backend_of", "resolved", "loss_sum", "prompt_mean_logprob_of"]
