@@ -83,7 +83,14 @@ def use_fake(monkeypatch):
         with FakeTinkerServer(api_key=KEY, sample_latency_s=0.0, **options) as server:
             monkeypatch.setenv("TINKER_BASE_URL", server.base_url)
             monkeypatch.setenv("TINKER_API_KEY", KEY)
-            yield server
+            try:
+                yield server
+            finally:
+                # End the sessions before the server stops: a session left open keeps sending
+                # heartbeats, and logs each failure for the rest of the test run.
+                for service in tasks.common._SERVICES.values():
+                    service.close("success").result(timeout=30)
+                tasks.common._SERVICES.clear()
 
     return start
 
@@ -219,6 +226,7 @@ def test_the_sdk_client_future_used_as_a_client_warns_and_the_local_engine_match
         future = service.create_lora_training_client(str(tiny_model_dir), rank=4, seed=0)
         with pytest.warns(FutureWarning):
             future.get_tokenizer()
+        service.close("success").result(timeout=30)
     local = make_service_client("local", device="cpu", cache_dir=tmp_path)
     local_future = local.create_lora_training_client(str(tiny_model_dir), rank=4, seed=0)
     with pytest.warns(FutureWarning):
@@ -229,26 +237,28 @@ def test_the_sdk_client_future_used_as_a_client_warns_and_the_local_engine_match
 
 
 def test_gs1_run_on_a_service_with_fewer_adapters_than_the_preflight_needs_is_one_line_exit_1(
-        prefect_harness, tmp_path, repo_root, tiny_model_dir, use_fake, capfd):  # noqa: F811
-    """The issue's run: a per-user adapter limit met in the preflight ends `gs1 run` on one line
-    naming the backend, the call and what was expected; exit 1; no traceback, no KeyError."""
+        tmp_path, repo_root, tiny_model_dir, use_fake):  # noqa: F811
+    """The issue's run: a per-user adapter limit met in the preflight ends `gs1 run` (a process of
+    its own, as a user runs it) on one line naming the backend, the call and what was expected;
+    exit 1; no traceback, no KeyError, no key."""
+    import os
+    import subprocess
     import sys
 
-    from gs1.cli import main
+    from fixtures.gs1_process import BOOT, TESTS
 
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(flow_spec(repo_root, tiny_model_dir, steps=2)))
-    terminal = logging.StreamHandler(sys.stderr)  # as in test_flow: a handler on this test's stderr
-    logging.getLogger().addHandler(terminal)
-    try:
-        with use_fake(max_adapters=1):  # the preflight holds its sampler's client and one fresh one
-            rc = main(["run", str(spec_path), "--backend", "tinker", "--run-dir", str(tmp_path / "run")])
-    finally:
-        logging.getLogger().removeHandler(terminal)
-    out, err = capfd.readouterr()
-    assert rc == 1
-    last = err.strip().splitlines()[-1]
+    with use_fake(max_adapters=1):  # the preflight holds its sampler's client and one fresh one
+        env = {**os.environ, "PYTHONPATH": str(TESTS)}
+        env.pop("PREFECT_API_URL", None)
+        done = subprocess.run(
+            [sys.executable, "-c", BOOT, "run", str(spec_path), "--backend", "tinker", "--run-dir", str(tmp_path / "run")],
+            env=env, cwd=TESTS.parent, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900,
+        )
+    assert done.returncode == 1, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("gs1: tinker backend: create_lora_training_client: expected a LoRA training client"), last
     assert "Maximum number of LoRA adapters (1) reached" in last
-    assert "Traceback" not in out + err and "KeyError" not in out + err
-    assert KEY not in out + err
+    assert "Traceback" not in done.stdout + done.stderr and "KeyError" not in done.stdout + done.stderr
+    assert KEY not in done.stdout + done.stderr

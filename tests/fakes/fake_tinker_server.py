@@ -4,7 +4,8 @@ It speaks enough of the Tinker HTTP API (as the tinker 0.38 SDK uses it) that th
 `tinker.ServiceClient(base_url=..., api_key=...)` runs against it unmodified:
 
 - start-up: `GET /api/v1/healthz`, `POST /api/v1/client/config` (API-key auth, no JWT
-  exchange), `/client/dynamic_config`, `/create_session`, `/session_heartbeat`, `/telemetry`
+  exchange), `/client/dynamic_config`, `/create_session`, `/session_heartbeat`, `/telemetry`,
+  `/sessions/{id}/finish` (`ServiceClient.close`)
 - training: `/create_model`, `/get_info`, `/forward_backward` (protobuf body; `forward` too),
   `/optim_step`, `/save_weights`, `/load_weights`, `/save_weights_for_sampler`, `/unload_model`
 - sampling: `/create_sampling_session`, `GET /samplers/{id}`, `/asample`
@@ -201,6 +202,7 @@ class FakeTinkerServer:
         routes = [
             Route(f"{API}/healthz", self._healthz, methods=["GET"]),
             Route(f"{API}/samplers/{{sampler_id}}", self._wrap(self._get_sampler), methods=["GET"]),
+            Route(f"{API}/sessions/{{session_id}}/finish", self._wrap(self._finish_session), methods=["POST"]),
         ]
         for name, handler in {
             "client/config": self._client_config,
@@ -267,6 +269,10 @@ class FakeTinkerServer:
 
     async def _create_session(self, request: Request) -> Response:
         return JSONResponse({"type": "create_session", "session_id": self._new_id("session")})
+
+    async def _finish_session(self, request: Request) -> Response:
+        # `ServiceClient.close()`: the session ends and its heartbeats stop.
+        return Response(status_code=200)
 
     async def _heartbeat(self, request: Request) -> Response:
         return JSONResponse({"type": "session_heartbeat"})
