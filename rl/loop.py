@@ -31,9 +31,9 @@ import pyarrow as pa
 from tinker import types
 from tinker.types.tensor_data import TensorData
 
+from rl.backends.responses import backend_of, loss_sum, prompt_mean_logprob_of, resolved
 from rl.envs.base import Env, Problem
 from rl.estimators import KernelWindow, StepAdvantages, StepBatch, advantages_for_step, critic_targets
-from rl.kernels import prompt_mean_logprob
 from schemas.arm import ArmConfig, CriticSpec
 from schemas.cost import StepCost
 from schemas.errors import ArmFailed, UserError
@@ -241,7 +241,9 @@ def run_step(
     if (arm.critic is not None) != (critic_client is not None):
         raise ValueError(f"arm {arm.name}: a critic client goes with, and only with, a critic arm")
     t_start = time.time()
-    sampling_client = training_client.save_weights_and_get_sampling_client()
+    backend = backend_of(training_client)
+    sampling_client = resolved(training_client.save_weights_and_get_sampling_client(), backend=backend,
+                                call="save_weights_and_get_sampling_client", expected="a sampling client")
     problems_P = step_problems(order, arm, step)
     prompts_P = [env.build_prompt(renderer, problem) for problem in problems_P]
     stop = env.stop_sequences(renderer)
@@ -292,8 +294,9 @@ def run_step(
     logprobs_B_T: list[list[float]] = []
     rows: dict[str, list] = {c: [] for c in ROLLOUT_COLUMNS}
     for p, (problem, prompt, sample_future) in enumerate(zip(problems_P, prompts_P, sample_futures_P)):
-        response = sample_future.result()
-        mean_lp = prompt_mean_logprob(response.prompt_logprobs, prompt.length)
+        response = resolved(sample_future, backend=backend, call="sample", expected="a SampleResponse")
+        mean_lp = prompt_mean_logprob_of(response.prompt_logprobs, prompt.length, backend=backend,
+                                         call="sample(include_prompt_logprobs=True)")
         sampler_tokens += prompt.length + sum(len(sequence.tokens) for sequence in response.sequences)
         for g, sequence in enumerate(response.sequences):
             reward = float(env.reward(renderer, problem, list(sequence.tokens)))
@@ -359,13 +362,13 @@ def run_step(
         optim_future = training_client.optim_step(
             types.AdamParams(learning_rate=arm.lr, beta1=arm.beta1, beta2=arm.beta2, eps=arm.eps)
         )
-        fwd_bwd = fwd_bwd_future.result()
-        optim_future.result()
-        loss = float(fwd_bwd.metrics.get("loss:sum", float("nan")))
+        fwd_bwd = resolved(fwd_bwd_future, backend=backend, call="forward_backward", expected="a ForwardBackwardOutput")
+        resolved(optim_future, backend=backend, call="optim_step", expected="an OptimStepResponse")
+        loss = loss_sum(fwd_bwd, backend=backend)
         model_calls += 2
-        if "loss:sum" in fwd_bwd.metrics and not math.isfinite(loss):
+        if not math.isfinite(loss):
             # the optimizer step already applied it: the adapter is no longer trustworthy
-            raise FloatingPointError(f"the training loss is {loss} (forward_backward's loss:sum; "
+            raise FloatingPointError(f"the training loss is {loss} (forward_backward; "
                                      f"{_non_finite_logprobs(datums_D, fwd_bwd)})")
     t_trained = time.time()
     if arm.critic is not None:  # the critic learns this step's (prompt, reward) pairs, after use
@@ -377,9 +380,9 @@ def run_step(
 
     if heldout is not None:
         for p, (problem, future) in enumerate(heldout_futures_P):  # held-out request p samples prompt p
-            heldout_response = future.result()
-            sampler_tokens += prompts_P[p].length + sum(len(seq.tokens) for seq in heldout_response.sequences)
-            for k, sequence in enumerate(heldout_response.sequences):
+            held = resolved(future, backend=backend, call="sample (held-out)", expected="a SampleResponse")
+            sampler_tokens += prompts_P[p].length + sum(len(seq.tokens) for seq in held.sequences)
+            for k, sequence in enumerate(held.sequences):
                 heldout.rows.append(
                     {"prompt_id": problem.id, "sample_idx": k, "reward": float(env.reward(renderer, problem, list(sequence.tokens)))}
                 )
@@ -408,10 +411,10 @@ def run_step(
     }
     # Trainer work includes flash_reinforce's learner forward and the critic's forward and training;
     # the critic's part is also given on its own.
-    trainer_tokens = sum(d.model_input.length for d in datums_D) + extra.get("learner_forward_tokens", 0)
-    model_calls += 1 if "learner_forward_tokens" in extra else 0
+    trainer_tokens = sum(d.model_input.length for d in datums_D) + (extra["learner_forward_tokens"] or 0)
+    model_calls += 1 if extra["learner_forward_tokens"] is not None else 0
     critic = {}
-    if "critic_forward_tokens" in extra:
+    if extra["critic_forward_tokens"] is not None:
         critic = {"critic_seconds": extra["critic_forward_seconds"] + extra["critic_train_seconds"],
                   "critic_tokens": extra["critic_forward_tokens"] + extra["critic_train_tokens"],
                   "critic_calls": 3}  # forward; forward_backward + optim_step
@@ -514,10 +517,12 @@ def eval_rows(
 
     prompts_P = [env.build_prompt(renderer, problem) for problem in problems]
     params = types.SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=env.stop_sequences(renderer), seed=0)
+    backend = backend_of(sampling_client)
     responses_P = []
     for start in range(0, len(prompts_P), max_in_flight):
         futures = submit_all(sampling_client, prompts_P[start : start + max_in_flight], 1, params)
-        responses_P += [future.result() for future in futures]
+        responses_P += [resolved(future, backend=backend, call="sample (eval, greedy)", expected="a SampleResponse")
+                        for future in futures]
     rows = []
     for problem, response in zip(problems, responses_P):
         tokens_T = list(response.sequences[0].tokens)

@@ -13,6 +13,10 @@
     optim_step, finite loss (a critic arm: its value model's training step too);
 (d) restoration: fresh clients of both arms give the same loss on a fixed batch.
 
+A fresh client is a context manager (`fresh_client(arm)`) and every check holds one at a time:
+with the sampling client's own, at most two training clients are alive at once, so a service
+that caps LoRA adapters per user runs the preflight.
+
 Loss and gradient comparisons use the spec's tolerances: |a-b| <= atol + rtol*|b| elementwise
 and cosine(a, b) >= min_cosine.
 """
@@ -23,6 +27,7 @@ import dataclasses
 import hashlib
 import math
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,8 +38,8 @@ from tinker_cookbook.rl import data_processing
 from tinker_cookbook.rl.types import Trajectory, TrajectoryGroup, Transition
 
 from rl.audit import AuditResult, RolloutLog, audit_log, reference_columns
+from rl.backends.responses import backend_of, loss_sum, prompt_mean_logprob_of
 from rl.estimators import StepBatch
-from rl.kernels import prompt_mean_logprob
 from rl.loop import (batch_of, critic_answer_tokens, critic_logprobs, learner_logprobs, new_window, rollout_datum,
                      sampling_seed, step_advantages, train_critic)
 from schemas.arm import ArmConfig
@@ -268,16 +273,20 @@ def compare_arrays(name: str, ours, reference, *, atol: float, rtol: float, min_
     return Comparison(name, passed, details)
 
 
-def loss_and_gradient(make_client: Callable[[], object], datums: Sequence[types.Datum]) -> tuple[float, np.ndarray | None]:
+FreshClient = Callable[[], AbstractContextManager]
+
+
+def loss_and_gradient(make_client: FreshClient, datums: Sequence[types.Datum]) -> tuple[float, np.ndarray | None]:
     """Loss of one forward_backward on a fresh client, and the LoRA gradient it accumulated.
 
     The gradient is observable on the local engine only (`lora_gradient`); a hosted service
     returns None and the comparison is made on the loss alone (and says so).
     """
-    client = make_client()
-    out = client.forward_backward(list(datums), loss_fn="importance_sampling").result()
-    gradient = client.lora_gradient() if hasattr(client, "lora_gradient") else None
-    return float(out.metrics["loss:sum"]), None if gradient is None else np.asarray(gradient, dtype=np.float64)
+    with make_client() as client:
+        out = client.forward_backward(list(datums), loss_fn="importance_sampling").result()
+        gradient = client.lora_gradient() if hasattr(client, "lora_gradient") else None
+        loss = loss_sum(out, backend=backend_of(client))
+    return loss, None if gradient is None else np.asarray(gradient, dtype=np.float64)
 
 
 def compare_loss_and_gradient(prefix: str, make_client, ours_D, reference_D, tolerances: dict) -> list[Comparison]:
@@ -294,7 +303,7 @@ def probe(training_client, datums: Sequence[types.Datum], lr: float) -> Comparis
     """One forward_backward + one optim_step on a fresh client; the loss must be finite."""
     out = training_client.forward_backward(list(datums), loss_fn="importance_sampling").result()
     training_client.optim_step(types.AdamParams(learning_rate=lr, beta1=0.9, beta2=0.95, eps=1e-8)).result()
-    loss = float(out.metrics["loss:sum"])
+    loss = loss_sum(out, backend=backend_of(training_client))
     return Comparison("probe", math.isfinite(loss), {"loss": loss, "num_datums": len(datums)})
 
 
@@ -317,7 +326,8 @@ def fixed_batch(sampling_client, *, env, renderer, problems, num_samples: int, m
     ]
     rollouts, mean_logprobs = [], []
     for p, (problem, prompt, lp_future, future) in enumerate(zip(problems, prompts_P, logprob_futures_P, sample_futures_P)):
-        mean_lp = prompt_mean_logprob(lp_future.result(), prompt.length)
+        mean_lp = prompt_mean_logprob_of(lp_future.result(), prompt.length, backend=backend_of(sampling_client),
+                                         call="compute_logprobs")
         for sequence in future.result().sequences:
             tokens = list(sequence.tokens)
             rollouts.append(Rollout(prompt, tokens, list(sequence.logprobs or []), float(env.reward(renderer, problem, tokens)), p))
@@ -363,11 +373,12 @@ def step_check_comparison(result: AuditResult) -> Comparison:
     return Comparison(f"step_check_{result.arm}", result.passed, details)
 
 
-def correctness_checks(arms: Sequence[ArmConfig], baseline: ArmConfig, treatment: ArmConfig, *, fresh_client: Callable,
-                       sampling_client, env, renderer, problems, num_samples: int, max_tokens: int,
-                       tolerances: dict, fresh_critic: Callable | None = None) -> PreflightOutcome:
-    """Every check of the correctness preflight; `fresh_client(arm)` opens a fresh training client,
-    `fresh_critic(arm)` a critic arm's fresh value-model client."""
+def correctness_checks(arms: Sequence[ArmConfig], baseline: ArmConfig, treatment: ArmConfig, *,
+                       fresh_client: Callable[[ArmConfig], AbstractContextManager], sampling_client, env, renderer,
+                       problems, num_samples: int, max_tokens: int, tolerances: dict,
+                       fresh_critic: Callable[[ArmConfig], AbstractContextManager] | None = None) -> PreflightOutcome:
+    """Every check of the correctness preflight; `with fresh_client(arm) as tc:` holds a fresh training
+    client for one check and gives it back after; `fresh_critic(arm)` likewise a critic arm's value model."""
     rollouts, mean_logprobs = fixed_batch(
         sampling_client, env=env, renderer=renderer, problems=problems, num_samples=num_samples,
         max_tokens=max_tokens, temperature=baseline.temperature,
@@ -384,8 +395,15 @@ def correctness_checks(arms: Sequence[ArmConfig], baseline: ArmConfig, treatment
     def inputs_of(arm: ArmConfig) -> StepBatch:  # the batch with the arm's own inputs, measured on fresh clients
         if arm.critic is not None and fresh_critic is None:
             raise ValueError(f"arm {arm.name} is a critic arm: the preflight needs fresh_critic")
-        return with_arm_inputs(arm, batch, rollouts, training_client=fresh_client(arm) if arm.trust_delta is not None else None,
-                               critic_client=fresh_critic(arm) if arm.critic is not None else None, renderer=renderer)
+        if arm.trust_delta is not None:
+            with fresh_client(arm) as training_client:
+                return with_arm_inputs(arm, batch, rollouts, training_client=training_client, critic_client=None,
+                                       renderer=renderer)
+        if arm.critic is not None:
+            with fresh_critic(arm) as critic_client:
+                return with_arm_inputs(arm, batch, rollouts, training_client=None, critic_client=critic_client,
+                                       renderer=renderer)
+        return batch
 
     # (a) the treatment's advantages on the sampled batch vs the reference's: loss and LoRA gradient.
     treatment_batch = inputs_of(treatment)
@@ -404,19 +422,24 @@ def correctness_checks(arms: Sequence[ArmConfig], baseline: ArmConfig, treatment
 
     # (c) the probe, per arm: a fresh client, that arm's advantage, one optim step, finite loss.
     for arm, advantage in ((baseline, baseline_advantage), (treatment, treatment_advantage)):
-        result = probe(fresh_client(arm), loop_datums(rollouts, advantage), arm.lr)
+        with fresh_client(arm) as training_client:
+            result = probe(training_client, loop_datums(rollouts, advantage), arm.lr)
         comparisons.append(Comparison(f"probe_{arm.name}", result.passed, result.details))
         if arm.critic is not None:  # and its value model's training step, as the loop takes it
             question_T, yes, no = critic_answer_tokens(renderer.tokenizer, arm.critic)
-            loss, tokens = train_critic(fresh_critic(arm), arm.critic, [r.prompt for r in rollouts],
-                                        [r.reward for r in rollouts], question_T, yes, no, arm)
+            with fresh_critic(arm) as critic_client:
+                loss, tokens = train_critic(critic_client, arm.critic, [r.prompt for r in rollouts],
+                                            [r.reward for r in rollouts], question_T, yes, no, arm)
             comparisons.append(Comparison(f"probe_{arm.name}_critic", math.isfinite(loss) and loss > 0,
                                           {"loss": loss, "num_tokens": tokens}))
 
     # (d) restoration: both arms start from the same base LoRA init within the seed.
     datums = loop_datums(rollouts, baseline_advantage)
-    losses = [fresh_client(arm).forward(datums, loss_fn="importance_sampling").result().metrics["loss:sum"]
-              for arm in (baseline, treatment)]
+    losses = []
+    for arm in (baseline, treatment):  # one after the other: each client is given back before the next
+        with fresh_client(arm) as training_client:
+            out = training_client.forward(datums, loss_fn="importance_sampling").result()
+            losses.append(loss_sum(out, backend=backend_of(training_client), call="forward"))
     lt = tolerances["baseline_loss"]
     comparisons.append(compare_arrays("restoration_loss", [losses[1]], [losses[0]], atol=lt["atol"], rtol=lt["rtol"]))
 

@@ -4,6 +4,8 @@
   `SpecError` is the one for an invalid spec file.
 - `EvalDataError`: eval files that cannot be paired (the `decide` command turns it into a UserError).
 - `SampleRequestError`: a sample request that still failed after its retries.
+- `BackendError`: a backend call that failed or answered other than the SDK documents (the run
+  ends on its one line, exit 1).
 - `FieldProblems`: a pydantic model check's several `field: reason` problems (spec, kernel).
 - `ArmFailed`: an arm's work failed (out of memory, a non-finite loss, a dead service): names the
   stage, the arm, the step and the cause on one line; `gs1 run` prints it and exits 1.
@@ -61,6 +63,19 @@ def _rebuild_sample_request_error(index: int, attempts: int, message: str) -> Sa
     RuntimeError.__init__(err, message)
     err.index, err.attempts = index, attempts
     return err
+
+
+class BackendError(RuntimeError):
+    """A backend call that failed, or whose answer deviates from the shape the tinker SDK documents
+    and cannot be read exactly. One line: the backend, the call, what was expected, what came."""
+
+    def __init__(self, backend: str, call: str, expected: str, got: str) -> None:
+        super().__init__(f"{backend} backend: {call}: expected {expected}; got {got}")
+        self.backend, self.call, self.expected, self.got = backend, call, expected, got
+
+    def __reduce__(self):
+        # Picklable across processes (Prefect results), the cause left behind like SampleRequestError's.
+        return (BackendError, (self.backend, self.call, self.expected, self.got))
 
 
 class FieldProblems(ValueError):

@@ -2,14 +2,20 @@
 
 Each training arm logs one Parquet file of rollouts and one of metrics per step, checkpoints with
 `save_state` every `checkpoint_every` steps (path and loop state in `checkpoints.parquet`), and
-resumes from its last checkpoint when the stage is run again after a crash.
+resumes from its last checkpoint when the stage is run again after a crash (a training client
+created from that state with its optimizer, the SDK's supported resume).
+
+Every training client is held in `arm_client(...)`, which gives it back to the service when the
+stage is done with it: the pilot holds one at a time, each training arm one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,6 +24,8 @@ from prefect.artifacts import create_progress_artifact, create_table_artifact, u
 from prefect.context import TaskRunContext
 from tinker_cookbook import model_info, renderers
 
+from rl.backends import release_training_client
+from rl.backends.responses import resolved
 from rl.envs import get_env
 from rl.stats import read_eval_items
 from rl.loop import HeldoutRequest, StepLog, eval_rows, new_window, train_arm, window_from_logs
@@ -43,26 +51,71 @@ def renderer_for(run: RunContext, tokenizer):
     return renderers.get_renderer(name, copy.deepcopy(tokenizer))
 
 
-def open_arm(run: RunContext, arm: ArmConfig, backend: str):
-    """A fresh LoRA training client for `arm` (same base model, rank and seed for every arm)."""
+TRAINING_CLIENT = "a LoRA training client (a service may cap adapters per user; gs1 holds at most 3 at once)"
+
+
+def open_arm(run: RunContext, arm: ArmConfig, backend: str, state_path: str | None = None):
+    """A LoRA training client for `arm` and its renderer: fresh (same base model, rank and seed for
+    every arm), or from a `save_state` checkpoint with its optimizer state. The caller gives the
+    client back (`arm_client` does)."""
     service = service_client(backend)
-    kwargs = {"base_model_path": arm.base_model_path} if backend == "local" and arm.base_model_path else {}
-    training_client = service.create_lora_training_client(
-        base_model=arm.base_model, rank=arm.lora_rank, seed=arm.seed, **kwargs
-    )
+    if state_path is None:
+        kwargs = {"base_model_path": arm.base_model_path} if backend == "local" and arm.base_model_path else {}
+        future = service.create_lora_training_client(base_model=arm.base_model, rank=arm.lora_rank, seed=arm.seed, **kwargs)
+        call = "create_lora_training_client"
+    else:
+        future = service.create_training_client_from_state_with_optimizer(state_path)
+        call = "create_training_client_from_state_with_optimizer"
+    training_client = resolved(future, backend=backend, call=call, expected=TRAINING_CLIENT)
     return training_client, renderer_for(run, training_client.get_tokenizer())
 
 
-def open_critic(run: RunContext, arm: ArmConfig, backend: str):
-    """A critic arm's value model: a second, fresh LoRA training client on the arm's base model
-    (None for any other arm)."""
+def open_critic(run: RunContext, arm: ArmConfig, backend: str, state_path: str | None = None):
+    """A critic arm's value model: a second LoRA training client on the arm's base model, fresh or
+    from its checkpoint (None for any other arm). The caller gives it back (`critic_of` does)."""
     if arm.critic is None:
         return None
     service = service_client(backend)
-    kwargs = {"base_model_path": arm.base_model_path} if backend == "local" and arm.base_model_path else {}
-    return service.create_lora_training_client(
-        base_model=arm.base_model, rank=arm.critic.lora_rank or arm.lora_rank, seed=arm.seed, **kwargs
-    )
+    if state_path is None:
+        kwargs = {"base_model_path": arm.base_model_path} if backend == "local" and arm.base_model_path else {}
+        future = service.create_lora_training_client(
+            base_model=arm.base_model, rank=arm.critic.lora_rank or arm.lora_rank, seed=arm.seed, **kwargs)
+        call = "create_lora_training_client"
+    else:
+        future = service.create_training_client_from_state_with_optimizer(state_path)
+        call = "create_training_client_from_state_with_optimizer"
+    return resolved(future, backend=backend, call=call, expected=TRAINING_CLIENT)
+
+
+@contextlib.contextmanager
+def given_back(training_client) -> Iterator:
+    """Holds `training_client` for the block, then gives it back to the service."""
+    try:
+        yield training_client
+    except BaseException:
+        with contextlib.suppress(Exception):  # the failure in flight is the one to report
+            release_training_client(training_client)
+        raise
+    release_training_client(training_client)
+
+
+@contextlib.contextmanager
+def arm_client(run: RunContext, arm: ArmConfig, backend: str) -> Iterator[tuple]:
+    """A fresh client of `arm` and its renderer (`open_arm`), given back on leaving the block."""
+    training_client, renderer = open_arm(run, arm, backend)
+    with given_back(training_client):
+        yield training_client, renderer
+
+
+@contextlib.contextmanager
+def critic_of(run: RunContext, arm: ArmConfig, backend: str, state_path: str | None = None) -> Iterator:
+    """A critic arm's value model for the block (`open_critic`), given back after; None otherwise."""
+    critic_client = open_critic(run, arm, backend, state_path)
+    if critic_client is None:
+        yield None
+        return
+    with given_back(critic_client):
+        yield critic_client
 
 
 def write_step_log(arm_dir: Path, log: StepLog) -> None:
@@ -173,34 +226,36 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, r
         if is_treatment and bandwidth is not None:
             arm = arm.with_kernel_bandwidth(bandwidth)
         t0 = time.time()
-        training_client, renderer = open_arm(run, arm, backend)
-        timings["setup_seconds"][arm.name] = time.time() - t0
-        arm_dir = layout.pilot_arm_dir(stage, arm.name)
-        n_steps = pilot.steps if is_treatment else 1
-        heldout = HeldoutRequest(pilot.heldout_prompts, pilot.heldout_samples) if is_treatment else None
-        step_seconds: list[float] = []
-        report = _progress_reporter(arm, n_steps, 0, pilot_name(stage))  # a log line + progress per batch
+        with arm_client(run, arm, backend) as (training_client, renderer), \
+                critic_of(run, arm, backend) as critic_client:  # one arm's clients at a time
+            timings["setup_seconds"][arm.name] = time.time() - t0
+            arm_dir = layout.pilot_arm_dir(stage, arm.name)
+            n_steps = pilot.steps if is_treatment else 1
+            heldout = HeldoutRequest(pilot.heldout_prompts, pilot.heldout_samples) if is_treatment else None
+            step_seconds: list[float] = []
+            report = _progress_reporter(arm, n_steps, 0, pilot_name(stage))  # a log line + progress per batch
 
-        def on_step(log: StepLog, arm_dir=arm_dir, step_seconds=step_seconds, report=report):
-            write_step_log(arm_dir, log)
-            step_seconds.append(log.metrics["step_seconds"])
-            report(log)
+            def on_step(log: StepLog, arm_dir=arm_dir, step_seconds=step_seconds, report=report):
+                write_step_log(arm_dir, log)
+                step_seconds.append(log.metrics["step_seconds"])
+                report(log)
 
-        train_arm(arm, training_client=training_client, env=env, renderer=renderer, order=order,
-                  steps=range(n_steps), window=new_window(arm), on_step=on_step, heldout=heldout, stage=pilot_name(stage),
-                  critic_client=open_critic(run, arm, backend))
-        timings["step_seconds"][arm.name] = sum(step_seconds) / len(step_seconds)
-        rollouts_path, _ = merge_step_logs(arm_dir)
-        paths["treatment" if is_treatment else "baseline"] = str(rollouts_path)
-        if is_treatment:
-            paths["heldout"] = str(write_artifact("heldout", heldout.rows, out / "heldout.parquet"))
-            # Eval timing for feasibility: a few greedy test items on the pilot policy.
-            sampler = training_client.save_weights_and_get_sampling_client()
-            problems = env.test_problems()[: getattr(pilot, "eval_timing_items", None) or 16]
-            _stage_logger().info(f"{pilot_name(stage)} {arm.name}: timing greedy eval on {len(problems)} test items")
-            t0 = time.time()
-            eval_rows(sampler, env=env, renderer=renderer, problems=problems, arm_name=arm.name, max_tokens=arm.max_tokens)
-            timings["eval_seconds_per_item"] = (time.time() - t0) / len(problems)
+            train_arm(arm, training_client=training_client, env=env, renderer=renderer, order=order,
+                      steps=range(n_steps), window=new_window(arm), on_step=on_step, heldout=heldout,
+                      stage=pilot_name(stage), critic_client=critic_client)
+            timings["step_seconds"][arm.name] = sum(step_seconds) / len(step_seconds)
+            rollouts_path, _ = merge_step_logs(arm_dir)
+            paths["treatment" if is_treatment else "baseline"] = str(rollouts_path)
+            if is_treatment:
+                paths["heldout"] = str(write_artifact("heldout", heldout.rows, out / "heldout.parquet"))
+                # Eval timing for feasibility: a few greedy test items on the pilot policy.
+                sampler = resolved(training_client.save_weights_and_get_sampling_client(), backend=backend,
+                                    call="save_weights_and_get_sampling_client", expected="a sampling client")
+                problems = env.test_problems()[: getattr(pilot, "eval_timing_items", None) or 16]
+                _stage_logger().info(f"{pilot_name(stage)} {arm.name}: timing greedy eval on {len(problems)} test items")
+                t0 = time.time()
+                eval_rows(sampler, env=env, renderer=renderer, problems=problems, arm_name=arm.name, max_tokens=arm.max_tokens)
+                timings["eval_seconds_per_item"] = (time.time() - t0) / len(problems)
     timings["bandwidth"] = bandwidth
     timings["wall_seconds"] = time.time() - started
     paths["timings"] = str(write_json_atomic(out / "timings.json", timings))
@@ -231,12 +286,15 @@ def train_with_checkpoints(arm: ArmConfig, run: RunContext, run_dir: str, backen
     order = env.train_order(seed=arm.order_seed)
     layout = RunLayout(run_dir)
     arm_dir = layout.train_arm_dir(arm.unit)
-    training_client, renderer = open_arm(run, arm, backend)
-    critic_client = open_critic(run, arm, backend)
 
     checkpoints_path = arm_dir / "checkpoints.parquet"
     try:
-        checkpoints, first_step, window = _resume_point(arm, arm_dir, checkpoints_path, training_client, critic_client)
+        checkpoints, first_step, window = _resume_point(arm, arm_dir, checkpoints_path)
+        last = checkpoints[-1] if checkpoints else {}
+        if arm.critic is not None and last and not last.get("critic_state_path"):
+            raise UserError(f"{checkpoints_path}: the last checkpoint holds no critic state")
+        training_client, renderer = open_arm(run, arm, backend, last.get("state_path"))
+        critic_client = open_critic(run, arm, backend, last.get("critic_state_path"))
     except UserError as damaged:
         # A damaged checkpoint or step log before it: the arm cannot resume, so it starts over
         # (the steps are seeded, so it retraces the same run).
@@ -245,6 +303,16 @@ def train_with_checkpoints(arm: ArmConfig, run: RunContext, run_dir: str, backen
         training_client, renderer = open_arm(run, arm, backend)
         critic_client = open_critic(run, arm, backend)
         checkpoints, first_step, window = [], 0, new_window(arm)
+    with given_back(training_client), contextlib.ExitStack() as critic_held:
+        if critic_client is not None:
+            critic_held.enter_context(given_back(critic_client))
+        return _train_from(arm, run_dir, env, order, arm_dir, training_client, renderer, critic_client, checkpoints,
+                           checkpoints_path, first_step, window, checkpoint_every)
+
+
+def _train_from(arm: ArmConfig, run_dir: str, env, order, arm_dir: Path, training_client, renderer, critic_client,
+                checkpoints: list[dict], checkpoints_path: Path, first_step: int, window,
+                checkpoint_every: int) -> TrainedArm:
     for f in steps_dir(arm_dir).glob("step-*.parquet"):  # logs of steps after the checkpoint are stale
         if step_of(f) >= first_step:
             f.unlink()
@@ -265,7 +333,7 @@ def train_with_checkpoints(arm: ArmConfig, run: RunContext, run_dir: str, backen
     train_arm(arm, training_client=training_client, env=env, renderer=renderer, order=order,
               steps=range(first_step, arm.steps), window=window, on_step=on_step, critic_client=critic_client)
     rollouts_path, metrics_path = merge_step_logs(arm_dir)
-    costs_path = record_costs(arm, arm_dir, layout.costs_path(arm.unit))
+    costs_path = record_costs(arm, arm_dir, RunLayout(run_dir).costs_path(arm.unit))
     sampler_path = training_client.save_weights_for_sampler(f"{Path(run_dir).name}-{arm.unit}-final").result().path
     record_output(sampler_path)  # the local engine's adapter files: verified before a cache hit
     # eval keys on the weights themselves: a retrained arm with other weights is evaluated again
@@ -299,20 +367,11 @@ def unit_results(arm: ArmConfig, run_dir: str) -> tuple[TrainedArm, EvalResult]:
                                accuracy=sum(items.values()) / len(items))
 
 
-def _resume_point(arm: ArmConfig, arm_dir: Path, checkpoints_path: Path, training_client, critic_client=None):
-    """(checkpoints, first step to train, kernel window) from the arm's last checkpoint, with the
-    checkpointed state (and a critic arm's value model) loaded; a UserError when the checkpoint or
-    an earlier step log is damaged."""
+def _resume_point(arm: ArmConfig, arm_dir: Path, checkpoints_path: Path):
+    """(checkpoints, first step to train, kernel window) from the arm's last checkpoint; a UserError
+    when the checkpoint record or an earlier step log is damaged."""
     checkpoints = read_artifact("checkpoints", checkpoints_path).to_pylist() if checkpoints_path.exists() else []
-    first_step = 0
-    if checkpoints:
-        last = checkpoints[-1]
-        training_client.load_state_with_optimizer(last["state_path"]).result()
-        if critic_client is not None:
-            if not last.get("critic_state_path"):
-                raise UserError(f"{checkpoints_path}: the last checkpoint holds no critic state")
-            critic_client.load_state_with_optimizer(last["critic_state_path"]).result()
-        first_step = last["next_step"]
+    first_step = checkpoints[-1]["next_step"] if checkpoints else 0
     return checkpoints, first_step, window_from_logs(read_step_logs(arm_dir, "rollouts", before=first_step), arm)
 
 
@@ -325,7 +384,8 @@ def eval_items(trained: TrainedArm, arm: ArmConfig, run: RunContext, n_eval: int
                data_dir: str | None) -> EvalResult:
     """Greedy-decode every eval item with the arm's final weights; write eval.jsonl + Parquet."""
     env = env_for(run, data_dir)
-    sampler = service_client(backend).create_sampling_client(model_path=trained.sampler_path)
+    sampler = resolved(service_client(backend).create_sampling_client(model_path=trained.sampler_path), backend=backend,
+                        call="create_sampling_client(model_path=...)", expected="a sampling client of the arm's final weights")
     renderer = renderer_for(run, sampler.get_tokenizer())
     problems = env.test_problems()[:n_eval]
     try:

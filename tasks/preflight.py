@@ -8,16 +8,18 @@ independent reference (`rl/reference.py`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 from rl import reference
+from rl.backends.responses import resolved
 from rl.preflight import correctness_checks, cookbook_revision, module_revision
 from schemas.arm import ArmConfig
 from schemas.io import write_json_atomic
 from schemas.layout import PREFLIGHT, RunLayout
 from schemas.plan import RunContext
 from schemas.spec import CorrectnessPreflight
-from tasks.arms import env_for, open_arm, open_critic
+from tasks.arms import arm_client, critic_of, env_for
 from tasks.common import judging_task, stage_cache
 from tasks.gates import record_gate
 
@@ -35,13 +37,22 @@ def correctness_preflight(arms: tuple[ArmConfig, ...], run: RunContext, prefligh
     tolerances = {k: v.model_dump() for k, v in preflight.paths[0].tolerances.items()}
     baseline = next(a for a in arms if a.name == run.baseline)
     treatment = next(a for a in arms if a.name == run.treatment)
-    client, renderer = open_arm(run, baseline, backend)
-    outcome = correctness_checks(
-        arms, baseline, treatment, fresh_client=lambda arm: open_arm(run, arm, backend)[0],
-        sampling_client=client.save_weights_and_get_sampling_client(), env=env, renderer=renderer, problems=problems,
-        num_samples=FIXED_SAMPLES, max_tokens=min(baseline.max_tokens, FIXED_MAX_TOKENS), tolerances=tolerances,
-        fresh_critic=lambda arm: open_critic(run, arm, backend),
-    )
+
+    @contextlib.contextmanager
+    def fresh_client(arm: ArmConfig):
+        with arm_client(run, arm, backend) as (training_client, _):
+            yield training_client
+
+    # The fixed batch's sampler and one fresh client per check: at most two training clients at once.
+    with arm_client(run, baseline, backend) as (client, renderer):
+        sampling_client = resolved(client.save_weights_and_get_sampling_client(), backend=backend,
+                                    call="save_weights_and_get_sampling_client", expected="a sampling client")
+        outcome = correctness_checks(
+            arms, baseline, treatment, fresh_client=fresh_client, sampling_client=sampling_client, env=env,
+            renderer=renderer, problems=problems, num_samples=FIXED_SAMPLES,
+            max_tokens=min(baseline.max_tokens, FIXED_MAX_TOKENS), tolerances=tolerances,
+            fresh_critic=lambda arm: critic_of(run, arm, backend),
+        )
     out = RunLayout(run_dir).preflight_dir
     record = {
         "revisions": {"baseline_revision": cookbook_revision(), "reference_revision": module_revision(reference)},

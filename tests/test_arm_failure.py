@@ -13,31 +13,28 @@ from fixtures.tiny_model import tiny_model_dir, tiny_service_client  # noqa: F40
 OOM_TEXT = "CUDA out of memory. Tried to allocate 4.60 GiB. GPU 0 has a total capacity of 139.81 GiB"
 
 
-class OutOfMemoryClientFake:
-    """A fake: the arm's real training client, except that forward_backward fails as it does on a
-    GPU that runs out of memory (the future raises torch.OutOfMemoryError)."""
+def out_of_memory_on_forward_backward(training_client):
+    """A fake failure on the arm's real client: its forward_backward fails as it does on a GPU that
+    runs out of memory (the future raises torch.OutOfMemoryError). Returns the client."""
+    from rl.backends.futures import failed
 
-    def __init__(self, training_client):
-        self._training_client = training_client
-
-    def __getattr__(self, name):
-        return getattr(self._training_client, name)
-
-    def forward_backward(self, *args, **kwargs):
-        from rl.backends.futures import failed
-
-        return failed(torch.OutOfMemoryError(OOM_TEXT))
+    training_client.forward_backward = lambda *args, **kwargs: failed(torch.OutOfMemoryError(OOM_TEXT))
+    return training_client
 
 
-class NonFiniteLossClientFake(OutOfMemoryClientFake):
-    """A fake: the real training client, but the loss it reports is NaN."""
+def nan_loss_on_forward_backward(training_client):
+    """A fake failure on the arm's real client: forward_backward runs, but the loss it reports is NaN."""
+    from rl.backends.futures import completed
 
-    def forward_backward(self, *args, **kwargs):
-        output = self._training_client.forward_backward(*args, **kwargs).result()
-        from rl.backends.futures import completed
+    real = training_client.forward_backward
 
+    def forward_backward(*args, **kwargs):
+        output = real(*args, **kwargs).result()
         output.metrics["loss:sum"] = float("nan")
         return completed(output)
+
+    training_client.forward_backward = forward_backward
+    return training_client
 
 
 def test_a_non_finite_loss_stops_the_arm_naming_the_step(tiny_service_client, tiny_model_dir):
@@ -55,10 +52,10 @@ def test_a_non_finite_loss_stops_the_arm_naming_the_step(tiny_service_client, ti
     renderer = renderers.get_renderer("qwen3_instruct", tc.get_tokenizer())
     logs = []
     with pytest.raises(ArmFailed) as failed:
-        train_arm(arm, training_client=NonFiniteLossClientFake(tc), env=env, renderer=renderer,
+        train_arm(arm, training_client=nan_loss_on_forward_backward(tc), env=env, renderer=renderer,
                   order=env.train_order(seed=0), steps=range(3), window=new_window(arm), on_step=logs.append,
                   stage="pilot")
     assert str(failed.value).startswith("pilot grpo_gs8 failed at step 1/3: FloatingPointError: the training loss is "
-                                        "nan (forward_backward's loss:sum; non-finite logprobs: 0 from the sampler, "
+                                        "nan (forward_backward; non-finite logprobs: 0 from the sampler, "
                                         "0 from the learner, over ")
     assert logs == []  # the failed step's log is not written: a resume runs it again

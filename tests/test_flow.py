@@ -236,14 +236,14 @@ def test_an_arm_out_of_memory_ends_gs1_run_on_one_line_and_the_run_resumes(
     prefect_harness, tmp_path, repo_root, tiny_model_dir, capfd, monkeypatch
 ):
     import rl.loop
-    from test_arm_failure import OOM_TEXT, OutOfMemoryClientFake
+    from test_arm_failure import OOM_TEXT, out_of_memory_on_forward_backward
 
     real_run_step = rl.loop.run_step
 
     def run_step(step, arm, **kw):
         # the training stage only (the pilot's treatment steps carry a held-out request)
         if arm.name == "gs1_kernel" and kw.get("heldout") is None and step == 1:
-            kw["training_client"] = OutOfMemoryClientFake(kw["training_client"])
+            kw["training_client"] = out_of_memory_on_forward_backward(kw["training_client"])
         return real_run_step(step, arm, **kw)
 
     monkeypatch.setattr(rl.loop, "run_step", run_step)

@@ -53,8 +53,9 @@ def test_futures_are_tinker_api_futures(tc, tiny_tokenizer):
     assert isinstance(f, APIFuture)
     resp = f.result(timeout=60)
     assert isinstance(resp, types.SampleResponse)
-    # the client future can be used as the client directly, as tinker's can
-    again = sc_fut.sample(_prompt(tiny_tokenizer, "hi"), 1, types.SamplingParams(max_tokens=2, seed=1))
+    # the client future can still be used as the client, deprecated (a FutureWarning) as tinker's is
+    with pytest.warns(FutureWarning, match=r"call \.result\(\)"):
+        again = sc_fut.sample(_prompt(tiny_tokenizer, "hi"), 1, types.SamplingParams(max_tokens=2, seed=1))
     assert again.result().sequences[0].tokens == resp.sequences[0].tokens
 
 
@@ -219,7 +220,8 @@ def test_saving_never_looks_the_base_model_up_on_the_hub(tiny_service_client, ti
     before = _lora_params(tc)
     path = tc.save_state("hub-id").result().path
     tc.save_weights_for_sampler("hub-id").result()
-    tc.load_state(path).result()
+    with pytest.warns(FutureWarning):
+        tc.load_state(path).result()
     assert lookups == []
     assert all(torch.equal(a, b) for a, b in zip(before, _lora_params(tc)))
 
@@ -250,15 +252,18 @@ def test_sampling_client_is_a_snapshot_and_save_load_is_exact(tiny_service_clien
     after = train(3)
     w_after = _lora_params(tc)
     assert any(not torch.equal(a, b) for a, b in zip(w_k2, w_after))
-    tc.load_state_with_optimizer(path).result()
+    with pytest.warns(FutureWarning, match="DEPRECATED"):  # as tinker's (the pipeline resumes from state)
+        tc.load_state_with_optimizer(path).result()
     assert all(torch.equal(a, b) for a, b in zip(w_k2, _lora_params(tc)))
     assert train(3) == after
     assert all(torch.equal(a, b) for a, b in zip(w_after, _lora_params(tc)))
     # weights-only load resets the optimizer moments, so the trajectory differs
-    tc.load_state(path).result()
+    with pytest.warns(FutureWarning):
+        tc.load_state(path).result()
     assert train(3) != after
     # a sampler made from the saved path samples like a snapshot taken at that point
-    tc.load_state(path).result()
+    with pytest.warns(FutureWarning):
+        tc.load_state(path).result()
     live = tc.save_weights_and_get_sampling_client().result().sample(p, 2, sp).result()
     from_path = tc.create_sampling_client(sampler_path).result().sample(p, 2, sp).result()
     from_service = tiny_service_client.create_sampling_client(model_path=sampler_path).result()

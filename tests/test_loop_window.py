@@ -29,7 +29,7 @@ def loop_log(tiny_service_client, tiny_model_dir):
     arm = ArmConfig(name="gs1_kernel", advantage="kernel_cross_prompt_baseline", group_size=1, groups_per_batch=64,
                     lr=1e-3, seed=0, steps=STEPS, lora_rank=4, base_model=str(tiny_model_dir), max_tokens=1,
                     kernel=KernelSpec(bandwidth=1.0))  # the pinned W=256: 4 batches of 64
-    client = tiny_service_client.create_lora_training_client(str(tiny_model_dir), rank=4, seed=0)
+    client = tiny_service_client.create_lora_training_client(str(tiny_model_dir), rank=4, seed=0).result()
     renderer = renderers.get_renderer("qwen3_instruct", client.get_tokenizer())
     env = get_env("token_threshold")
     logs: list[StepLog] = []

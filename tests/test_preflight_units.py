@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -69,7 +70,7 @@ def test_loop_grpo_datums_match_the_cookbook_path_on_the_local_engine(tiny_servi
     assert [d.model_input.to_ints() for d in ours] == [d.model_input.to_ints() for d in stock]
 
     def fresh():
-        return tiny_service_client.create_lora_training_client(str(tiny_model_dir), rank=4, seed=0)
+        return contextlib.nullcontext(tiny_service_client.create_lora_training_client(str(tiny_model_dir), rank=4, seed=0).result())
 
     results = compare_loss_and_gradient("baseline", fresh, ours, stock, TOL)
     assert [r.name for r in results] == ["baseline_loss", "baseline_gradient"]

@@ -44,7 +44,8 @@ def clients(fake_tinker):
     training = service.create_lora_training_client("Qwen/Qwen3-0.6B", rank=8, seed=0).result()
     sampler = training.save_weights_and_get_sampling_client().result()
     sampler.sample(types.ModelInput.from_ints([1, 2]), 1, PARAMS).result()  # warm connections
-    return service, training, sampler
+    yield service, training, sampler
+    service.close("success").result(timeout=30)  # no heartbeats to a stopped server after the module
 
 
 def _closed_port() -> int:
@@ -143,6 +144,7 @@ def test_env_vars_configure_the_real_sdk_and_the_key_is_never_logged(
     assert all(s.stop_reason == "length" for s in response.sequences)
     assert "ServiceClient initialized for session" in caplog.text  # the SDK's logs were seen
     assert SECRET_KEY not in caplog.text
+    service.close("success").result(timeout=30)
 
 
 def test_probe_sends_the_gateway_headers_the_sdk_sends(fake_tinker, monkeypatch):

@@ -100,9 +100,11 @@ def _send_pending_logs(timeout: float = 5.0) -> None:
 def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None, dispatch: str | None = None) -> int:
     from flows.experiment import experiment_in
     from schemas.layout import RunLayout
+    from schemas.errors import BackendError
+    from schemas.redaction import one_line, redact_key
     from tasks.common import GateFailed
 
-    _quiet_tracebacks((GateFailed, UserError, ArmFailed))
+    _quiet_tracebacks((GateFailed, UserError, ArmFailed, BackendError))
     _show_engine_log()
 
     state = experiment_in(run_dir)(
@@ -131,6 +133,9 @@ def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None
         return 1
     if isinstance(error, UserError):
         raise error
+    if isinstance(error, BackendError):  # the service failed a call or answered off its API: a run failure
+        sys.stderr.write(one_line(redact_key(f"gs1: {error}")) + "\n")
+        return 1
     raise UserError(f"the flow ended {state.name}: {state.message}")
 
 

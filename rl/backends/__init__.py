@@ -8,6 +8,9 @@ the loop uses (see docs/contracts.md, "Backend surface"):
   unless GS1_COMPILE_DECODE=0 (CUDA only).
 - `"tinker"`: `rl.backends.tinker_backend.make_tinker_service_client(base_url=None,
   api_key=None, **kw)` (imported lazily, so the local path never needs the hosted pieces).
+
+`release_training_client(tc)` gives back what the service holds for a training client the
+caller is done with (hosted: its LoRA adapter; local: nothing beyond the client's memory).
 """
 
 from __future__ import annotations
@@ -33,4 +36,14 @@ def make_service_client(backend: str, **kw: Any):
     raise UserError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
 
 
-__all__ = ["BACKENDS", "make_service_client"]
+def release_training_client(training_client) -> None:
+    import tinker
+
+    if isinstance(training_client, tinker.TrainingClient):
+        from rl.backends.tinker_backend import unload_training_client
+
+        unload_training_client(training_client)
+    # A local training client owns only memory, freed with its last reference.
+
+
+__all__ = ["BACKENDS", "make_service_client", "release_training_client"]

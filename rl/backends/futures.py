@@ -7,13 +7,15 @@ sampler uses it to flush queued requests into one batch only when a caller waits
 batch composition (and so every sampled bit) independent of thread timing.
 
 `LocalClientFuture` is a future of a client that can also be used as the client, as tinker's
-`BackcompatSamplingClientFuture` / `BackcompatTrainingClientFuture` are.
+`BackcompatSamplingClientFuture` / `BackcompatTrainingClientFuture` are, and warns as they do
+(`FutureWarning`) when it is: a caller that forgets `.result()` is told on the local engine too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Generic, TypeVar
 
@@ -78,6 +80,12 @@ class LocalClientFuture(LocalFuture[T], Generic[T]):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
+        warnings.warn(
+            f"Using the future of a client as the client (`.{name}`) is deprecated in tinker; call "
+            ".result() on the future, or await it, to get the client first.",
+            FutureWarning,
+            stacklevel=2,
+        )
         return getattr(self.result(), name)
 
     def __repr__(self) -> str:

@@ -68,6 +68,7 @@ import tempfile
 import threading
 import time
 import uuid
+import warnings
 import weakref
 import zlib
 from collections import Counter
@@ -97,6 +98,11 @@ MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 UNEMBED_MODULES = ("lm_head",)
 LORA_ALPHA = 32
 META_FILE = "gs1_local.json"
+# tinker 0.38 deprecates TrainingClient.load_state*(); the engine warns the same way (as a FutureWarning)
+LOAD_STATE_DEPRECATED = (
+    "DEPRECATED: TrainingClient.load_state*() is deprecated in tinker; create a new training client from "
+    "the checkpoint with create_training_client_from_state() or create_training_client_from_state_with_optimizer()"
+)
 DEFAULT_MAX_TOKENS = 1024
 
 
@@ -677,11 +683,13 @@ class LocalTrainingClient:
 
     def load_state(self, path: str, weights_access_token: str | None = None
                    ) -> LocalFuture[types.LoadWeightsResponse]:
-        """Weights only; the optimizer starts fresh (tinker's semantics)."""
+        """Weights only; the optimizer starts fresh (tinker's semantics). Deprecated as in tinker."""
+        warnings.warn(LOAD_STATE_DEPRECATED, FutureWarning, stacklevel=2)
         return self._submit(self._load, path, False)
 
     def load_state_with_optimizer(self, path: str, weights_access_token: str | None = None
                                   ) -> LocalFuture[types.LoadWeightsResponse]:
+        warnings.warn(LOAD_STATE_DEPRECATED, FutureWarning, stacklevel=2)
         return self._submit(self._load, path, True)
 
     # --- sampling clients ---------------------------------------------------------------
@@ -804,7 +812,7 @@ class LocalServiceClient:
             meta["base_model"], meta["rank"], meta.get("seed"), meta["train_mlp"],
             meta["train_attn"], meta["train_unembed"],
             base_model_path=meta.get("base_model_path")).result()
-        (tc.load_state_with_optimizer if optimizer else tc.load_state)(path).result()
+        tc._submit(tc._load, path, optimizer).result()
         f: Future = Future()
         f.set_result(tc)
         return LocalClientFuture(f)

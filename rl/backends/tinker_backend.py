@@ -26,16 +26,25 @@ Retries after start-up are the SDK's own, and they already cover what the RL loo
   or `save_weights_and_get_sampling_client(retry_config=...)`.
 What the SDK does not retry is a request the service reports as failed
 (`RequestFailedError`); `rl.sampling.sample_bounded` retries those a bounded number of times.
+
+A training client holds a LoRA adapter on the service until the session ends, and a service may
+cap adapters per user. `unload_training_client` gives one back when the pipeline is done with it
+(`POST /api/v1/unload_model`, whose request and response types the SDK ships, through the
+client's own authenticated session and retries; SDK 0.38 has no method for it).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
 
 import httpx
 import tinker
+from tinker import types
+from tinker.lib.api_future_impl import _APIFuture
+from tinker.lib.client_connection_pool_type import ClientConnectionPoolType
 from tinker.lib.retry_handler import RetryConfig
 
 from schemas.errors import UserError
@@ -43,6 +52,10 @@ from schemas.redaction import one_line, redact
 
 HEALTHZ_PATH = "/api/v1/healthz"
 CLIENT_CONFIG_PATH = "/api/v1/client/config"
+UNLOAD_MODEL_PATH = "/api/v1/unload_model"
+UNLOAD_TIMEOUT_S = 120.0
+
+logger = logging.getLogger(__name__)
 
 # The SDK's default retry policy for sampling, named so callers can see and adjust it.
 SAMPLE_RETRY_CONFIG = RetryConfig()
@@ -68,6 +81,37 @@ def make_tinker_service_client(
     extra_headers = dict(service_kwargs.get("default_headers_overrides") or {})
     probe_service(base_url, api_key, timeout=probe_timeout, headers=extra_headers)
     return tinker.ServiceClient(base_url=base_url, api_key=api_key, **service_kwargs)
+
+
+def unload_training_client(training_client: tinker.TrainingClient, timeout: float = UNLOAD_TIMEOUT_S) -> None:
+    """Free the service's LoRA adapter behind `training_client` and wait until it is gone.
+
+    Sent as the SDK sends its own calls (the holder's authenticated client, `execute_with_retries`,
+    then the result polled as an `APIFuture`). A service without the endpoint keeps the adapter
+    until the session ends: that is logged, not fatal (a later creation over its limit fails
+    with a clear line of its own).
+    """
+    holder = training_client.holder
+    model_id = training_client.model_id
+
+    async def unload() -> types.UnloadModelResponse:
+        started = time.time()
+
+        async def send():
+            with holder.aclient(ClientConnectionPoolType.TRAIN) as client:
+                return await client.post(
+                    UNLOAD_MODEL_PATH, body=types.UnloadModelRequest(model_id=model_id).model_dump(mode="json"),
+                    cast_to=types.UntypedAPIFuture,
+                )
+
+        future = await holder.execute_with_retries(send)
+        return await _APIFuture(types.UnloadModelResponse, holder, future, request_start_time=started,
+                                request_type="UnloadModel").result_async()
+
+    try:
+        holder.run_coroutine_threadsafe(unload()).result(timeout)
+    except tinker.NotFoundError:
+        logger.warning(f"tinker backend: {UNLOAD_MODEL_PATH} not found; adapter {model_id} stays until the session ends")
 
 
 def probe_service(

@@ -4,9 +4,10 @@ It speaks enough of the Tinker HTTP API (as the tinker 0.38 SDK uses it) that th
 `tinker.ServiceClient(base_url=..., api_key=...)` runs against it unmodified:
 
 - start-up: `GET /api/v1/healthz`, `POST /api/v1/client/config` (API-key auth, no JWT
-  exchange), `/client/dynamic_config`, `/create_session`, `/session_heartbeat`, `/telemetry`
-- training: `/create_model`, `/get_info`, `/forward_backward` (protobuf body),
-  `/optim_step`, `/save_weights`, `/load_weights`, `/save_weights_for_sampler`
+  exchange), `/client/dynamic_config`, `/create_session`, `/session_heartbeat`, `/telemetry`,
+  `/sessions/{id}/finish` (`ServiceClient.close`)
+- training: `/create_model`, `/get_info`, `/forward_backward` (protobuf body; `forward` too),
+  `/optim_step`, `/save_weights`, `/load_weights`, `/save_weights_for_sampler`, `/unload_model`
 - sampling: `/create_sampling_session`, `GET /samplers/{id}`, `/asample`
 - results: every call above that the SDK treats as a future returns an `UntypedAPIFuture`;
   the SDK then long-polls `/retrieve_future`, which the fake answers once the request is
@@ -19,18 +20,26 @@ logprobs `-0.1 * (k + 1)`; `stop_reason` is "length" when capped, else "stop". A
 forward_backward echoes the datum's `logprobs` input (importance ratio 1), so its
 `loss:sum` is `-sum(advantages)`.
 
+Options that reproduce other servers' documented-compatible or limited answers:
+`max_adapters` (creating a model past that many live ones fails, as skyrl's "Maximum number of
+LoRA adapters (N) reached"), `loss_sum_metric=False` (no `loss:sum` metric, per-token
+`elementwise_loss` outputs instead), `prompt_logprobs_leading_none=False` (N-1 prompt logprobs),
+`seeded_first_token=True` (a sample's first token is a hash of its seed, sample index and prompt
+length, so rewards that read it vary as a random policy's would).
+
 Test hooks: `fail_next(path, *statuses)` answers the next calls to `path` with those HTTP
 statuses before serving normally; `fail_next_samples(n)` makes the next `n` sample requests
 complete as failed requests (the SDK raises `RequestFailedError`). Counters:
 `max_samples_in_flight` (submitted but not yet delivered, across all clients),
 `calls[path]`, `last_headers[path]`, `injected`, `auth_failures`, `sample_requests`,
-`fwd_bwd_requests`, `optim_steps`.
+`fwd_bwd_requests`, `optim_steps`, `max_live_models` (the most training models alive at once).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import itertools
 import json
 import socket
@@ -80,8 +89,18 @@ class FakeTinkerServer:
         sample_latency_s: float = 0.2,
         tokens_per_sample: int = 6,
         client_config: dict[str, Any] | None = None,
+        max_adapters: int | None = None,
+        loss_sum_metric: bool = True,
+        prompt_logprobs_leading_none: bool = True,
+        seeded_first_token: bool = False,
     ) -> None:
         self.api_key = api_key
+        self.max_adapters = max_adapters
+        self.loss_sum_metric = loss_sum_metric
+        self.prompt_logprobs_leading_none = prompt_logprobs_leading_none
+        self.seeded_first_token = seeded_first_token
+        self.max_live_models = 0
+        self.adapter_limit_hits = 0
         self.sample_latency_s = sample_latency_s
         self.tokens_per_sample = tokens_per_sample
         # What POST /client/config answers; API-key auth (no JWT exchange) by default.
@@ -90,6 +109,7 @@ class FakeTinkerServer:
         self._ids = itertools.count()
         self._pending: dict[str, _Pending] = {}
         self._models: dict[str, _Model] = {}
+        self._saved_base: dict[str, str] = {}  # model id -> base model, for models that saved a state
         self._samplers: dict[str, dict[str, Any]] = {}
         self._fail_statuses: dict[str, collections.deque[int]] = collections.defaultdict(
             collections.deque
@@ -182,6 +202,7 @@ class FakeTinkerServer:
         routes = [
             Route(f"{API}/healthz", self._healthz, methods=["GET"]),
             Route(f"{API}/samplers/{{sampler_id}}", self._wrap(self._get_sampler), methods=["GET"]),
+            Route(f"{API}/sessions/{{session_id}}/finish", self._wrap(self._finish_session), methods=["POST"]),
         ]
         for name, handler in {
             "client/config": self._client_config,
@@ -190,6 +211,7 @@ class FakeTinkerServer:
             "session_heartbeat": self._heartbeat,
             "telemetry": self._telemetry,
             "create_model": self._create_model,
+            "unload_model": self._unload_model,
             "get_info": self._get_info,
             "create_sampling_session": self._create_sampling_session,
             "save_weights_for_sampler": self._save_weights_for_sampler,
@@ -248,6 +270,10 @@ class FakeTinkerServer:
     async def _create_session(self, request: Request) -> Response:
         return JSONResponse({"type": "create_session", "session_id": self._new_id("session")})
 
+    async def _finish_session(self, request: Request) -> Response:
+        # `ServiceClient.close()`: the session ends and its heartbeats stop.
+        return Response(status_code=200)
+
     async def _heartbeat(self, request: Request) -> Response:
         return JSONResponse({"type": "session_heartbeat"})
 
@@ -259,14 +285,37 @@ class FakeTinkerServer:
 
     # ---- training endpoints -----------------------------------------------------------
 
+    @property
+    def live_models(self) -> int:
+        with self._lock:
+            return len(self._models)
+
+    def _add_model(self, model: _Model) -> dict[str, Any] | None:
+        """Register `model`, or the failed-request payload when the adapter limit is reached."""
+        with self._lock:
+            if self.max_adapters is not None and len(self._models) >= self.max_adapters:
+                self.adapter_limit_hits += 1
+                return {"error": f"Maximum number of LoRA adapters ({self.max_adapters}) reached", "category": "user"}
+            self._models[model.model_id] = model
+            self.max_live_models = max(self.max_live_models, len(self._models))
+        return None
+
     async def _create_model(self, request: Request) -> Response:
         body = await self._json(request)
         model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
         lora = body.get("lora_config") or {}
-        with self._lock:
-            self._models[model_id] = _Model(model_id, body["base_model"], int(lora.get("rank", 0)))
-        rid = self._future({"type": "create_model", "model_id": model_id})
+        refused = self._add_model(_Model(model_id, body["base_model"], int(lora.get("rank", 0))))
+        rid = self._future(refused or {"type": "create_model", "model_id": model_id})
         return JSONResponse({"request_id": rid, "model_id": model_id})
+
+    async def _unload_model(self, request: Request) -> Response:
+        body = await self._json(request)
+        with self._lock:
+            found = self._models.pop(body["model_id"], None)
+        if found is None:
+            return JSONResponse({"detail": "Model not found"}, status_code=404)
+        rid = self._future({"type": "unload_model", "model_id": body["model_id"]})
+        return JSONResponse({"request_id": rid, "model_id": body["model_id"]})
 
     async def _get_info(self, request: Request) -> Response:
         body = await self._json(request)
@@ -298,15 +347,19 @@ class FakeTinkerServer:
     async def _save_weights(self, request: Request) -> Response:
         body = await self._json(request)
         path = f"tinker://{body['model_id']}/weights/{body['path']}"
+        self._saved_base[body["model_id"]] = self._models[body["model_id"]].base_model
         rid = self._future({"type": "save_weights", "path": path})
         return JSONResponse({"request_id": rid, "model_id": body["model_id"]})
 
     async def _load_weights(self, request: Request) -> Response:
         body = await self._json(request)
         model_id = body.get("model_id") or f"{body['session_id']}:train:{body['model_seq_id']}"
-        if model_id not in self._models:
-            self._models[model_id] = _Model(model_id, body.get("base_model") or "fake/base", 0)
-        rid = self._future({"type": "load_weights", "path": body["path"], "model_id": model_id})
+        refused = None
+        if model_id not in self._models:  # a training client created from a checkpoint
+            saved_by = body["path"].removeprefix("tinker://").split("/weights/")[0]
+            base = self._saved_base.get(saved_by) or body.get("base_model") or "fake/base"
+            refused = self._add_model(_Model(model_id, base, 0))
+        rid = self._future(refused or {"type": "load_weights", "path": body["path"], "model_id": model_id})
         return JSONResponse({"request_id": rid, "model_id": model_id})
 
     async def _forward_backward(self, request: Request) -> Response:
@@ -318,6 +371,7 @@ class FakeTinkerServer:
         msg = public_pb.ForwardBackwardRequest()
         msg.ParseFromString(body)
         logprobs_D: list[np.ndarray] = []
+        elementwise_D: list[np.ndarray] = []
         loss = 0.0
         for datum in msg.data:
             inputs = datum.loss_fn_inputs
@@ -327,23 +381,20 @@ class FakeTinkerServer:
                 if "logprobs" in inputs
                 else np.full(num_targets, -1.0, np.float32)
             )
-            if "advantages" in inputs:
-                # The learner's logprobs equal the sampler's, so each ratio is 1.
-                loss -= float(_tensor(inputs["advantages"]).astype(np.float64).sum())
+            # The learner's logprobs equal the sampler's, so each ratio is 1 and a token's loss
+            # is minus its advantage.
+            advantages = _tensor(inputs["advantages"]) if "advantages" in inputs else np.zeros(num_targets)
+            elementwise_D.append((-advantages).astype(np.float32))
+            loss -= float(advantages.astype(np.float64).sum())
             logprobs_D.append(sampler_lp)
-        offsets = np.cumsum([0] + [a.nbytes for a in logprobs_D]).astype(np.int64)
         record = public_pb.ArrayRecord(num_datums=len(logprobs_D))
-        record.fields["logprobs"].CopyFrom(
-            public_pb.BatchedTensor(
-                data=b"".join(a.tobytes() for a in logprobs_D),
-                offsets=offsets.tobytes(),
-                dtype=public_pb.DTYPE_FLOAT32,
-            )
-        )
+        record.fields["logprobs"].CopyFrom(_batched(logprobs_D))
+        if not self.loss_sum_metric:  # the per-token losses carry the sum instead
+            record.fields["elementwise_loss"].CopyFrom(_batched(elementwise_D))
         out = public_pb.ForwardBackwardOutput(
             loss_fn_output_type="ArrayRecord",
             loss_fn_outputs=[record],
-            metrics={"loss:sum": loss},
+            metrics={"loss:sum": loss} if self.loss_sum_metric else {},
         )
         with self._lock:
             self.fwd_bwd_requests += 1
@@ -403,7 +454,8 @@ class FakeTinkerServer:
             }
         else:
             payload = self._sample_response(
-                prompt_tokens, num_samples, max_tokens, bool(body.get("prompt_logprobs"))
+                prompt_tokens, num_samples, max_tokens, bool(body.get("prompt_logprobs")),
+                body["sampling_params"].get("seed"),
             )
         rid = self._future(payload, delay=self.sample_latency_s, is_sample=True)
         return JSONResponse(
@@ -414,13 +466,18 @@ class FakeTinkerServer:
         )
 
     def _sample_response(
-        self, prompt_tokens: list[int], num_samples: int, max_tokens: int, prompt_logprobs: bool
+        self, prompt_tokens: list[int], num_samples: int, max_tokens: int, prompt_logprobs: bool,
+        seed: int | None = None,
     ) -> bytes:
         n = min(self.tokens_per_sample, max_tokens)
         last = prompt_tokens[-1] if prompt_tokens else 0
         sequences = []
         for j in range(num_samples):
-            tokens = ([last, j] + list(range(11, 11 + self.tokens_per_sample)))[:n]
+            first = last
+            if self.seeded_first_token:
+                key = f"{seed}:{j}:{len(prompt_tokens)}".encode()
+                first = int.from_bytes(hashlib.sha256(key).digest()[:4], "little") % 151643
+            tokens = ([first, j] + list(range(11, 11 + self.tokens_per_sample)))[:n]
             logprobs = [-0.1 * (k + 1) for k in range(n)]
             sequences.append(
                 public_pb.SampledSequence(
@@ -436,6 +493,8 @@ class FakeTinkerServer:
         msg = public_pb.SampleResponse(sequences=sequences)
         if prompt_logprobs:
             values = [np.nan] + [-1.0] * (len(prompt_tokens) - 1)
+            if not self.prompt_logprobs_leading_none:
+                values = values[1:]
             msg.prompt_logprobs = np.asarray(values, np.float32).tobytes()
         return msg.SerializeToString()
 
@@ -455,6 +514,14 @@ class FakeTinkerServer:
         if isinstance(pending.payload, bytes):
             return Response(pending.payload, media_type=PROTO)
         return JSONResponse(pending.payload)
+
+
+def _batched(arrays: list[np.ndarray]) -> public_pb.BatchedTensor:
+    """One float32 array per datum as the ArrayRecord field the SDK decodes."""
+    offsets = np.cumsum([0] + [a.nbytes for a in arrays]).astype(np.int64)
+    return public_pb.BatchedTensor(
+        data=b"".join(a.tobytes() for a in arrays), offsets=offsets.tobytes(), dtype=public_pb.DTYPE_FLOAT32
+    )
 
 
 def _tensor(msg: public_pb.Tensor) -> np.ndarray:
