@@ -2,10 +2,13 @@
 
     PREFECT_API_URL=http://127.0.0.1:4200/api python scripts/ui_screenshots.py --out shots/ [--flow-run ID]
 
-Without `--flow-run` it takes the newest run of the `gs1-experiment` flow. It saves the flow run page
-(logs and state message), its Artifacts tab, every table/markdown artifact of that run, and the
-run's `report/report.html` when the run directory is found. Needs Debian's `chromium` and
-`pip install playwright` (it drives that chromium; nothing is downloaded).
+Without `--flow-run` it takes the newest run of the `gs1-run` (deployment) or `gs1-experiment` flow.
+It saves the flow run page (logs), its Artifacts and Details (state message) tabs, the Task
+Runs tab of each experiment subflow (one per Retry), every table/markdown artifact of that run,
+and the run's `report/report.html` when the run directory is found (relative to the current
+directory). Each shot is the whole page: the window is grown until the UI's inner scrolling pane
+hides nothing. Needs Debian's `chromium` and `pip install playwright` (it drives that chromium;
+nothing is downloaded).
 """
 
 from __future__ import annotations
@@ -17,7 +20,22 @@ import shutil
 import sys
 from pathlib import Path
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run"]
+MAX_HEIGHT = 12000  # px: a shot stays a readable PNG of a few MB at most
+
+# The Prefect UI lays its page out in the viewport's height and scrolls an inner pane, so the
+# document is never taller than the window and `full_page=True` alone stops at the viewport. How
+# much the most overflowing scrollable element still hides is what the window must grow by.
+HIDDEN_HEIGHT_JS = """() => {
+  let hidden = 0;
+  for (const el of document.querySelectorAll('*')) {
+    const style = getComputedStyle(el);
+    if (!/(auto|scroll)/.test(style.overflowY)) continue;
+    hidden = Math.max(hidden, el.scrollHeight - el.clientHeight);
+  }
+  return Math.max(hidden, document.documentElement.scrollHeight - window.innerHeight, 0);
+}"""
 
 
 class Browser:
@@ -42,10 +60,23 @@ class Browser:
             page.get_by_text(click, exact=True).first.click()
             page.wait_for_load_state("networkidle")
         page.wait_for_timeout(1500)
+        self._fit_height(page, width)
         page.screenshot(path=str(out), full_page=True)
         page.close()
         print(f"{out}  <-  {url}" + (f" [{click} tab]" if click else ""))
         return out
+
+    @staticmethod
+    def _fit_height(page, width: int) -> None:
+        """Grow the window until no scrollable pane hides anything (a few rounds: panes re-lay out
+        as the window grows, and lazy parts load when they come into view)."""
+        for _ in range(4):
+            hidden = page.evaluate(HIDDEN_HEIGHT_JS)
+            height = page.viewport_size["height"]
+            if hidden <= 2 or height >= MAX_HEIGHT:
+                return
+            page.set_viewport_size({"width": width, "height": min(height + hidden, MAX_HEIGHT)})
+            page.wait_for_timeout(800)
 
     def close(self) -> None:
         self._browser.close()
@@ -54,20 +85,26 @@ class Browser:
 
 async def _pages(flow_run_id: str | None):
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowFilter, FlowFilterName
+    from prefect.client.schemas.filters import (
+        ArtifactFilter, ArtifactFilterFlowRunId, FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterParentFlowRunId,
+    )
     from prefect.client.schemas.sorting import FlowRunSort
 
     async with get_client() as client:
         if flow_run_id is None:
-            runs = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["gs1-experiment"])),
+            runs = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["gs1-run", "gs1-experiment"])),
                                                sort=FlowRunSort.START_TIME_DESC, limit=1)
             if not runs:
                 raise SystemExit("scripts/ui_screenshots.py: no run of the experiment flow on this server")
             run = runs[0]
         else:
             run = await client.read_flow_run(flow_run_id)
+        # a deployment's run holds the experiment as a subflow (one per Retry): its task runs are there
+        subflows = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])),
+            sort=FlowRunSort.START_TIME_ASC)
         arts = await client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
-        return run, arts
+        return run, subflows, arts
 
 
 def main(argv=None) -> int:
@@ -82,16 +119,20 @@ def main(argv=None) -> int:
     ui = (args.ui or api.removesuffix("/").removesuffix("/api")).rstrip("/")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    run, arts = asyncio.run(_pages(args.flow_run))
+    run, subflows, arts = asyncio.run(_pages(args.flow_run))
     print(f"flow run {run.name} ({run.id}): {run.state_name}")
     browser = Browser()
     try:
         browser.shoot(f"{ui}/runs/flow-run/{run.id}", out / "flow_run.png")
         browser.shoot(f"{ui}/runs/flow-run/{run.id}", out / "flow_run_artifacts.png", click="Artifacts")
+        browser.shoot(f"{ui}/runs/flow-run/{run.id}", out / "flow_run_details.png", click="Details")  # state message
+        for i, sub in enumerate(subflows):
+            browser.shoot(f"{ui}/runs/flow-run/{sub.id}", out / f"subflow_{i}_task_runs.png", click="Task Runs")
         for i, a in enumerate(sorted(arts, key=lambda a: a.created)):
             if a.type in ("table", "markdown", "progress"):
                 browser.shoot(f"{ui}/artifacts/artifact/{a.id}", out / f"artifact_{i:02d}_{a.key or a.type}.png")
-        run_dir = (run.parameters or {}).get("run_dir")
+        run_dir = next((r.parameters["run_dir"] for r in [run, *reversed(subflows)] if (r.parameters or {}).get("run_dir")),
+                       None)
         report = Path(run_dir) / "report" / "report.html" if run_dir else None
         if report is not None and report.is_file():
             browser.shoot(report.resolve().as_uri(), out / "report.png", width=1300)
