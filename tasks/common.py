@@ -64,7 +64,13 @@ class _GateStopNotATraceback(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = str(record.msg)
-        return not (message.startswith("Task run failed with state: ") and "GateFailed(" in record.getMessage())
+        if message.startswith("Task run failed with state: ") and "GateFailed(" in record.getMessage():
+            return False
+        # A flow run a runner (`gs1 serve`) starts in its own process ends in `run_flow(...)` asking
+        # for the result, which raises the Failed state's GateFailed; the engine logs that with its
+        # traceback. The flow's own "Finished in state Failed(...)" line has said it already.
+        exception = record.exc_info[1] if record.exc_info else None
+        return not (message == "Engine execution exited with unexpected exception" and isinstance(exception, GateFailed))
 
 
 _GATE_STOP_FILTER = _GateStopNotATraceback()
@@ -80,9 +86,9 @@ def judging_task(**options):
     from prefect import Task
     from prefect.states import Failed, State
 
-    task_runs = logging.getLogger("prefect.task_runs")  # a logger's filter sees its records before any handler
-    if _GATE_STOP_FILTER not in task_runs.filters:
-        task_runs.addFilter(_GATE_STOP_FILTER)
+    for name in ("prefect.task_runs", "prefect.flow_runs"):  # a logger's filter sees its records before any handler
+        if _GATE_STOP_FILTER not in logging.getLogger(name).filters:
+            logging.getLogger(name).addFilter(_GATE_STOP_FILTER)
 
     class JudgingTask(Task):
         def __call__(self, *args, return_state: bool = False, **kwargs):

@@ -16,11 +16,18 @@ from test_flow import flow_spec
 
 
 def _run_by_runner(flow, flow_run_id):
-    """What a runner (`gs1 serve`) does with a scheduled flow run: run the flow under that id."""
+    """What a runner (`gs1 serve`) does with a scheduled flow run, in the process it starts for it
+    (`prefect.flow_engine._run_flow_from_runtime_entrypoint`): run the flow under that id asking for
+    its result, with the run's logger for errors; a Failed run raises there. Returns the run's state."""
     from prefect.flow_engine import run_flow
+    from prefect.logging.loggers import flow_run_logger
 
     flow_run = api.flow_run(flow_run_id)
-    return run_flow(flow, flow_run=flow_run, parameters=flow_run.parameters, return_type="state")
+    try:
+        run_flow(flow, flow_run=flow_run, error_logger=flow_run_logger(flow_run=flow_run))
+    except Exception:  # the runner's process exits 1 here; what the UI shows is the run's state and logs
+        pass
+    return api.flow_run(flow_run_id).state
 
 
 def test_a_crash_in_a_judging_stage_keeps_its_traceback_a_gate_stop_has_none(prefect_harness):
