@@ -15,7 +15,6 @@ import numpy as np
 
 from schemas.arm import PROMPT_BLIND_BASELINE
 from schemas.gate_text import NOT_APPLICABLE
-from schemas.names import GATE_METRICS
 
 
 def _column(rollouts, name: str, dtype=None) -> np.ndarray:

@@ -253,7 +253,7 @@ def family_decision_record(eval_files: list[str], units: list[tuple[str, int]], 
     markdown = family_markdown(record)
     write_text_atomic(out / "decision.md", markdown)
     verdicts = ", ".join(f"{p['arm']} {p['verdict']}" for p in family["comparisons"])
-    create_markdown_artifact(key="decision", markdown=markdown, description=f"Decision: {verdicts}")
+    publish_markdown(artifact_key(DECISION_STAGE), markdown, description=f"Decision: {verdicts}")
     return record
 
 

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -51,7 +50,6 @@ def _start_worker(pool: str, name: str, api_url: str, log: Path) -> subprocess.P
 def test_units_run_on_two_process_workers_and_the_decision_waits_for_all(prefect_harness, tmp_path, repo_root,
                                                                         tiny_model_dir):
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentTaskRunId
     from prefect.settings import PREFECT_API_URL
 
     from flows.experiment import experiment_in
