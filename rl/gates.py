@@ -15,6 +15,7 @@ import numpy as np
 
 from schemas.arm import PROMPT_BLIND_BASELINE
 from schemas.gate_text import NOT_APPLICABLE
+from schemas.names import GATE_METRICS  # noqa: F401  (re-exported: the gate metrics this module computes)
 
 
 def _column(rollouts, name: str, dtype=None) -> np.ndarray:
