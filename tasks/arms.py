@@ -54,19 +54,24 @@ def renderer_for(run: RunContext, tokenizer):
 TRAINING_CLIENT = "a LoRA training client (a service may cap adapters per user; gs1 holds at most 3 at once)"
 
 
-def open_arm(run: RunContext, arm: ArmConfig, backend: str, state_path: str | None = None):
-    """A LoRA training client for `arm` and its renderer: fresh (same base model, rank and seed for
-    every arm), or from a `save_state` checkpoint with its optimizer state. The caller gives the
-    client back (`arm_client` does)."""
+def _lora_client(arm: ArmConfig, backend: str, rank: int, state_path: str | None):
+    """A LoRA training client on `arm`'s base model: fresh (the arm's seed), or from a `save_state`
+    checkpoint with its optimizer state."""
     service = service_client(backend)
     if state_path is None:
         kwargs = {"base_model_path": arm.base_model_path} if backend == "local" and arm.base_model_path else {}
-        future = service.create_lora_training_client(base_model=arm.base_model, rank=arm.lora_rank, seed=arm.seed, **kwargs)
+        future = service.create_lora_training_client(base_model=arm.base_model, rank=rank, seed=arm.seed, **kwargs)
         call = "create_lora_training_client"
     else:
         future = service.create_training_client_from_state_with_optimizer(state_path)
         call = "create_training_client_from_state_with_optimizer"
-    training_client = resolved(future, backend=backend, call=call, expected=TRAINING_CLIENT)
+    return resolved(future, backend=backend, call=call, expected=TRAINING_CLIENT)
+
+
+def open_arm(run: RunContext, arm: ArmConfig, backend: str, state_path: str | None = None):
+    """A LoRA training client for `arm` and its renderer: fresh (same base model, rank and seed for
+    every arm), or from a checkpoint. The caller gives the client back (`arm_client` does)."""
+    training_client = _lora_client(arm, backend, arm.lora_rank, state_path)
     return training_client, renderer_for(run, training_client.get_tokenizer())
 
 
@@ -75,16 +80,7 @@ def open_critic(run: RunContext, arm: ArmConfig, backend: str, state_path: str |
     from its checkpoint (None for any other arm). The caller gives it back (`critic_of` does)."""
     if arm.critic is None:
         return None
-    service = service_client(backend)
-    if state_path is None:
-        kwargs = {"base_model_path": arm.base_model_path} if backend == "local" and arm.base_model_path else {}
-        future = service.create_lora_training_client(
-            base_model=arm.base_model, rank=arm.critic.lora_rank or arm.lora_rank, seed=arm.seed, **kwargs)
-        call = "create_lora_training_client"
-    else:
-        future = service.create_training_client_from_state_with_optimizer(state_path)
-        call = "create_training_client_from_state_with_optimizer"
-    return resolved(future, backend=backend, call=call, expected=TRAINING_CLIENT)
+    return _lora_client(arm, backend, arm.critic.lora_rank or arm.lora_rank, state_path)
 
 
 @contextlib.contextmanager
