@@ -77,7 +77,7 @@ def main() -> None:
         arm = base.model_copy(update={"name": name, **shape})
         arm = type(arm).model_validate(arm.model_dump())  # the recipe checks of ArmConfig
         open_client = lambda: service.create_lora_training_client(  # noqa: E731
-            base_model=arm.base_model, rank=arm.lora_rank, seed=arm.seed, base_model_path=model_path)
+            base_model=arm.base_model, rank=arm.lora_rank, seed=arm.seed, base_model_path=model_path).result()
         client = open_client()
         critic = open_client() if arm.critic is not None else None
         renderer = renderers.get_renderer(renderer_name, client.get_tokenizer())
