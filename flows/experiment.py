@@ -42,14 +42,18 @@ def _run_name() -> str:
 
 @flow(name="gs1-experiment", flow_run_name=_run_name)
 def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: str | None = None,
-               dispatch: str | None = None) -> dict:
+               dispatch: str | None = None, units: list[str] | None = None) -> dict:
     """Run a pre-registered GS1-vs-baseline experiment end to end; returns the decision record.
+
+    `units` (arm x seed names, `grpo_gs8-s0`): train and evaluate only these after the gates, and
+    return {"units_done", "waiting_for"} instead of a decision; `gs1 decide --units` decides once
+    every unit, from this run and others, is in.
 
     A failed gate ends the flow run Failed with the gate's message (metric, value, bound first),
     returned as a state: an expected stop, so no traceback is logged. Anything else is raised."""
     bound_malloc()
     try:
-        decision = _stages(spec_path, run_dir, backend, data_dir, dispatch)
+        decision = _stages(spec_path, run_dir, backend, data_dir, dispatch, units)
     except GateFailed as failed:
         # The report renders whatever ran, so a run stopped at a gate still gets its page.
         run_report(run_dir, str(failed), return_state=True)
@@ -61,7 +65,8 @@ def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: s
     return decision
 
 
-def _stages(spec_path: str, run_dir: str, backend: str, data_dir: str | None, dispatch: str | None) -> dict:
+def _stages(spec_path: str, run_dir: str, backend: str, data_dir: str | None, dispatch: str | None,
+            only: list[str] | None) -> dict:
     plan = validated_plan(spec_path, run_dir)
     run = plan.run
     piloted = (plan.treatment, plan.baseline)  # the arms a pilot runs, in its logs' order
@@ -92,8 +97,9 @@ def _stages(spec_path: str, run_dir: str, backend: str, data_dir: str | None, di
                         treatment_estimator=plan.treatment.estimator)
         plan = calibrated_plan(plan, spec_path, bandwidth, run_dir)
 
-    units = plan.units()
-    many = {"units": {u.unit: u.name for u in units}} if len(units) > 2 else {}  # two arms: projected as always
+    every_unit = plan.units()
+    units = plan.selected_units(only)
+    many = {"units": {u.unit: u.name for u in every_unit}} if len(every_unit) > 2 else {}  # two arms: projected as always
     feasibility(pilot.timings, plan.steps, plan.n_eval, plan.budget, backend, str(RunLayout(run_dir).feasibility_dir),
                 **many)
 
@@ -111,6 +117,10 @@ def _stages(spec_path: str, run_dir: str, backend: str, data_dir: str | None, di
                  for u in units}
         wait(list(evals.values()))
         evals = {name: future.result() for name, future in evals.items()}
+    if len(units) < len(every_unit):  # a share of the sweep: the decision waits for the others
+        waiting = [u.unit for u in every_unit if u.unit not in evals]
+        get_run_logger().info(f"units done: {', '.join(evals)}; the decision waits for: {', '.join(waiting)}")
+        return {"units_done": list(evals), "waiting_for": waiting}
     names = {"treatment": run.treatment, "baseline": run.baseline}
     decision_dir = str(RunLayout(run_dir).decision_dir)
     if len(plan.compared) == 1 and not plan.multi_seed:  # two arms, one seed: the pinned paired rule as it was

@@ -351,11 +351,8 @@ def run_step(
     # sample-mean weighted per-token advantage (`StepAdvantages.datum_advantage`).
     datum_advantage_B = advantages.datum_advantage
     t_policy = time.time()  # train_seconds: the policy's own update (the forward passes above are timed apart)
-    datums_D = [
-        rollout_datum(prompts_B[b], tokens_B_T[b], logprobs_B_T[b], datum_advantage_B[b])
-        for b in range(B)
-        if datum_advantage_B[b] != 0.0 and len(tokens_B_T[b]) > 0
-    ]
+    sent_D = [b for b in range(B) if datum_advantage_B[b] != 0.0 and len(tokens_B_T[b]) > 0]
+    datums_D = [rollout_datum(prompts_B[b], tokens_B_T[b], logprobs_B_T[b], datum_advantage_B[b]) for b in sent_D]
     loss = 0.0
     if datums_D:
         fwd_bwd_future = training_client.forward_backward(datums_D, loss_fn="importance_sampling")
@@ -363,9 +360,18 @@ def run_step(
             types.AdamParams(learning_rate=arm.lr, beta1=arm.beta1, beta2=arm.beta2, eps=arm.eps)
         )
         fwd_bwd = resolved(fwd_bwd_future, backend=backend, call="forward_backward", expected="a ForwardBackwardOutput")
-        resolved(optim_future, backend=backend, call="optim_step", expected="an OptimStepResponse")
         loss = loss_sum(fwd_bwd, backend=backend)
         model_calls += 2
+        # How far the learner's logprobs of the sampled tokens are from the sampler's: ~0 on one
+        # fresh batch; a growing gap is the first sign of a sampler / learner mismatch.
+        extra["logprob_gap_max"] = _logprob_gap_max(datums_D, [len(tokens_B_T[b]) for b in sent_D], fwd_bwd)
+        try:
+            optim = resolved(optim_future, backend=backend, call="optim_step", expected="an OptimStepResponse")
+        except FloatingPointError as e:  # the local engine refuses a non-finite update (weights kept)
+            raise FloatingPointError(f"{e}; the training loss was {loss} "
+                                     f"({_non_finite_logprobs(datums_D, fwd_bwd)})") from None
+        grad_norm = (getattr(optim, "metrics", None) or {}).get("optim/grad_norm")
+        extra["grad_norm"] = None if grad_norm is None else float(grad_norm)
         if not math.isfinite(loss):
             # the optimizer step already applied it: the adapter is no longer trustworthy
             raise FloatingPointError(f"the training loss is {loss} (forward_backward; "
@@ -438,6 +444,22 @@ def _non_finite_logprobs(datums_D: list[types.Datum], fwd_bwd: types.ForwardBack
     return f"non-finite logprobs: {sampler} from the sampler, {learner} from the learner, over {len(datums_D)} datums"
 
 
+def _logprob_gap_max(datums_D: list[types.Datum], responses_D: list[int], fwd_bwd: types.ForwardBackwardOutput
+                     ) -> float | None:
+    """max over the sampled tokens of |learner logprob - sampler logprob|; None when the service
+    returns no per-token logprobs. Each datum's sampled tokens are its last `responses_D[d]` targets."""
+    gap = 0.0
+    for datum, n, out in zip(datums_D, responses_D, fwd_bwd.loss_fn_outputs, strict=True):
+        if "logprobs" not in out:
+            return None
+        learner = np.asarray(out["logprobs"].tolist(), dtype=np.float64)[-n:]
+        sampler = np.asarray(datum.loss_fn_inputs["logprobs"].tolist(), dtype=np.float64)[-n:]
+        if len(learner) != n:
+            return None
+        gap = max(gap, float(np.max(np.abs(learner - sampler))))
+    return gap
+
+
 ROLLOUT_COLUMNS = [
     "step", "arm", "seed", "prompt_id", "group_id", "sample_idx", "prompt_num_tokens",
     "prompt_mean_logprob", "reward", "num_tokens", "stop_reason", "baseline", "advantage",
@@ -445,6 +467,7 @@ ROLLOUT_COLUMNS = [
 ]
 # Step metrics only some arms have (None for the others); schemas/artifacts.py STEP_METRICS.
 STEP_EXTRA_METRICS = (
+    "grad_norm", "logprob_gap_max",
     "trust_admit_rate", "sequence_kl_mean", "learner_forward_seconds", "learner_forward_tokens",
     "critic_forward_seconds", "critic_forward_tokens", "critic_train_seconds", "critic_train_tokens", "critic_loss",
 )

@@ -85,6 +85,10 @@ STEP_METRICS = _schema(
     _req("train_seconds", pa.float64()),
     _req("step_seconds", pa.float64()),
     _req("wall_time", pa.float64()),  # unix seconds at the end of the step
+    # every arm, when the service reports them: the policy gradient's norm before the update, and
+    # the largest |learner - sampler| logprob gap over the sampled tokens trained on
+    _opt("grad_norm", pa.float64()),
+    _opt("logprob_gap_max", pa.float64()),
     # flash_reinforce only: the trust gate's admit rate and mean KL, the learner forward's cost
     _opt("trust_admit_rate", pa.float64()),
     _opt("sequence_kl_mean", pa.float64()),

@@ -21,6 +21,14 @@
 
 A *unit* is one arm run at one seed (`unit_name`): the arm's own name in a single-seed spec (the
 layout of every run so far), `<arm>-s<seed>` for each seed of a spec with several.
+
+A sweep too long for one machine session is run a few units at a time (`gs1 run --units`) and its
+units gathered in a *units folder* (`UnitsLayout`, what `gs1 decide --units` reads and writes):
+
+    <units_dir>/<unit>/                       rollouts.parquet, step_metrics.parquet, costs.parquet,
+                                              final.json, eval.jsonl (copied from a run's train/ and eval/)
+    <units_dir>/decision/                     decision.{json,parquet,md}, once every unit is in
+    <units_dir>/comparison.md                 the comparison table, and the units still missing
 """
 
 from __future__ import annotations
@@ -178,3 +186,35 @@ class RunLayout:
     def arm_dir(self, stage: AuditStage, arm: str) -> Path:
         """Where an arm of a stage logs its steps: a pilot stage's arm folder or the training one."""
         return self.train_arm_dir(arm) if stage == "train" else self.pilot_arm_dir(stage, arm)
+
+
+# A unit's files in a units folder, each copied from the run directory folder named beside it.
+UNIT_TRAIN_FILES = ("rollouts.parquet", "step_metrics.parquet", COSTS_FILE, "final.json")
+UNIT_EVAL_FILES = ("eval.jsonl",)
+
+
+@dataclass(frozen=True)
+class UnitsLayout:
+    """A units folder: finished units of one sweep, gathered from the runs that made them."""
+
+    root: Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "root", Path(self.root))
+
+    def unit_dir(self, unit: str) -> Path:
+        return self.root / unit
+
+    def eval_jsonl(self, unit: str) -> Path:
+        return self.unit_dir(unit) / "eval.jsonl"
+
+    def costs_path(self, unit: str) -> Path:
+        return self.unit_dir(unit) / COSTS_FILE
+
+    @property
+    def decision_dir(self) -> Path:
+        return self.root / "decision"
+
+    @property
+    def comparison_md(self) -> Path:
+        return self.root / "comparison.md"

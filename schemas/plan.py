@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from schemas.arm import ArmConfig
+from schemas.errors import UserError
 from schemas.spec import Budget, CorrectnessPreflight, GateCheck, Pilot
 
 
@@ -67,6 +68,20 @@ class RunPlan(_Plan):
         if not self.multi_seed:
             return self.arms
         return tuple(a.at_seed(s) for a in self.arms for s in self.seeds)
+
+    def selected_units(self, names: list[str] | None) -> tuple[ArmConfig, ...]:
+        """The units named (every unit when `names` is None), in plan order; an unknown name is a
+        UserError listing the plan's units."""
+        every = self.units()
+        if names is None:
+            return every
+        known = {u.unit for u in every}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise UserError(f"units: no unit {unknown[0]!r} in this spec (its units: {', '.join(u.unit for u in every)})")
+        if not names:
+            raise UserError("units: name at least one unit")
+        return tuple(u for u in every if u.unit in set(names))
 
     def units_of(self, arm: str) -> tuple[ArmConfig, ...]:
         return tuple(u for u in self.units() if u.name == arm)

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from schemas.spec import ExperimentSpec
+from schemas.spec import ExperimentSpec, hashed_dump
 
 # Top-level spec fields that judge the experiment, or record about it, without changing what runs.
 JUDGING_FIELDS = (
@@ -29,7 +29,7 @@ JUDGING_FIELDS = (
 
 def experiment_hash(spec: ExperimentSpec, length: int = 8) -> str:
     """First `length` hex of the sha256 of the canonical spec without its `JUDGING_FIELDS`."""
-    identity = {k: v for k, v in spec.model_dump(mode="json").items() if k not in JUDGING_FIELDS}
+    identity = {k: v for k, v in hashed_dump(spec).items() if k not in JUDGING_FIELDS}
     text = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:length]
 

@@ -749,9 +749,18 @@ def resolve_base_model_path(spec: ExperimentSpec) -> str | None:
     return str(path)
 
 
+def hashed_dump(spec: ExperimentSpec) -> dict:
+    """The spec as its hashes see it: every default filled in, and a hill-climbed kernel as the
+    recipe it holds, not the path it was read from (the same spec hashes the same from any folder)."""
+    data = spec.model_dump(mode="json")
+    for arm in data["arms"]:
+        arm.pop("kernel_file", None)
+    return data
+
+
 def canonical_json(spec: ExperimentSpec) -> str:
     """The spec with every default filled in, as sorted compact JSON (the hashed form)."""
-    data = spec.model_dump(mode="json")
+    data = hashed_dump(spec)
     for arm in data["arms"]:  # an arm without a role hashes as before roles existed (same run directory)
         if arm.get("role") is None:
             arm.pop("role", None)
@@ -851,10 +860,25 @@ class SpecOverrides(BaseModel):
         return not self.model_dump(exclude_none=True)
 
 
-def apply_overrides(spec_json: dict, overrides: SpecOverrides) -> dict:
-    """The spec JSON with `overrides` applied and recorded; validated like any spec."""
-    changes = overrides.model_dump(exclude_none=True)
+def anchored(spec_json: dict, spec_dir: str | Path | None) -> dict:
+    """A copy of the spec JSON that reads the same from any folder: each arm's relative
+    `kernel_file` made absolute from `spec_dir`, the folder of the file it came from (a revision
+    the pipeline writes elsewhere would otherwise lose its hill-climbed kernel)."""
     out = json.loads(json.dumps(spec_json))
+    if spec_dir is None:
+        return out
+    for arm in out.get("arms", []) if isinstance(out.get("arms"), list) else []:
+        file = arm.get("kernel_file") if isinstance(arm, dict) else None
+        if isinstance(file, str) and not Path(file).expanduser().is_absolute():
+            arm["kernel_file"] = str((Path(spec_dir) / file).resolve())
+    return out
+
+
+def apply_overrides(spec_json: dict, overrides: SpecOverrides, spec_dir: str | Path | None = None) -> dict:
+    """The spec JSON with `overrides` applied and recorded; validated like any spec. `spec_dir`:
+    the folder the spec was read from (its relative kernel files are taken from there)."""
+    changes = overrides.model_dump(exclude_none=True)
+    out = anchored(spec_json, spec_dir)
     for key in ("title", "steps", "base_model", "base_model_path"):
         if key in changes:
             out[key] = changes[key]

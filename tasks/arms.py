@@ -256,7 +256,7 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, r
     timings["wall_seconds"] = time.time() - started
     paths["timings"] = str(write_json_atomic(out / "timings.json", timings))
     if wall_limit_s is not None and timings["wall_seconds"] > wall_limit_s:
-        raise GateFailed(pilot_name(stage), [{"gate": stage, "metric": f"{stage}_wall_minutes",
+        raise GateFailed(pilot_name(stage), [{"gate": pilot_name(stage), "metric": f"{stage}_wall_minutes",
                          "value": timings["wall_seconds"] / 60, "op": "max", "bound": str(wall_limit_s / 60), "passed": False}])
     return PilotLogs(**paths)
 

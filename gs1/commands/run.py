@@ -30,7 +30,18 @@ def register(subparsers) -> None:
     p.add_argument("--dispatch", metavar="DEPLOYMENT",
                    help="run each arm x seed as a flow run of this deployment of gs1-arm-unit (e.g. gs1-arm-unit/gs1) "
                         "on its work pool's workers; needs PREFECT_API_URL and a run directory the workers share")
+    p.add_argument("--units", type=_unit_list, metavar="UNIT[,UNIT...]",
+                   help="train and evaluate only these arm x seed units (e.g. grpo_gs8-s0,critic-s0) after the gates; "
+                        "no decision: `gs1 decide --spec SPEC --units DIR --collect RUN_DIR` gathers units from runs "
+                        "and decides once all are in")
     p.set_defaults(func=run)
+
+
+def _unit_list(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("name at least one unit")
+    return names
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,6 +62,11 @@ def _run(args: argparse.Namespace, server) -> int:
 
     spec_path = Path(args.spec) if args.spec else default_spec()
     spec = load_spec(spec_path)  # SpecError (a UserError) -> one line per problem, exit 2
+    units = getattr(args, "units", None)
+    if units is not None:
+        from tasks.spec import plan_from_spec  # lazy: start-up time
+
+        plan_from_spec(spec).selected_units(units)  # an unknown unit: one line naming the spec's, exit 2
     data_dir = args.data_dir or os.environ.get("GS1_GSM8K_DIR")
     if data_dir and not Path(data_dir).is_dir():
         raise UserError(f"--data-dir {data_dir}: no such directory")
@@ -81,7 +97,7 @@ def _run(args: argparse.Namespace, server) -> int:
             api_url = server.start()  # our child: it ends when gs1 run does, however that happens
         with temporary_settings({PREFECT_API_URL: api_url}):
             try:
-                return _run_flow(spec_path, run_dir, args.backend, data_dir, dispatch)
+                return _run_flow(spec_path, run_dir, args.backend, data_dir, dispatch, units)
             finally:
                 _send_pending_logs()  # while the server is still up: it stops when the run ends
 
@@ -97,7 +113,8 @@ def _send_pending_logs(timeout: float = 5.0) -> None:
             pass
 
 
-def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None, dispatch: str | None = None) -> int:
+def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None, dispatch: str | None = None,
+              units: list[str] | None = None) -> int:
     from flows.experiment import experiment_in
     from schemas.layout import RunLayout
     from schemas.errors import BackendError
@@ -109,10 +126,16 @@ def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None
 
     state = experiment_in(run_dir)(
         spec_path=str(spec_path.resolve()), run_dir=str(run_dir.resolve()), backend=backend,
-        data_dir=str(Path(data_dir).resolve()) if data_dir else None, dispatch=dispatch, return_state=True,
+        data_dir=str(Path(data_dir).resolve()) if data_dir else None, dispatch=dispatch, units=units,
+        return_state=True,
     )
     if state.is_completed():
         decision = state.result()
+        if "waiting_for" in decision:  # a share of the sweep (--units)
+            print(f"gs1: units done: {', '.join(decision['units_done'])} (train/ and eval/ under {run_dir})")
+            print(f"gs1: no decision yet, it waits for: {', '.join(decision['waiting_for'])}; "
+                  f"`gs1 decide --spec {spec_path} --units DIR --collect {run_dir}` gathers units and decides once all are in")
+            return 0
         for pair in decision.get("comparisons", []):  # several arms (or seeds): one line per arm, Holm's verdicts
             print(f"gs1: {pair['arm']} - {decision['baseline']} = {pair['mean_diff']:+.4f} "
                   f"(Hoeffding [{pair['lower']:+.4f}, {pair['upper']:+.4f}], Holm p {pair['holm_p_noninferior']:.3g}): "

@@ -1,0 +1,199 @@
+"""A sweep gathered unit by unit: what `gs1 decide --spec SPEC --units DIR [--collect RUN_DIR]` does.
+
+A spec of many arms and seeds can outgrow one machine session. Its units (arm x seed) then run a
+few at a time (`gs1 run SPEC --units grpo_gs8-s0,critic-s0`, each run passing the same gates), and
+each finished unit is copied into one units folder (`schemas.layout.UnitsLayout`, committed as it
+lands). From that folder:
+
+- every unit in: the family decision, written by the decision stage's own writer
+  (`tasks.gates.write_family_decision`), so it is the decision the flow would have made;
+- units missing: no decision. The comparison table shows, per arm, the seeds it has in common with
+  the baseline so far and an interim paired difference with its unadjusted Hoeffding bounds, marked
+  as such, and the folder says which units are still missing.
+
+Costs in the table are each arm's training over those common seeds divided by the baseline's over
+the same seeds (a ratio of unequal seed sets would mislead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from schemas.cost import ArmCost
+from schemas.errors import UserError
+from schemas.io import write_bytes_atomic, write_text_atomic
+from schemas.layout import UNIT_EVAL_FILES, UNIT_TRAIN_FILES, RunLayout, UnitsLayout
+from schemas.plan import RunPlan
+from tasks.gates import write_family_decision
+
+
+@dataclass(frozen=True)
+class ArmStanding:
+    """One arm of the table: what its units in the folder say so far."""
+
+    arm: str
+    role: str  # "baseline", "treatment" or ""
+    seeds: tuple[int, ...]  # seeds with this arm's unit in the folder
+    common_seeds: tuple[int, ...]  # ... that the baseline has too (what the pairing and costs use)
+    accuracy: float | None  # mean over its seeds in the folder
+    pair: dict | None  # the paired record against the baseline (final: Holm's verdict; else interim)
+    cost: ArmCost | None  # training over the common seeds
+    relative_cost: dict  # cost / the baseline's over the same seeds
+
+
+@dataclass(frozen=True)
+class UnitsStanding:
+    present: tuple[str, ...]
+    missing: tuple[str, ...]
+    arms: tuple[ArmStanding, ...]
+    decision: dict | None  # the family decision record, once every unit is in
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing
+
+
+def collect_units(plan: RunPlan, run_dir: str | Path, units_dir: str | Path, spec_hash_of_run: str | None = None,
+                  spec_hash: str | None = None) -> list[str]:
+    """Copy every finished unit of `run_dir` (its eval file written) into `units_dir`; returns their
+    names. A unit's eval file is copied last: a unit folder with an eval file is complete.
+    `spec_hash_of_run` / `spec_hash`: the experiment identities of the run and of the spec; a run of
+    another experiment is refused."""
+    if spec_hash_of_run is not None and spec_hash_of_run != spec_hash:
+        raise UserError(f"--collect {run_dir}: that run directory ran another experiment "
+                        f"(identity {spec_hash_of_run}, this spec's is {spec_hash})")
+    run, out = RunLayout(run_dir), UnitsLayout(units_dir)
+    collected = []
+    for unit in plan.units():
+        evaluated = run.eval_arm_dir(unit.unit)
+        if not (evaluated / "eval.jsonl").is_file():
+            continue
+        trained = run.train_arm_dir(unit.unit)
+        lacking = [f for f in UNIT_TRAIN_FILES if not (trained / f).is_file()]
+        if lacking:
+            raise UserError(f"--collect {run_dir}: unit {unit.unit} has an eval file but no train/{unit.unit}/{lacking[0]}")
+        for name in UNIT_TRAIN_FILES:
+            write_bytes_atomic(out.unit_dir(unit.unit) / name, (trained / name).read_bytes())
+        for name in UNIT_EVAL_FILES:
+            write_bytes_atomic(out.unit_dir(unit.unit) / name, (evaluated / name).read_bytes())
+        collected.append(unit.unit)
+    return collected
+
+
+def units_standing(plan: RunPlan, units_dir: str | Path) -> UnitsStanding:
+    """Read the folder; decide (and write the decision's files) once every unit is in."""
+    from rl.stats import paired_decision, read_eval_items, seed_averaged
+    from schemas.artifacts import read_rows
+
+    folder = UnitsLayout(units_dir)
+    every = plan.units()
+    present = [u for u in every if folder.eval_jsonl(u.unit).is_file()]
+    missing = tuple(u.unit for u in every if u not in present)
+    baseline, treatment = plan.run.baseline, plan.run.treatment
+    decision = None
+    if not missing:
+        decision, _ = write_family_decision(
+            [str(folder.eval_jsonl(u.unit)) for u in every], [(u.name, u.order_seed) for u in every], plan.decision,
+            {"treatment": treatment, "baseline": baseline}, folder.decision_dir)
+    final = {p["arm"]: p for p in decision["comparisons"]} if decision else {}
+
+    evals = {u.unit: read_eval_items(folder.eval_jsonl(u.unit)) for u in present}
+    costs = {u.unit: ArmCost.model_validate(read_rows("arm_costs", folder.costs_path(u.unit))[0]) for u in present}
+
+    def units_at(arm: str) -> dict[int, str]:
+        return {u.order_seed: u.unit for u in present if u.name == arm}
+
+    base_units = units_at(baseline)
+    arms = []
+    for arm in [baseline, *[a for a in plan.compared if a != baseline]]:
+        mine = units_at(arm)
+        common = sorted(mine.keys() & base_units.keys())
+        accuracy = float(np.mean([np.mean(list(evals[u].values())) for u in mine.values()])) if mine else None
+        pair = final.get(arm)
+        if pair is None and arm != baseline and common:
+            pair = paired_decision(seed_averaged({s: evals[mine[s]] for s in common}, arm),
+                                   seed_averaged({s: evals[base_units[s]] for s in common}, baseline),
+                                   alpha=plan.decision.alpha, margin=plan.decision.margin, bounds=plan.decision.bounds)
+            pair = {**pair, "verdict": "interim"}  # unadjusted, over the seeds in so far: not the decision
+        cost = ArmCost.summed(arm, [costs[mine[s]] for s in common]) if common else None
+        base_cost = ArmCost.summed(baseline, [costs[base_units[s]] for s in common]) if common else None
+        arms.append(ArmStanding(
+            arm=arm, role="baseline" if arm == baseline else "treatment" if arm == treatment else "",
+            seeds=tuple(sorted(mine)), common_seeds=tuple(common), accuracy=accuracy, pair=pair, cost=cost,
+            relative_cost=cost.relative_to(base_cost) if cost and base_cost else {}))
+    return UnitsStanding(present=tuple(u.unit for u in present), missing=missing, arms=tuple(arms), decision=decision)
+
+
+def _ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}x"
+
+
+def standing_markdown(plan: RunPlan, standing: UnitsStanding) -> str:
+    """The comparison table and what is still missing (comparison.md, and the block `gs1 decide
+    --units` keeps in the folder's README)."""
+    baseline = plan.run.baseline
+    rows = []
+    for a in standing.arms:
+        p, cost, rel = a.pair, a.cost, a.relative_cost
+        dash = "—"
+        cells = [
+            a.arm, a.role, ", ".join(map(str, a.seeds)) or dash,
+            dash if a.accuracy is None else f"{a.accuracy:.4f}",
+            dash if p is None else f"{p['mean_diff']:+.4f}",
+            dash if p is None else f"[{p['lower']:+.4f}, {p['upper']:+.4f}]",
+            dash if p is None or "holm_p_noninferior" not in p else f"{p['holm_p_noninferior']:.3g}",
+            "" if p is None else p["verdict"],
+        ]
+        if cost is None:
+            cells += [dash] * 4
+        else:
+            cells += [f"{cost.wall_seconds:.0f} s ({_ratio(rel.get('wall_seconds'))})",
+                      f"{cost.sampler_tokens} ({_ratio(rel.get('sampler_tokens'))})",
+                      f"{cost.trainer_tokens} ({_ratio(rel.get('trainer_tokens'))})",
+                      f"{cost.model_calls} ({_ratio(rel.get('model_calls'))})"]
+        rows.append("| " + " | ".join(cells) + " |")
+    alpha = plan.decision.alpha
+    if standing.complete:
+        status = (f"Every unit is in ({len(standing.present)}): the decision below is the pre-registered one, "
+                  f"Holm over {len(plan.compared)} arm(s) (`decision/decision.md`). {standing.decision['family']['statement']}")
+    else:
+        status = (f"**No decision yet: {len(standing.missing)} of {len(standing.present) + len(standing.missing)} units "
+                  f"are missing** ({', '.join(standing.missing)}). Each difference below is interim: paired over the "
+                  f"seeds the arm and {baseline} both have so far, with unadjusted one-sided Hoeffding bounds at "
+                  f"α={alpha:g}; no verdict is drawn from it.")
+    return (
+        f"## Comparison against {baseline}\n\n{status}\n\n"
+        "Accuracy: mean over the arm's seeds in the folder. Difference: arm minus baseline on the same eval items, "
+        "paired within each common seed and averaged over seeds. Costs: training over the common seeds, and in "
+        "brackets divided by the baseline's over the same seeds.\n\n"
+        "| arm | role | seeds in | accuracy | difference | Hoeffding bounds | Holm p (noninferior) | verdict | "
+        "wall time | sampler tokens | trainer tokens | model calls |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
+        f"Units in ({len(standing.present)}): {', '.join(standing.present) or 'none'}.\n\n"
+        f"Units missing ({len(standing.missing)}): {', '.join(standing.missing) or 'none'}.\n"
+    )
+
+
+README_BEGIN = "<!-- gs1 decide --units: begin (written by the command; edits inside are replaced) -->"
+README_END = "<!-- gs1 decide --units: end -->"
+
+
+def write_standing(plan: RunPlan, standing: UnitsStanding, units_dir: str | Path) -> Path:
+    """comparison.md, and the same block in the folder's README.md (kept between markers, the
+    rest of the README as its authors wrote it; a README is started when there is none)."""
+    folder = UnitsLayout(units_dir)
+    markdown = standing_markdown(plan, standing)
+    write_text_atomic(folder.comparison_md, markdown)
+    readme = folder.root / "README.md"
+    block = f"{README_BEGIN}\n{markdown}{README_END}\n"
+    text = readme.read_text() if readme.is_file() else f"# {plan.title}: units\n\n"
+    if README_BEGIN in text and README_END in text:
+        head, rest = text.split(README_BEGIN, 1)
+        text = head + block + rest.split(README_END, 1)[1].lstrip("\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    write_text_atomic(readme, text)
+    return folder.comparison_md

@@ -1,0 +1,161 @@
+"""A sweep run a few units at a time (`gs1 run --units`) and decided from a units folder
+(`gs1 decide --spec --units --collect`): interim until every unit is in, then the decision the
+flow itself makes from the same units."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fixtures.flow_env  # noqa: F401  (registers the token_threshold env)
+from fixtures.tiny_model import tiny_model_dir  # noqa: F401
+from schemas.artifacts import read_rows
+from test_flow import flow_spec
+
+ARMS = ("grpo_gs8", "gs1_kernel", "batch_mean")
+
+
+def three_arm_spec(repo_root: Path, model_dir: Path) -> dict:
+    spec = flow_spec(repo_root, model_dir, steps=2)
+    spec["arms"].append({"name": "batch_mean", "advantage": "batch_mean", "group_size": 1, "groups_per_batch": 16,
+                         "lr": 1e-3})
+    spec["arms"][0]["role"] = "baseline"
+    spec["decision_rule"]["seeds"] = [0, 1]
+    spec["restoration_preflight"] = None
+    return spec
+
+
+def run_units(spec_path: Path, run_dir: Path, units: list[str] | None):
+    from flows.experiment import experiment_in
+
+    return experiment_in(run_dir)(spec_path=str(spec_path), run_dir=str(run_dir), backend="local", units=units,
+                                  return_state=True)
+
+
+def eval_map(path: Path) -> dict[str, float]:
+    return {r["item_id"]: float(r["correct"]) for r in map(json.loads, path.open())}
+
+
+def test_units_run_in_shares_and_the_folder_decides_as_the_flow_does(prefect_harness, tmp_path, repo_root,
+                                                                     tiny_model_dir, capsys):
+    from gs1.cli import main
+
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(three_arm_spec(repo_root, tiny_model_dir)))
+    run_dir, units_dir = tmp_path / "run", tmp_path / "units"
+    first = [f"{arm}-s0" for arm in ARMS]
+    second = [f"{arm}-s1" for arm in ARMS]
+
+    # A first share: the gates pass, seed 0's units train and evaluate, and no decision is made.
+    state = run_units(spec_path, run_dir, first)
+    assert state.is_completed(), state.message
+    assert state.result() == {"units_done": first, "waiting_for": second}
+    assert sorted(p.name for p in (run_dir / "eval").iterdir()) == sorted(first)
+    assert not (run_dir / "decision").exists()
+
+    assert main(["decide", "--spec", str(spec_path), "--units", str(units_dir), "--collect", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert f"collected 3 unit(s) from {run_dir}" in out and "no decision yet: 3 unit(s) missing" in out
+    for unit in first:
+        assert sorted(p.name for p in (units_dir / unit).iterdir()) == sorted(
+            ["rollouts.parquet", "step_metrics.parquet", "costs.parquet", "final.json", "eval.jsonl"])
+    assert not (units_dir / "decision").exists()
+    table = (units_dir / "comparison.md").read_text()
+    assert "No decision yet" in table and ", ".join(second) in table
+    # the interim difference: seed 0 only, recomputed from the copied eval files
+    base = eval_map(units_dir / "grpo_gs8-s0" / "eval.jsonl")
+    for arm in ARMS[1:]:
+        mine = eval_map(units_dir / f"{arm}-s0" / "eval.jsonl")
+        diff = np.mean([mine[i] - base[i] for i in base])
+        row = next(line for line in table.splitlines() if line.startswith(f"| {arm} |"))
+        assert f"| {diff:+.4f} |" in row and "| interim |" in row
+        assert f"{arm} - grpo_gs8 = {diff:+.4f}" in out
+
+    # The second share, then the folder holds every unit: the decision.
+    state = run_units(spec_path, run_dir, second)
+    assert state.is_completed() and state.result()["waiting_for"] == first
+    assert main(["decide", "--spec", str(spec_path), "--units", str(units_dir), "--collect", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "every unit is in" in out
+    from_units = json.loads((units_dir / "decision" / "decision.json").read_text())
+    assert from_units["family"]["m"] == 2 and from_units["seeds"] == [0, 1]
+    readme = (units_dir / "README.md").read_text()
+    assert readme.count("gs1 decide --units: begin") == 1 and "Units missing (0): none." in readme
+
+    # The flow over the same run directory (every unit cached) reaches the very same decision.
+    state = run_units(spec_path, run_dir, None)
+    assert state.is_completed(), state.message
+    from_flow = json.loads((run_dir / "decision" / "decision.json").read_text())
+    assert from_flow == from_units
+    costs = read_rows("arm_costs", units_dir / "batch_mean-s1" / "costs.parquet")[0]
+    assert costs == read_rows("arm_costs", run_dir / "train" / "batch_mean-s1" / "costs.parquet")[0]
+
+
+def test_an_unknown_unit_or_a_foreign_run_is_one_line_exit_2(tmp_path, repo_root, tiny_model_dir, capsys):
+    from gs1.cli import main
+
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(three_arm_spec(repo_root, tiny_model_dir)))
+    assert main(["run", str(spec_path), "--units", "grpo_gs8-s0,critic-s0", "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no unit 'critic-s0'" in err[0] and "grpo_gs8-s0, grpo_gs8-s1" in err[0]
+    assert not (tmp_path / "run").exists()
+
+    # a run directory of another experiment (here: another title's spec) is refused by name
+    other = tmp_path / "other"
+    (other / "spec").mkdir(parents=True)
+    changed = three_arm_spec(repo_root, tiny_model_dir)
+    changed["steps"] = 3
+    (other / "spec" / "spec.json").write_text(json.dumps(changed))
+    assert main(["decide", "--spec", str(spec_path), "--units", str(tmp_path / "units"), "--collect", str(other)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ran another experiment" in err[0]
+
+    assert main(["decide", "--spec", str(spec_path), "--treatment", "t.jsonl", "--units", "u"]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("missing", [(), ("gs1_kernel-s1",)])
+def test_the_table_reads_what_the_folder_holds(tmp_path, repo_root, tiny_model_dir, missing):
+    """Made-up unit files (a fake units folder, no training): accuracy, the paired difference over
+    the common seeds and costs relative to the baseline over those same seeds."""
+    from schemas.artifacts import write_artifact
+    from schemas.cost import ArmCost
+    from schemas.spec import parse_spec
+    from tasks.spec import plan_from_spec
+    from tasks.units import units_standing
+
+    plan = plan_from_spec(parse_spec(three_arm_spec(repo_root, tiny_model_dir)))
+    rng = np.random.default_rng(3)
+    outcomes = {}
+    for unit in plan.units():
+        if unit.unit in missing:
+            continue
+        folder = tmp_path / unit.unit
+        folder.mkdir()
+        outcomes[unit.unit] = rng.integers(0, 2, size=40).astype(float)
+        (folder / "eval.jsonl").write_text("".join(json.dumps({"item_id": f"i{i}", "correct": bool(c)}) + "\n"
+                                                   for i, c in enumerate(outcomes[unit.unit])))
+        tokens = 1000 * (1 + len(unit.name)) + unit.order_seed
+        write_artifact("arm_costs", [ArmCost(arm=unit.name, seed=unit.order_seed, unit=unit.unit, steps=2,
+                                             wall_seconds=10.0 + unit.order_seed, sample_seconds=5.0, train_seconds=5.0,
+                                             sampler_tokens=tokens, trainer_tokens=tokens // 2,
+                                             model_calls=8).model_dump()], folder / "costs.parquet")
+    standing = units_standing(plan, tmp_path)
+    assert standing.missing == missing and standing.complete == (not missing)
+    rows = {a.arm: a for a in standing.arms}
+    kernel = rows["gs1_kernel"]
+    seeds = [0] if missing else [0, 1]
+    assert kernel.common_seeds == tuple(seeds)
+    want = np.mean([np.mean(outcomes[f"gs1_kernel-s{s}"] - outcomes[f"grpo_gs8-s{s}"]) for s in seeds])
+    assert kernel.pair["mean_diff"] == pytest.approx(want, abs=1e-12)
+    assert kernel.pair["verdict"] == ("interim" if missing else kernel.pair["verdict"])
+    assert (kernel.pair["verdict"] == "interim") == bool(missing)
+    base_tokens = sum(1000 * (1 + len("grpo_gs8")) + s for s in seeds)
+    mine_tokens = sum(1000 * (1 + len("gs1_kernel")) + s for s in seeds)
+    assert kernel.relative_cost["sampler_tokens"] == pytest.approx(mine_tokens / base_tokens)
+    assert rows["batch_mean"].common_seeds == (0, 1)
+    assert (tmp_path / "decision" / "decision.json").exists() == (not missing)
