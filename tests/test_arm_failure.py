@@ -37,19 +37,25 @@ def nan_loss_on_forward_backward(training_client):
     return training_client
 
 
-def test_a_non_finite_loss_stops_the_arm_naming_the_step(tiny_service_client, tiny_model_dir):
+def three_step_grpo_arm(service_client, model_dir):
+    """A 3-step GRPO arm (2 prompts x 4) on the tiny model: its config, env, real client, renderer."""
     from tinker_cookbook import renderers
 
     from rl.envs import get_env
-    from rl.loop import new_window, train_arm
     from schemas.arm import ArmConfig
-    from schemas.errors import ArmFailed
 
     arm = ArmConfig(name="grpo_gs8", advantage="group_mean", group_size=4, groups_per_batch=2, lr=1e-3, seed=0,
-                    steps=3, lora_rank=4, base_model=str(tiny_model_dir), max_tokens=2)
+                    steps=3, lora_rank=4, base_model=str(model_dir), max_tokens=2)
     env = get_env("token_threshold", n_train=16, n_test=4)
-    tc = tiny_service_client.create_lora_training_client(str(tiny_model_dir), rank=4, seed=0).result()
-    renderer = renderers.get_renderer("qwen3_instruct", tc.get_tokenizer())
+    tc = service_client.create_lora_training_client(str(model_dir), rank=4, seed=0).result()
+    return arm, env, tc, renderers.get_renderer("qwen3_instruct", tc.get_tokenizer())
+
+
+def test_a_non_finite_loss_stops_the_arm_naming_the_step(tiny_service_client, tiny_model_dir):
+    from rl.loop import new_window, train_arm
+    from schemas.errors import ArmFailed
+
+    arm, env, tc, renderer = three_step_grpo_arm(tiny_service_client, tiny_model_dir)
     logs = []
     with pytest.raises(ArmFailed) as failed:
         train_arm(arm, training_client=nan_loss_on_forward_backward(tc), env=env, renderer=renderer,
@@ -81,18 +87,10 @@ def test_a_non_finite_gradient_is_refused_and_the_weights_stay_finite(tiny_servi
     """The local engine's optim_step applies no non-finite gradient (Adam would put NaN into every
     adapter weight); the arm stops on one line naming the gradient and the loss, and the step's
     metrics of the steps before it carry the gradient norm and the sampler/learner logprob gap."""
-    from tinker_cookbook import renderers
-
-    from rl.envs import get_env
     from rl.loop import new_window, train_arm
-    from schemas.arm import ArmConfig
     from schemas.errors import ArmFailed
 
-    arm = ArmConfig(name="grpo_gs8", advantage="group_mean", group_size=4, groups_per_batch=2, lr=1e-3, seed=0,
-                    steps=3, lora_rank=4, base_model=str(tiny_model_dir), max_tokens=2)
-    env = get_env("token_threshold", n_train=16, n_test=4)
-    tc = tiny_service_client.create_lora_training_client(str(tiny_model_dir), rank=4, seed=0).result()
-    renderer = renderers.get_renderer("qwen3_instruct", tc.get_tokenizer())
+    arm, env, tc, renderer = three_step_grpo_arm(tiny_service_client, tiny_model_dir)
     logs = []
     train_arm(arm, training_client=tc, env=env, renderer=renderer, order=env.train_order(seed=0), steps=range(1),
               window=new_window(arm), on_step=logs.append, stage="train")
