@@ -23,6 +23,8 @@ def test_serve_builds_deployments_whose_form_comes_from_the_spec_overrides():
     fields = schema["definitions"]["SpecOverrides"]["properties"]
     assert set(SpecOverrides.model_fields) == set(fields)
     assert fields["steps"]["anyOf"][0]["exclusiveMinimum"] == 0
+    # a share of a sweep's units from the form too (gs1 run --units)
+    assert schema["properties"]["units"]["anyOf"][0] == {"items": {"type": "string"}, "type": "array"}
 
 
 def test_prefect_yaml_entrypoints_load_the_flows(repo_root, monkeypatch):
