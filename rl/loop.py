@@ -465,7 +465,8 @@ ROLLOUT_COLUMNS = [
     "prompt_mean_logprob", "reward", "num_tokens", "stop_reason", "baseline", "advantage",
     "kernel_mass", "effective_neighbors", "fallback", "response",
 ]
-# Step metrics only some arms have (None for the others); schemas/artifacts.py STEP_METRICS.
+# Step metrics that may be None: grad_norm and logprob_gap_max when the service does not report
+# them, the rest in arms of other kinds; schemas/artifacts.py STEP_METRICS.
 STEP_EXTRA_METRICS = (
     "grad_norm", "logprob_gap_max",
     "trust_admit_rate", "sequence_kl_mean", "learner_forward_seconds", "learner_forward_tokens",

@@ -27,7 +27,10 @@ from schemas.errors import UserError
 from schemas.io import write_bytes_atomic, write_text_atomic
 from schemas.layout import UNIT_EVAL_FILES, UNIT_TRAIN_FILES, RunLayout, UnitsLayout
 from schemas.plan import RunPlan
+from schemas.revision import experiment_hash
+from schemas.spec import ExperimentSpec, load_spec
 from tasks.gates import write_family_decision
+from tasks.spec import plan_from_spec
 
 
 @dataclass(frozen=True)
@@ -56,15 +59,18 @@ class UnitsStanding:
         return not self.missing
 
 
-def collect_units(plan: RunPlan, run_dir: str | Path, units_dir: str | Path, spec_hash_of_run: str | None = None,
-                  spec_hash: str | None = None) -> list[str]:
+def collect_units(spec: ExperimentSpec, run_dir: str | Path, units_dir: str | Path) -> list[str]:
     """Copy every finished unit of `run_dir` (its eval file written) into `units_dir`; returns their
-    names. A unit's eval file is copied last: a unit folder with an eval file is complete.
-    `spec_hash_of_run` / `spec_hash`: the experiment identities of the run and of the spec; a run of
-    another experiment is refused."""
-    if spec_hash_of_run is not None and spec_hash_of_run != spec_hash:
+    names. A unit's eval file is copied last: a unit folder with an eval file is complete. A run
+    directory of another experiment (another `experiment_hash`) is refused."""
+    ran = RunLayout(run_dir).spec_json
+    if not ran.is_file():
+        raise UserError(f"--collect {run_dir}: not a run directory (no {ran})")
+    theirs, ours = experiment_hash(load_spec(ran)), experiment_hash(spec)
+    if theirs != ours:
         raise UserError(f"--collect {run_dir}: that run directory ran another experiment "
-                        f"(identity {spec_hash_of_run}, this spec's is {spec_hash})")
+                        f"(identity {theirs}, this spec's is {ours})")
+    plan = plan_from_spec(spec)
     run, out = RunLayout(run_dir), UnitsLayout(units_dir)
     collected = []
     for unit in plan.units():

@@ -67,8 +67,7 @@ def run(args) -> int:
 def _decide_units(args) -> int:
     from pathlib import Path
 
-    from schemas.layout import RunLayout
-    from schemas.revision import experiment_hash
+    from schemas.layout import UnitsLayout
     from schemas.spec import load_spec
     from tasks.spec import plan_from_spec
     from tasks.units import collect_units, units_standing, write_standing
@@ -76,10 +75,7 @@ def _decide_units(args) -> int:
     spec = load_spec(args.spec)  # a bad spec: its problems, exit 2
     plan = plan_from_spec(spec)
     for run_dir in args.collect:
-        ran = RunLayout(run_dir).spec_json
-        if not ran.is_file():
-            raise UserError(f"--collect {run_dir}: not a run directory (no {ran})")
-        got = collect_units(plan, run_dir, args.units, experiment_hash(load_spec(ran)), experiment_hash(spec))
+        got = collect_units(spec, run_dir, args.units)
         print(f"gs1: collected {len(got)} unit(s) from {run_dir}: {', '.join(got) or 'none finished'}")
     if not Path(args.units).is_dir():
         raise UserError(f"--units {args.units}: no such folder")
@@ -94,7 +90,8 @@ def _decide_units(args) -> int:
             print(f"gs1: {arm.arm} - {plan.run.baseline} = {p['mean_diff']:+.4f} "
                   f"(Hoeffding [{p['lower']:+.4f}, {p['upper']:+.4f}], seeds {list(arm.common_seeds)}): {p['verdict']}")
     if standing.complete:
-        print(f"gs1: every unit is in; the decision at {Path(args.units) / 'decision' / 'decision.json'}; table {table}")
+        print(f"gs1: every unit is in; the decision at {UnitsLayout(args.units).decision_dir / 'decision.json'}; "
+              f"table {table}")
     else:
         print(f"gs1: no decision yet: {len(standing.missing)} unit(s) missing: {', '.join(standing.missing)}; table {table}")
     return 0

@@ -607,15 +607,15 @@ class LocalTrainingClient:
         params = [q for q in self._engine.params if q.grad is not None]
         grad_norm = 0.0
         if params:
-            grad_norm = float(torch.linalg.vector_norm(
-                torch.stack([torch.linalg.vector_norm(q.grad.float()) for q in params])))
+            total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(q.grad.float()) for q in params]))
+            grad_norm = float(total)
             if not math.isfinite(grad_norm):
                 # Adam would write NaN into every adapter weight: refuse, and keep the last finite ones
                 self._opt.zero_grad(set_to_none=True)
                 raise FloatingPointError(f"optim_step: the gradient is not finite (norm {grad_norm}); "
                                          "the update was not applied")
             if p.grad_clip_norm > 0:
-                torch.nn.utils.clip_grad_norm_(params, p.grad_clip_norm)
+                torch.nn.utils.clip_grads_with_norm_(params, p.grad_clip_norm, total)  # the norm just taken
         self._opt.step()
         self._opt.zero_grad(set_to_none=True)
         self._optim_steps += 1
