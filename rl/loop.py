@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -36,7 +38,10 @@ from rl.envs.base import Env, Problem
 from rl.estimators import KernelWindow, StepAdvantages, StepBatch, advantages_for_step, critic_targets
 from schemas.arm import ArmConfig, CriticSpec
 from schemas.cost import StepCost
-from schemas.errors import ArmFailed, UserError
+from schemas.artifacts import write_artifact
+from schemas.errors import ArmFailed, NonFiniteStep, UserError
+from schemas.io import write_json_atomic
+from schemas.layout import NONFINITE_STEP_FILE as STEP_FILE
 
 
 @dataclass
@@ -234,10 +239,13 @@ def run_step(
     window: KernelWindow | None,
     heldout: HeldoutRequest | None = None,
     critic_client=None,
+    nonfinite_dir: Path | None = None,
 ) -> StepLog:
     """One training step of `arm` against `window`; the log carries the next step's window.
 
-    A critic arm also takes `critic_client` (its value model's LoRA training client)."""
+    A critic arm also takes `critic_client` (its value model's LoRA training client). A
+    forward_backward the local engine finds non-finite leaves its reproducer under
+    `nonfinite_dir` (`kept_nonfinite`)."""
     if (arm.critic is not None) != (critic_client is not None):
         raise ValueError(f"arm {arm.name}: a critic client goes with, and only with, a critic arm")
     t_start = time.time()
@@ -359,7 +367,10 @@ def run_step(
         optim_future = training_client.optim_step(
             types.AdamParams(learning_rate=arm.lr, beta1=arm.beta1, beta2=arm.beta2, eps=arm.eps)
         )
-        fwd_bwd = resolved(fwd_bwd_future, backend=backend, call="forward_backward", expected="a ForwardBackwardOutput")
+        try:
+            fwd_bwd = resolved(fwd_bwd_future, backend=backend, call="forward_backward", expected="a ForwardBackwardOutput")
+        except NonFiniteStep as bad:  # the local engine applied nothing and dumped the call
+            raise kept_nonfinite(bad, nonfinite_dir, arm, step, rows, sent_D) from None
         loss = loss_sum(fwd_bwd, backend=backend)
         model_calls += 2
         # How far the learner's logprobs of the sampled tokens are from the sampler's: ~0 on one
@@ -434,6 +445,28 @@ def run_step(
     return StepLog(rollouts=rows, metrics=metrics, next_window=next_window, cost=cost)
 
 
+def kept_nonfinite(bad: NonFiniteStep, nonfinite_dir: Path | None, arm: ArmConfig, step: int, rows: dict,
+                   sent_D: list[int]) -> NonFiniteStep:
+    """The engine's dump moved to `<nonfinite_dir>/<step + 1>/` (the run directory's), with the
+    step's rollouts (the rollouts log of a step, as any step writes it) and which rollout each datum
+    is; the finding, naming that rollout and its prompt, with the dump's new path."""
+    note = ""
+    if bad.datum is not None and bad.datum < len(sent_D):
+        b = sent_D[bad.datum]
+        note = f" (rollout {b}, prompt {rows['prompt_id'][b]})"
+    if nonfinite_dir is None:
+        return bad.moved(bad.dump, note)
+    target = Path(nonfinite_dir) / str(step + 1)
+    if target.exists():  # the same step failed before this resume: keep the newest
+        shutil.rmtree(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(bad.dump, target)
+    write_artifact("rollouts", [dict(zip(rows, values)) for values in zip(*rows.values())], target / "rollouts.parquet")
+    write_json_atomic(target / STEP_FILE, {"arm": arm.name, "seed": arm.seed, "step": step, "datum_rollouts": sent_D,
+                                           "lr": arm.lr, "beta1": arm.beta1, "beta2": arm.beta2, "eps": arm.eps})
+    return bad.moved(str(target), note)
+
+
 def _non_finite_logprobs(datums_D: list[types.Datum], fwd_bwd: types.ForwardBackwardOutput) -> str:
     """Where a non-finite loss came from: the sampler's logprobs sent in, or the learner's."""
     def bad(values) -> int:
@@ -501,6 +534,7 @@ def train_arm(
     heldout: HeldoutRequest | None = None,
     stage: str = "train",
     critic_client=None,
+    nonfinite_dir: Path | None = None,
 ) -> None:
     """Run `steps` of `arm` in order from `window`; `on_step` persists each step's log (and
     checkpoints). Each step sees the window the previous step handed on. A step that fails
@@ -512,6 +546,7 @@ def train_arm(
             log = run_step(
                 step, arm, training_client=training_client, env=env, renderer=renderer,
                 order=order, window=window, heldout=heldout, critic_client=critic_client,
+                nonfinite_dir=nonfinite_dir,
             )
         except (UserError, ArmFailed):
             raise  # already one line that says what to fix

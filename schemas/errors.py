@@ -7,6 +7,10 @@
 - `BackendError`: a backend call that failed or answered other than the SDK documents (the run
   ends on its one line, exit 1).
 - `FieldProblems`: a pydantic model check's several `field: reason` problems (spec, kernel).
+- `AttentionDefect`: the local engine's start-up probe found the learner's attention backward not
+  finite on this device (a kernel defect); it refuses to train.
+- `NonFiniteStep`: a forward_backward of the local engine met a non-finite loss, logprob or gradient;
+  nothing was applied and a dump for `gs1 replay` was written.
 - `ArmFailed`: an arm's work failed (out of memory, a non-finite loss, a dead service): names the
   stage, the arm, the step and the cause on one line; `gs1 run` prints it and exits 1.
 
@@ -105,6 +109,40 @@ def _unknown_key_text(key: str, known: set[str]) -> str:
     return f"unknown key ({hint})"
 
 
+class AttentionDefect(RuntimeError):
+    """Raised when a CUDA engine starts and the minimal reproduction of the known SDPA backward
+    defect, run through the attention path the learner uses, gives a non-finite gradient: one line
+    naming the device, dtype, enabled backends and versions. Training would meet NaN gradients."""
+
+
+class NonFiniteStep(FloatingPointError):
+    """Raised by the local engine's forward_backward when a microbatch's loss, learner logprobs or
+    LoRA gradient is not finite. Nothing was applied (the gradients are dropped and the next
+    optim_step refuses). `what`: "loss", "logprob" or "gradient"; `microbatch` (1-based, of
+    `microbatches`) with its `padded_length` and `size` (datums); `datum` (index into the call's
+    datums, or None) and `token` (position in it, or None): for a gradient, the latest position
+    whose hidden-state gradient is not finite (causal attention carries gradients only to earlier
+    positions, so that is where it started); `dump`: the folder `gs1 replay` reruns. Picklable."""
+
+    def __init__(self, what: str, microbatch: int, microbatches: int, padded_length: int, size: int,
+                 datum: int | None, token: int | None, dump: str, note: str = "") -> None:
+        self.what, self.microbatch, self.microbatches = what, microbatch, microbatches
+        self.padded_length, self.size, self.datum, self.token, self.dump, self.note = (
+            padded_length, size, datum, token, dump, note)
+        at = f", datum {datum}{note}, token {token}" if datum is not None else ""
+        super().__init__(f"the {what} is not finite in microbatch {microbatch}/{microbatches} (padded length "
+                         f"{padded_length}, {size} datums){at}; nothing was applied; replay: gs1 replay {dump}")
+
+    def moved(self, dump: str, note: str = "") -> NonFiniteStep:
+        """The same finding, its dump now at `dump` (the run directory), with `note` after the datum."""
+        return NonFiniteStep(self.what, self.microbatch, self.microbatches, self.padded_length, self.size,
+                             self.datum, self.token, dump, note or self.note)
+
+    def __reduce__(self):
+        return (NonFiniteStep, (self.what, self.microbatch, self.microbatches, self.padded_length, self.size,
+                                self.datum, self.token, self.dump, self.note))
+
+
 class ArmFailed(RuntimeError):
     """An arm's stage failed: `stage` (pilot, calibration, train, eval), `arm`, `step` (1-based,
     of `steps`; None outside the step loop) and `cause`, one line. Picklable (Prefect results)."""
@@ -123,7 +161,7 @@ class ArmFailed(RuntimeError):
         return (ArmFailed, (self.stage, self.arm, self.step, self.steps, self.cause))
 
 
-def failure_cause(exc: BaseException, limit: int = 240) -> str:
+def failure_cause(exc: BaseException, limit: int = 400) -> str:
     """One line saying what went wrong: out of memory named as such, else the exception's type
     and the first line of its message."""
     name = type(exc).__name__

@@ -15,6 +15,7 @@
     <run_dir>/train/<unit>/                   training logs, checkpoints, final.json, costs.parquet
     <run_dir>/audit/train/                    audit of the training logs, before the decision
     <run_dir>/eval/<unit>/                    eval.jsonl, eval.parquet
+    <run_dir>/nonfinite/<unit>/<step>/        a non-finite step's reproducer (`gs1 replay`; pilots: <stage>-<arm>)
     <run_dir>/decision/                       decision.{json,parquet,md}
     <run_dir>/report/                         report.{md,html} + plots
     <run_dir>/.stage-results/                 Prefect's persisted stage results (the resume cache)
@@ -102,6 +103,7 @@ def unit_name(arm: str, run_seed: int | None) -> str:
     return arm if run_seed is None else f"{arm}-s{run_seed}"
 
 
+NONFINITE_STEP_FILE = "step.json"  # the loop's part of a non-finite step's dump: arm, step, datum -> rollout
 COSTS_FILE = "costs.parquet"  # a training unit's cost record (schemas.cost.ArmCost), in its train folder
 
 
@@ -178,6 +180,12 @@ class RunLayout:
 
     def eval_arm_dir(self, arm: str) -> Path:
         return self.root / "eval" / arm
+
+    def nonfinite_dir(self, arm: str) -> Path:
+        """Where a unit's non-finite steps leave their reproducer: `nonfinite/<arm>/<step>/`
+        (`<step>` 1-based, as the failure line counts it; `gs1 replay` reruns one). A pilot's
+        arm is named `<stage>-<arm>`."""
+        return self.root / "nonfinite" / arm
 
     def costs_path(self, arm: str) -> Path:
         """A training unit's cost record: wall time, tokens, model calls (schemas.cost)."""

@@ -238,7 +238,8 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, r
 
             train_arm(arm, training_client=training_client, env=env, renderer=renderer, order=order,
                       steps=range(n_steps), window=new_window(arm), on_step=on_step, heldout=heldout,
-                      stage=pilot_name(stage), critic_client=critic_client)
+                      stage=pilot_name(stage), critic_client=critic_client,
+                      nonfinite_dir=layout.nonfinite_dir(f"{stage}-{arm.name}"))
             timings["step_seconds"][arm.name] = sum(step_seconds) / len(step_seconds)
             rollouts_path, _ = merge_step_logs(arm_dir)
             paths["treatment" if is_treatment else "baseline"] = str(rollouts_path)
@@ -327,7 +328,8 @@ def _train_from(arm: ArmConfig, run_dir: str, env, order, arm_dir: Path, trainin
         report(log)
 
     train_arm(arm, training_client=training_client, env=env, renderer=renderer, order=order,
-              steps=range(first_step, arm.steps), window=window, on_step=on_step, critic_client=critic_client)
+              steps=range(first_step, arm.steps), window=window, on_step=on_step, critic_client=critic_client,
+              nonfinite_dir=RunLayout(run_dir).nonfinite_dir(arm.unit))
     rollouts_path, metrics_path = merge_step_logs(arm_dir)
     costs_path = record_costs(arm, arm_dir, RunLayout(run_dir).costs_path(arm.unit))
     sampler_path = training_client.save_weights_for_sampler(f"{Path(run_dir).name}-{arm.unit}-final").result().path

@@ -41,6 +41,15 @@ LM head a chunk of tokens at a time, keeping each target token's logprob
 (`token_logprobs.target_logprobs`, recomputed in backward); the decoder layers are
 gradient-checkpointed in training (`gradient_checkpointing=False` keeps their activations:
 faster, ~2 GB more per layer at 16k tokens of a 1.5B model).
+The learner right-pads each microbatch and passes no attention mask: under causal attention
+that is exact, and it keeps training off the masked SDPA kernels of the cuDNN backward defect
+(`rl/backends/attention.py`; a CUDA engine also turns cuDNN attention off process-wide and
+refuses to start when the defect's reproduction gives a non-finite gradient through the
+learner's attention). Each microbatch's logprobs, loss and accumulated LoRA gradient are checked
+after its backward: the first non-finite one drops the call's gradients, makes the next
+`optim_step` refuse, writes a dump (`_dump_nonfinite`: adapter and optimizer state, datums,
+microbatch layout, settings, versions) and raises `NonFiniteStep` naming the microbatch, the
+datum and the token (`HiddenStateGradients`); `gs1 replay` reruns the dump (`rl/replay.py`).
 Gradients accumulate over forward_backward calls until `optim_step`, which runs
 torch.optim.AdamW with the AdamParams' lr, (beta1, beta2), eps, weight_decay, and clips the
 global grad norm when `grad_clip_norm > 0`.
@@ -56,6 +65,7 @@ Sampled logprobs are those of the distribution sampled from (temperature-scaled;
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import gc
@@ -80,6 +90,13 @@ from typing import Any, Sequence
 import torch
 from tinker import types
 
+from rl.backends.attention import (
+    LEARNER_ATTENTION_MASK,
+    check_training_attention,
+    configure_cuda_attention,
+    sdpa_flags,
+    versions,
+)
 from rl.backends.futures import LocalClientFuture, LocalFuture, SerialWorker
 from rl.backends.local_sampler import (
     Generator,
@@ -91,7 +108,7 @@ from rl.backends.local_sampler import (
 )
 from rl.backends.models import ModelSource, load_causal_lm, load_tokenizer, resolve_model
 from rl.backends.token_logprobs import lm_head_fn, target_logprobs
-from schemas.errors import UserError
+from schemas.errors import NonFiniteStep, UserError
 
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -104,6 +121,19 @@ LOAD_STATE_DEPRECATED = (
     "the checkpoint with create_training_client_from_state() or create_training_client_from_state_with_optimizer()"
 )
 DEFAULT_MAX_TOKENS = 1024
+# a non-finite forward_backward's dump (`LocalTrainingClient._dump_nonfinite`, read by rl/replay.py)
+NONFINITE_DATUMS, NONFINITE_LAYOUT, NONFINITE_SETTINGS = "datums.pt", "layout.json", "settings.json"
+
+
+def datum_tensors(d: types.Datum) -> dict:
+    """A datum as plain tensors (torch.save with weights_only loads it back; NaN kept exactly)."""
+    return {"tokens": torch.tensor(d.model_input.to_ints(), dtype=torch.long),
+            **{k: v.to_torch() for k, v in d.loss_fn_inputs.items()}}
+
+
+def datum_from_tensors(t: dict) -> types.Datum:
+    return types.Datum(model_input=types.ModelInput.from_ints([int(x) for x in t["tokens"]]),
+                       loss_fn_inputs={k: types.TensorData.from_torch(v) for k, v in t.items() if k != "tokens"})
 
 
 def _use_stream(device: torch.device, stream) -> None:
@@ -187,11 +217,15 @@ class _Engine:
     def __init__(self, src: ModelSource, lora: LoraSpec, seed: int | None, device, dtype,
                  max_batch_rows: int, batch_window_s: float, tokens_per_microbatch: int,
                  use_cuda_graphs: bool | None, merge_lora: bool = False,
-                 compile_decode: bool = False, gradient_checkpointing: bool = True):
+                 compile_decode: bool = False, gradient_checkpointing: bool = True,
+                 learner_attention_mask: bool = False):
         from peft import LoraConfig, get_peft_model
         from transformers.modeling_layers import GradientCheckpointingLayer
 
         self.src, self.lora, self.device, self.dtype = src, lora, device, dtype
+        if device.type == "cuda":  # before any forward picks a kernel (rl/backends/attention.py)
+            configure_cuda_attention()
+            check_training_attention(device, dtype)
         self.tokenizer = load_tokenizer(src)
         base = load_causal_lm(src, dtype, device)
         install_gqa_decode_attention(base)
@@ -208,6 +242,9 @@ class _Engine:
         # The learner runs the decoder, then the LM head a chunk of tokens at a time
         # (`target_logprobs`), each chunk's logits as large as the sampler's prompt-logprob chunks.
         self.decoder = self.model.get_decoder()
+        self.learner_attention_mask = learner_attention_mask  # True: the masked path before the fix (replay)
+        self.gradient_checkpointing = gradient_checkpointing
+        self.hidden_grads = HiddenStateGradients(self.decoder)
         self.head_fn = lm_head_fn(self.model)
         self.head_params = [p for p in self.model.get_output_embeddings().parameters() if p.requires_grad]
         self.logit_chunk_rows = max(1, self.generator.max_logit_elems // self.model.config.vocab_size)
@@ -414,34 +451,44 @@ class _Engine:
                 sequences=seqs, _prompt_logprobs_list=prompt_lps))
 
     # --- learner ----------------------------------------------------------------------------
-    def forward_backward(self, data: Sequence[types.Datum], loss_fn: str, forward_only: bool
-                         ) -> types.ForwardBackwardOutput:
+    def microbatches(self, data: Sequence[types.Datum]) -> list[Microbatch]:
+        """Consecutive datums, each microbatch's padded length x size within the token budget."""
+        mbs: list[Microbatch] = []
+        mb: list[int] = []
+        for i, d in enumerate(data):
+            L = d.model_input.length
+            if mb and (len(mb) + 1) * max(L, max(data[k].model_input.length for k in mb)) > self.tokens_per_microbatch:
+                mbs.append(Microbatch.of(data, mb))
+                mb = []
+            mb.append(i)
+        if mb:
+            mbs.append(Microbatch.of(data, mb))
+        return mbs
+
+    def forward_backward(self, data: Sequence[types.Datum], loss_fn: str, forward_only: bool,
+                         layout: Sequence[Microbatch] | None = None) -> types.ForwardBackwardOutput:
+        """`layout`: the microbatches (datum indices, padded length) to run, for `gs1 replay`;
+        by default `microbatches(data)`. Training checks each microbatch for a non-finite
+        logprob, loss or gradient (`_NonFinite`)."""
         if loss_fn not in ("importance_sampling", "cross_entropy"):
             raise ValueError(f"local backend: unsupported loss_fn {loss_fn!r} "
                              "(importance_sampling, cross_entropy)")
         outputs: list[dict[str, types.TensorData]] = [{} for _ in data]
         total = 0.0
         n_tokens = 0
-        order = list(range(len(data)))
-        budget = self.tokens_per_microbatch
-        mb: list[int] = []
-        mbs: list[list[int]] = []
-        for i in order:
-            L = data[i].model_input.length
-            if mb and (len(mb) + 1) * max(L, max(data[k].model_input.length for k in mb)) > budget:
-                mbs.append(mb)
-                mb = []
-            mb.append(i)
-        if mb:
-            mbs.append(mb)
+        mbs = list(layout) if layout is not None else self.microbatches(data)
         ctx = torch.no_grad() if forward_only else torch.enable_grad()
         try:
             for layer in self.checkpointed_layers:
                 layer.training = not forward_only
             with ctx:
-                for mb in mbs:
-                    total += self._microbatch(data, mb, loss_fn, forward_only, outputs)
-                    n_tokens += sum(data[i].model_input.length for i in mb)
+                for m, mb in enumerate(mbs):
+                    try:
+                        total += self._microbatch(data, mb, loss_fn, forward_only, outputs)
+                    except _NonFinite as bad:
+                        bad.microbatch, bad.layout = m, mbs
+                        raise
+                    n_tokens += mb.tokens
         finally:
             for layer in self.checkpointed_layers:
                 layer.training = False
@@ -449,15 +496,15 @@ class _Engine:
             loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs,
             metrics={"loss:sum": float(total), "num_tokens:sum": float(n_tokens)})
 
-    def _microbatch(self, data, mb, loss_fn, forward_only, outputs) -> float:
+    def _microbatch(self, data, mb: Microbatch, loss_fn, forward_only, outputs) -> float:
         dev = self.device
-        L = max(data[i].model_input.length for i in mb)
-        ids = torch.full((len(mb), L), self.pad_id, dtype=torch.long)
-        mask = torch.zeros(len(mb), L, dtype=torch.long)
-        tgt = torch.zeros(len(mb), L, dtype=torch.long)
-        coef_a = torch.zeros(len(mb), L, dtype=torch.float64)  # advantages or weights
-        old_lp = torch.zeros(len(mb), L, dtype=torch.float64)
-        for b, i in enumerate(mb):
+        L = mb.padded_length
+        ids = torch.full((mb.size, L), self.pad_id, dtype=torch.long)
+        mask = torch.zeros(mb.size, L, dtype=torch.long)
+        tgt = torch.zeros(mb.size, L, dtype=torch.long)
+        coef_a = torch.zeros(mb.size, L, dtype=torch.float64)  # advantages or weights
+        old_lp = torch.zeros(mb.size, L, dtype=torch.float64)
+        for b, i in enumerate(mb.datums):
             d = data[i]
             toks = d.model_input.to_ints()
             n = len(toks)
@@ -480,7 +527,12 @@ class _Engine:
         acc = torch.float64 if self.dtype == torch.float64 else torch.float32
         valid = mask.bool()
         coef_N, old_lp_N = coef_a.to(dev, acc)[valid], old_lp.to(dev, acc)[valid]
-        hidden = self.decoder(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        # Right padding under causal attention needs no mask (rl/backends/attention.py): no masked
+        # SDPA kernel, so not the cuDNN backward defect, and flash attention on CUDA.
+        attention_mask = mask if self.learner_attention_mask else LEARNER_ATTENTION_MASK
+        check = not forward_only
+        with self.hidden_grads.watching() if check else contextlib.nullcontext():
+            hidden = self.decoder(input_ids=ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         # the real tokens only, row after row: datum b's n tokens are lp_N's next n entries
         lp_N = target_logprobs(hidden[valid], tgt[valid], self.head_fn, self.head_params,
                                self.logit_chunk_rows, acc)
@@ -489,13 +541,108 @@ class _Engine:
         else:
             per_tok_N = -lp_N * coef_N
         loss = per_tok_N.sum()
-        if not forward_only:
+        if check:
+            for what, values_N in (("logprob", lp_N), ("loss", per_tok_N)):
+                bad_N = ~torch.isfinite(values_N.detach())
+                if bool(bad_N.any()):
+                    raise _NonFinite(what, *mb.locate(int(bad_N.nonzero()[0, 0])))
             loss.backward()
+            grads = [p.grad for p in self.params if p.grad is not None]
+            if grads and not bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all()):
+                raise _NonFinite("gradient", *self.hidden_grads.origin(mask.bool(), mb))
         lp_cpu = lp_N.detach().float().cpu()  # tinker's TensorData is float32
-        lengths = [data[i].model_input.length for i in mb]
-        for i, lp_n in zip(mb, lp_cpu.split(lengths)):
+        for i, lp_n in zip(mb.datums, lp_cpu.split(mb.lengths)):
             outputs[i] = {"logprobs": types.TensorData.from_torch(lp_n.clone())}
         return float(loss.detach())
+
+
+@dataclass(frozen=True)
+class Microbatch:
+    """Datums (indices into a forward_backward's data) run as one right-padded batch."""
+    datums: tuple[int, ...]
+    lengths: tuple[int, ...]  # each datum's tokens
+    padded_length: int
+
+    @classmethod
+    def of(cls, data, indices, padded_length: int | None = None) -> "Microbatch":
+        lengths = tuple(data[i].model_input.length for i in indices)
+        L = max(lengths) if padded_length is None else padded_length
+        if L < max(lengths):
+            raise ValueError(f"padded length {L} is shorter than the longest datum ({max(lengths)} tokens)")
+        return cls(tuple(indices), lengths, L)
+
+    @property
+    def size(self) -> int:
+        return len(self.datums)
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.lengths)
+
+    def locate(self, n: int) -> tuple[int, int]:
+        """(datum, token) of entry `n` of the microbatch's real tokens, row after row."""
+        for i, length in zip(self.datums, self.lengths):
+            if n < length:
+                return i, n
+            n -= length
+        raise IndexError(n)
+
+    def to_json(self) -> dict:
+        return {"datums": list(self.datums), "lengths": list(self.lengths), "padded_length": self.padded_length,
+                "tokens": self.tokens}
+
+
+class _NonFinite(Exception):
+    """A microbatch's non-finite value, inside the engine; the training client turns it into a
+    dump and a NonFiniteStep."""
+
+    def __init__(self, what: str, datum: int | None, token: int | None) -> None:
+        super().__init__(what)
+        self.what, self.datum, self.token = what, datum, token
+        self.microbatch = 0
+        self.layout: list[Microbatch] = []
+
+
+class HiddenStateGradients:
+    """Where a non-finite gradient starts. While the learner's forward runs (`watching`), hooks on
+    each decoder layer put a hook on the gradient of its output (the embeddings are frozen and get
+    none) that keeps, per row and position, whether it is finite. Backward runs the layers top
+    down, so the highest layer whose output gradient is not finite is the one just below where
+    the NaN entered; there it has spread through at most one layer's backward, and the latest
+    non-finite position of its first such row is the token named. The module hooks exist only
+    during the learner's forward: the sampler's compiled decode step never sees them."""
+
+    def __init__(self, decoder) -> None:
+        self._layers = list(decoder.layers)
+        self.nonfinite: dict[int, torch.Tensor] = {}  # layer -> [B, L] bool
+
+    @contextlib.contextmanager
+    def watching(self):
+        self.nonfinite = {}
+        handles = [layer.register_forward_hook(functools.partial(self._on_forward, index))
+                   for index, layer in enumerate(self._layers)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _on_forward(self, index: int, module, args, output) -> None:
+        hidden = output[0] if isinstance(output, tuple) else output
+        if torch.is_grad_enabled() and hidden.requires_grad:
+            hidden.register_hook(functools.partial(self._on_grad, index))
+
+    def _on_grad(self, index: int, grad: torch.Tensor) -> None:
+        self.nonfinite[index] = ~torch.isfinite(grad).all(dim=-1)  # no sync: read only after a failure
+
+    def origin(self, real_B_L: torch.Tensor, mb: Microbatch) -> tuple[int | None, int | None]:
+        for index in sorted(self.nonfinite, reverse=True):
+            bad_B_L = self.nonfinite[index] & real_B_L
+            rows = bad_B_L.any(dim=-1).nonzero()
+            if rows.numel():
+                b = int(rows[0, 0])
+                return mb.datums[b], int(bad_B_L[b].nonzero()[-1, 0])
+        return None, None
 
 
 class LocalSamplingClient:
@@ -556,6 +703,7 @@ class LocalTrainingClient:
         self._run_dir = run_dir
         self._opt = self._new_optimizer()
         self._optim_steps = 0
+        self._refuse_optim = False
         self._samplers = itertools.count()
         self._key_root = splitmix64(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
 
@@ -584,7 +732,58 @@ class LocalTrainingClient:
     def forward_backward(self, data: list[types.Datum], loss_fn: types.LossFnType = "cross_entropy",
                          loss_fn_config: dict | None = None) -> LocalFuture[types.ForwardBackwardOutput]:
         data = list(data)
-        return self._submit(self._engine.forward_backward, data, loss_fn, False)
+        return self._submit(self._checked_forward_backward, data, loss_fn, None)
+
+    def set_learner_attention_mask(self, on: bool) -> None:
+        """The learner's mask setting (`gs1 replay`; not tinker's surface)."""
+        self._submit(setattr, self._engine, "learner_attention_mask", bool(on)).result()
+
+    def discard_gradients(self) -> None:
+        """Drop the accumulated gradients, and a refusal pending from a non-finite call (`gs1 replay`)."""
+        def discard():
+            self._opt.zero_grad(set_to_none=True)
+            self._refuse_optim = False
+        self._submit(discard).result()
+
+    def forward_backward_layout(self, data: list[types.Datum], loss_fn: str, layout: Sequence[Microbatch]
+                                ) -> LocalFuture[types.ForwardBackwardOutput]:
+        """forward_backward with the microbatches given (`gs1 replay`; not tinker's surface)."""
+        return self._submit(self._checked_forward_backward, list(data), loss_fn, list(layout))
+
+    def _checked_forward_backward(self, data, loss_fn, layout) -> types.ForwardBackwardOutput:
+        try:
+            return self._engine.forward_backward(data, loss_fn, False, layout)
+        except _NonFinite as bad:
+            # nothing of this call may reach the weights: its gradients go, and the optim_step
+            # submitted after it refuses (`_refuse_optim`)
+            dump = self._dump_nonfinite(data, loss_fn, bad)
+            self._opt.zero_grad(set_to_none=True)
+            self._refuse_optim = True
+            mb = bad.layout[bad.microbatch]
+            raise NonFiniteStep(bad.what, bad.microbatch + 1, len(bad.layout), mb.padded_length, mb.size,
+                                bad.datum, bad.token, str(dump)) from None
+
+    def _dump_nonfinite(self, data, loss_fn: str, bad: _NonFinite) -> Path:
+        """What `gs1 replay` needs to rerun the call exactly (rl/replay.py reads it): the adapter and
+        optimizer state before the update (a state directory, loadable as a checkpoint), the datums,
+        the microbatch layout, and the engine's settings and versions."""
+        engine = self._engine
+        name = f"nonfinite-{self._optim_steps:05d}-{uuid.uuid4().hex[:6]}"
+        dump = self._write_dir("nonfinite", name, True)
+        torch.save([datum_tensors(d) for d in data], dump / NONFINITE_DATUMS)
+        (dump / NONFINITE_LAYOUT).write_text(json.dumps({
+            "loss_fn": loss_fn, "microbatches": [mb.to_json() for mb in bad.layout],
+            "failed": {"what": bad.what, "microbatch": bad.microbatch, "datum": bad.datum, "token": bad.token},
+        }, indent=1))
+        (dump / NONFINITE_SETTINGS).write_text(json.dumps({
+            "device": str(engine.device), "dtype": str(engine.dtype).removeprefix("torch."),
+            "tokens_per_microbatch": engine.tokens_per_microbatch,
+            "gradient_checkpointing": engine.gradient_checkpointing,
+            "learner_attention_mask": engine.learner_attention_mask,
+            "attn_implementation": getattr(engine.model.config, "_attn_implementation", None),
+            "sdpa_backends": sdpa_flags(), "versions": versions(),
+        }, indent=1))
+        return dump
 
     def forward(self, data: list[types.Datum], loss_fn: types.LossFnType = "cross_entropy",
                 loss_fn_config: dict | None = None) -> LocalFuture[types.ForwardBackwardOutput]:
@@ -599,6 +798,9 @@ class LocalTrainingClient:
         return self._submit(self._optim_step, params)
 
     def _optim_step(self, p: types.AdamParams) -> types.OptimStepResponse:
+        if self._refuse_optim:
+            self._refuse_optim = False
+            raise FloatingPointError("optim_step: not applied: the forward_backward before it was not finite")
         for g in self._opt.param_groups:
             g["lr"] = p.learning_rate
             g["betas"] = (p.beta1, p.beta2)
@@ -738,7 +940,8 @@ class LocalServiceClient:
     def __init__(self, device=None, dtype=None, cache_dir=None, *, max_batch_rows: int | None = None,
                  batch_window_s: float = 0.0, tokens_per_microbatch: int | None = None,
                  use_cuda_graphs: bool | None = None, merge_lora: bool = False,
-                 compile_decode: bool | None = None, gradient_checkpointing: bool = True):
+                 compile_decode: bool | None = None, gradient_checkpointing: bool = True,
+                 learner_attention_mask: bool = False):
         self.device = _pick_device(device)
         self.dtype = _pick_dtype(dtype, self.device)
         cache = cache_dir or os.environ.get("GS1_LOCAL_CACHE")
@@ -752,6 +955,7 @@ class LocalServiceClient:
         self.use_cuda_graphs = use_cuda_graphs
         self.merge_lora = bool(merge_lora)
         self.gradient_checkpointing = bool(gradient_checkpointing)
+        self.learner_attention_mask = bool(learner_attention_mask)  # the masked path before the fix (replay)
         # On CUDA the decode step is compiled unless GS1_COMPILE_DECODE=0 (or compile_decode=False):
         # ~1 minute per batch shape, then 11.6 -> 7.0 ms per step on an H200 (results/issue4).
         self.compile_decode = (os.environ.get("GS1_COMPILE_DECODE", "1") != "0"
@@ -785,7 +989,7 @@ class LocalServiceClient:
             engine = _Engine(resolve_model(base_model), lora, seed, device or self.place(), self.dtype,
                              self.max_batch_rows, self.batch_window_s, self.tokens_per_microbatch,
                              self.use_cuda_graphs, self.merge_lora, self.compile_decode,
-                             self.gradient_checkpointing)
+                             self.gradient_checkpointing, self.learner_attention_mask)
             self._live.add(engine)
         return engine
 

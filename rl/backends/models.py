@@ -9,14 +9,19 @@ Accepted forms:
 - anything else: a Hugging Face hub id (loaded from the local HF cache or the hub).
 Bad input raises `schemas.errors.UserError` with one line naming what is wrong.
 With `$GS1_MODEL_CACHE` set, a GGUF model's dequantised weights are kept there for the next
-process (`converted_gguf_dir`).
+process (`converted_gguf_dir`) as a plain model folder: `config.json` without any quantisation
+entry, `generation_config.json` and safetensors weights in the load's dtype. Later processes load
+that folder instead of dequantising again (the tokenizer is still read from the GGUF); a damaged
+folder is replaced by a fresh conversion, with a warning.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import importlib.metadata
 import importlib.util
+import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -26,6 +31,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from schemas.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 # Python package -> the pip requirement that ships it (installed without deps).
 KNOWN_MODEL_PACKAGES = {
@@ -153,42 +160,112 @@ def load_causal_lm(src: ModelSource, dtype, device):
 
 def _load_causal_lm(src: ModelSource, dtype, device):
     converted = converted_gguf_dir(src, dtype)
-    try:
-        if converted is not None and (converted / "config.json").is_file():
-            model = AutoModelForCausalLM.from_pretrained(str(converted), dtype=dtype, local_files_only=True)
-        else:
+    model = _load_converted(converted, dtype) if converted is not None else None
+    if model is None:
+        try:
             model = AutoModelForCausalLM.from_pretrained(
                 src.path, dtype=dtype if not src.gguf_file else torch.float32, **_kw(src)
             )
-            model.to(dtype=dtype)
-            if converted is not None:
-                _save_converted(model, converted)
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot load base_model {src.spec!r}: {e}") from e
+        except (OSError, ValueError) as e:
+            raise UserError(f"cannot load base_model {src.spec!r}: {e}") from e
+        model.to(dtype=dtype)
+        if converted is not None:
+            _save_converted(model, converted, dtype)
     model.to(device=device, dtype=dtype)
     model.eval()
     return model
 
 
+def _package_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
 def converted_gguf_dir(src: ModelSource, dtype) -> Path | None:
     """Where a GGUF model's dequantised weights are kept between processes (dequantising a 1.5B
     model takes over a minute; loading the result, seconds): under `$GS1_MODEL_CACHE`, keyed by
-    the file's path, size, modification time and the dtype. None when the variable is unset
-    (the default: nothing is written outside the run's own folders) or the source is not GGUF."""
+    the file's path, size, modification time, the dtype and the versions of transformers and gguf
+    (which do the dequantising and the config mapping). None when the variable is unset (the
+    default: nothing is written outside the run's own folders) or the source is not GGUF."""
     root = os.environ.get("GS1_MODEL_CACHE")
     if not root or not src.gguf_file:
         return None
     f = Path(src.path) / src.gguf_file
     st = f.stat()
-    key = hashlib.sha256(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}:{dtype}".encode()).hexdigest()[:16]
+    versions = f"transformers={_package_version('transformers')}:gguf={_package_version('gguf')}"
+    key = hashlib.sha256(
+        f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}:{dtype}:{versions}".encode()
+    ).hexdigest()[:16]
     return Path(root) / f"{f.stem}-{key}"
 
 
-def _save_converted(model, out: Path) -> None:
-    """Write the dequantised weights atomically (a folder renamed into place); best effort."""
+def _load_converted(converted: Path, dtype):
+    """The model saved in `converted` by an earlier process, or None when there is none yet. A
+    folder that does not load whole (a truncated or missing weights file, a partial copy) is moved
+    aside and removed with a warning, and the caller converts the GGUF again."""
+    if not converted.is_dir():
+        return None
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(converted), dtype=dtype, local_files_only=True, output_loading_info=True
+        )
+        # a tied parameter's second name (lm_head.weight) is no missing weight, whatever the version
+        aliases = ({n for n, _ in model.named_parameters(remove_duplicate=False)}
+                   - {n for n, _ in model.named_parameters()})
+        incomplete = {k: sorted(v)[:3] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")
+                      if (v := set(info.get(k) or ()) - aliases)}
+        if incomplete:
+            raise ValueError(f"the weights do not match the model: {incomplete}")
+        return model
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for a damaged file
+        logger.warning("the converted GGUF model in %s does not load (%s: %s); converting the GGUF again",
+                       converted, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        _remove_dir(converted)
+        return None
+
+
+def _remove_dir(path: Path) -> None:
+    """Rename `path` aside (atomic: no other process sees it half removed), then delete it."""
+    trash = path.with_name(f".{path.name}.damaged-{os.getpid()}")
+    try:
+        os.replace(path, trash)
+    except OSError:
+        trash = path
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _plain_model(model, dtype):
+    """The weights of `model` in a fresh model built from its config less any quantisation entry,
+    sharing its tensors (no copy). transformers refuses to save a model loaded from a GGUF (recent
+    5.x versions mark it with a GGUF quantizer that is not serialisable), although its weights are
+    plain dequantised tensors by then; this copy carries no such mark."""
+    config_dict = model.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config = type(model.config).from_dict(config_dict)
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    plain.load_state_dict(model.state_dict(), assign=True, strict=True)
+    plain.tie_weights()  # tied lm_head/embed_tokens: saved once, re-tied on load
+    if model.generation_config is not None:
+        plain.generation_config = copy.deepcopy(model.generation_config)
+    return plain
+
+
+def _save_converted(model, out: Path, dtype) -> None:
+    """Write the dequantised weights as a plain model folder, atomically (a folder renamed into
+    place); best effort: a failure (a full disk) costs the next load's time, nothing else."""
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
-        model.save_pretrained(str(tmp))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # a killed process with this pid may have left one
+        _plain_model(model, dtype).save_pretrained(str(tmp))
         os.replace(tmp, out)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)  # a full disk costs the next load time, nothing else
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error type on a full disk
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not out.is_dir():  # else another process renamed its copy into place first: fine
+            logger.warning("could not keep the converted GGUF model in %s (%s: %s); the next load "
+                           "converts the GGUF again", out, type(e).__name__, e)
