@@ -86,6 +86,14 @@ def check_prefect_api(url: str, timeout: float = API_PROBE_S) -> None:
         raise UserError(f"the Prefect API at {url} (PREFECT_API_URL) is unreachable ({type(e).__name__}); {hint}") from None
     if response.status_code != 200:
         raise UserError(f"the Prefect API at {url} (PREFECT_API_URL) answered /health with HTTP {response.status_code}; {hint}")
+    try:  # a Prefect server answers `true`; anything else (an HTML page, a proxy's text) is not one
+        body = response.json()
+    except ValueError:
+        body = None
+    if body is not True:
+        shown = response.text[:40].replace("\n", " ")
+        raise UserError(f"the Prefect API at {url} (PREFECT_API_URL) answered /health with {shown!r}, "
+                        f"not a Prefect server's `true`; {hint}")
 
 
 def _die_with_parent() -> None:

@@ -91,12 +91,13 @@ class FieldProblems(ValueError):
         super().__init__("; ".join(f"{p}: {m}" if p else m for p, m in problems))
 
 
-def known_keys_only(model, data):
+def known_keys_only(model, data, also=frozenset()):
     """`data` for a pydantic `model`, or FieldProblems naming each unknown key with the closest
-    known one (a typo such as `sampling.temprature` must not leave the default in force)."""
+    known one (a typo such as `sampling.temprature` must not leave the default in force). Keys in
+    `also` are known too (records a model keeps beside its fields)."""
     if not isinstance(data, dict):
         return data
-    known = set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
+    known = set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias} | set(also)
     unknown = [str(k) for k in data if k not in known]
     if unknown:
         raise FieldProblems([(k, _unknown_key_text(k, known)) for k in unknown])

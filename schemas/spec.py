@@ -57,19 +57,20 @@ ROLES = ("treatment", "baseline")
 class Record(BaseModel):
     """Base of every spec model. Inside a section the schema defines, an unknown key is an error
     naming the closest known key (a typo such as `sampling.temprature` would otherwise leave the
-    default in force). The spec's top level keeps unknown keys (`keeps_unknown_keys`): it is a
-    record, and notes or revision records written there come back out of `model_dump`.
+    default in force). The spec's top level also keeps the record keys it names
+    (`record_keys`: the revision records the pipeline writes, and free notes), which come back
+    out of `model_dump`; any other unknown key there is an error too (`"stepz": 3` names `steps`).
     Non-finite numbers are errors everywhere."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, allow_inf_nan=False)
-    keeps_unknown_keys: ClassVar[bool] = False
+    record_keys: ClassVar[frozenset[str]] = frozenset()
 
     @model_validator(mode="before")
     @classmethod
     def _known_keys_only(cls, data):
-        if cls.keeps_unknown_keys or not isinstance(data, dict):
+        if not isinstance(data, dict):
             return data
-        return known_keys_only(cls, data)
+        return known_keys_only(cls, data, also=cls.record_keys)
 
 
 def _bound(holds, what: str) -> AfterValidator:
@@ -487,7 +488,9 @@ class Pilot(Record):
 
 
 class ExperimentSpec(Record):
-    keeps_unknown_keys: ClassVar[bool] = True  # the top level is the user's record
+    # the top level is the user's record: revision records (`revision`, the calibrated spec's
+    # `revisions`, the overrides applied) and `notes` are kept as they are
+    record_keys: ClassVar[frozenset[str]] = frozenset({"revision", "revisions", "overrides", "notes"})
 
     title: str
     hypothesis: str | None = None

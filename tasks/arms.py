@@ -37,7 +37,7 @@ from schemas.errors import ArmFailed, UserError
 from schemas.layout import PilotStage, RunLayout, arm_stage_name, artifact_key, pilot_name, step_log, step_of, steps_dir
 from schemas.plan import EvalResult, PilotLogs, RunContext, TrainedArm
 from schemas.spec import Pilot
-from tasks.common import GateFailed, digest_paths, judging_task, record_output, service_client, stage_cache
+from tasks.common import GateFailed, digest_paths, judging_task, record_output, service_client, stage_cache, stage_end_hooks
 
 
 def env_for(run: RunContext, data_dir: str | None):
@@ -198,7 +198,7 @@ def _pilot_run_name() -> str:
     return pilot_name(task_run.parameters.get("stage", "pilot"))
 
 
-@judging_task(name="pilot", task_run_name=_pilot_run_name, cache_policy=stage_cache(unread=(("arms", "steps"),)),
+@judging_task(name="pilot", task_run_name=_pilot_run_name, **stage_end_hooks(), cache_policy=stage_cache(unread=(("arms", "steps"),)),
               persist_result=True)
 def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, run_dir: str, backend: str,
                    data_dir: str | None, stage: PilotStage = "pilot", bandwidth: float | None = None,
@@ -266,7 +266,7 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, r
 # Full training runs
 
 
-@task(name="train", task_run_name="train {arm.unit}", cache_policy=stage_cache(), persist_result=True)
+@task(name="train", task_run_name="train {arm.unit}", **stage_end_hooks(), cache_policy=stage_cache(), persist_result=True)
 def trained_arm(arm: ArmConfig, run: RunContext, run_dir: str, backend: str, data_dir: str | None,
                 checkpoint_every: int = 5) -> TrainedArm:
     """Train one arm for the spec's steps; resume from the last checkpoint if there is one."""
@@ -377,7 +377,7 @@ def _resume_point(arm: ArmConfig, arm_dir: Path, checkpoints_path: Path):
 # Eval
 
 
-@task(name="eval", task_run_name="eval {arm.unit}", cache_policy=stage_cache(), persist_result=True)
+@task(name="eval", task_run_name="eval {arm.unit}", **stage_end_hooks(), cache_policy=stage_cache(), persist_result=True)
 def eval_items(trained: TrainedArm, arm: ArmConfig, run: RunContext, n_eval: int, run_dir: str, backend: str,
                data_dir: str | None) -> EvalResult:
     """Greedy-decode every eval item with the arm's final weights; write eval.jsonl + Parquet."""

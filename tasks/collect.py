@@ -10,10 +10,10 @@ from prefect.artifacts import create_markdown_artifact
 
 from rl.hillclimb.collect import CollectSettings, run_collection
 from schemas.io import write_parquet_atomic
-from tasks.common import service_client, stage_cache
+from tasks.common import service_client, stage_cache, stage_end_hooks
 
 
-@task(name="rollout-log", cache_policy=stage_cache(), persist_result=True)
+@task(name="rollout-log", **stage_end_hooks(), cache_policy=stage_cache(), persist_result=True)
 def rollout_log(settings: dict, out_path: str, data_dir: str | None = None, embed: bool = True) -> str:
     """Sample `settings` (CollectSettings fields) through the process's backend; returns the log path."""
     cfg = CollectSettings(**settings)

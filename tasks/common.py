@@ -6,9 +6,13 @@ same spec, or a Retry from the UI, is served from cache up to the first stage wh
 
 A cache hit is served only while the stage's outputs still verify: every file a stage writes
 (each atomic artifact write, and what it names with `record_output`) goes with its SHA-256 into
-`<key>.outputs.json` beside the stage's stored result. If one is missing or changed, the stored
-result is dropped with one warning naming the file, and the stage runs again; later stages key
-on the content of what they read, so only those whose inputs came out different run again.
+`<key>.outputs.json` beside the stage's stored result. The manifest is the result's proof: it is
+started (empty, with its key) when the stage starts to run, so a stored result always has one, and
+it names the key it belongs to, while the stored result names its own key (Prefect's record
+`storage_key`). A missing, unreadable or stale manifest (an older format, another stage's key), a
+stored result of another key, or an output missing or changed: the stored result is dropped with
+one warning naming what is wrong, and the stage runs again; later stages key on the content of
+what they read, so only those whose inputs came out different run again.
 """
 
 from __future__ import annotations
@@ -285,27 +289,56 @@ def record_output(path: str | Path) -> None:
         return
     manifest = folder / f"{txn.key}{OUTPUTS_SUFFIX}"
     with _OUTPUTS_LOCK:
-        outputs = _read_outputs(manifest) or {}
+        outputs = _read_outputs(manifest, txn.key) or {}
         for f in files:
             outputs[str(f.resolve())] = _file_digest(f)
-        tmp = manifest.with_name(f".{manifest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(outputs, indent=1, sort_keys=True))
-            os.replace(tmp, manifest)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise UserError(f"no space left to write {manifest}: free some and run again (it resumes)") from None
-            raise
+        _write_outputs(manifest, txn.key, outputs)
 
 
-def _read_outputs(manifest: Path) -> dict[str, str] | None:
+def _write_outputs(manifest: Path, key: str, outputs: dict[str, str]) -> None:
+    tmp = manifest.with_name(f".{manifest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        outputs = json.loads(manifest.read_text())
-    except (OSError, ValueError):
-        return None
-    return outputs if isinstance(outputs, dict) else None
+        manifest.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"key": key, "outputs": outputs}, indent=1, sort_keys=True))
+        os.replace(tmp, manifest)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise UserError(f"no space left to write {manifest}: free some and run again (it resumes)") from None
+        raise
+
+
+def _read_outputs(manifest: Path, key: str) -> dict[str, str] | None:
+    """The outputs `manifest` records for `key`; None when it is missing, unreadable, of another
+    format or of another key (`manifest_problem` says which)."""
+    return None if manifest_problem(manifest, key) else json.loads(manifest.read_text())["outputs"]
+
+
+def manifest_problem(manifest: Path, key: str) -> str | None:
+    """What makes `manifest` no proof of the stored result of `key`, or None."""
+    try:
+        data = json.loads(manifest.read_text())
+    except FileNotFoundError:
+        return "is missing"
+    except (OSError, ValueError) as e:
+        return f"cannot be read ({type(e).__name__})"
+    if not isinstance(data, dict) or not isinstance(data.get("outputs"), dict) or "key" not in data:
+        return "is stale (not this version's format)"
+    if data["key"] != key:
+        return f"belongs to another stage result ({data['key']})"
+    return None
+
+
+def record_problem(record: Path, key: str) -> str | None:
+    """What makes the stored result at `record` not the result of `key` (Prefect's record names
+    its own storage key), or None."""
+    try:
+        stored = json.loads(record.read_text()).get("metadata", {}).get("storage_key")
+    except (OSError, ValueError, AttributeError) as e:
+        return f"cannot be read ({type(e).__name__})"
+    if not isinstance(stored, str) or Path(stored).name != key:
+        return f"is the stored result of another stage ({Path(str(stored)).name})"
+    return None
 
 
 def damaged_output(outputs: dict[str, str]) -> tuple[str, str] | None:
@@ -336,19 +369,23 @@ class OutputsVerified(CachePolicy):
             return key
         record, manifest = folder / key, folder / f"{key}{OUTPUTS_SUFFIX}"
         if not record.exists():
-            manifest.unlink(missing_ok=True)  # a stage that never finished: its list is stale
+            # the stage runs now: its manifest starts empty (a stage that never finished leaves a
+            # stale list), so the result it stores always has its proof beside it
+            with _OUTPUTS_LOCK:
+                _write_outputs(manifest, key, {})
             return key
-        outputs = _read_outputs(manifest)
-        if outputs is None:
-            if not manifest.exists():
-                return key  # stored before outputs were recorded: nothing to check against
-            damaged = (str(manifest), "cannot be read")
-        else:
-            damaged = damaged_output(outputs)
+        problem = record_problem(record, key)
+        damaged = (str(record), problem) if problem else None
+        if damaged is None:
+            problem = manifest_problem(manifest, key)
+            damaged = (f"{manifest} (the output manifest)", problem) if problem else None
+        if damaged is None:
+            damaged = damaged_output(json.loads(manifest.read_text())["outputs"])
         if damaged is not None:
             _warn(task_ctx, f"{damaged[0]} {damaged[1]}: running the stage '{task_ctx.task.name}' again")
             record.unlink(missing_ok=True)
-            manifest.unlink(missing_ok=True)
+            with _OUTPUTS_LOCK:
+                _write_outputs(manifest, key, {})  # the stage runs again: a fresh proof
         return key
 
 
@@ -363,20 +400,46 @@ def _started(task_ctx, inputs: dict, record: Path | None) -> None:
         _STARTED[str(task_ctx.task_run.id)] = (task_ctx.task_run.name, record)
 
 
+def _stage_ended(task, task_run, state) -> None:
+    with _OUTPUTS_LOCK:
+        _STARTED.pop(str(task_run.id), None)
+
+
+def _stage_running(task, task_run, state) -> None:
+    with _OUTPUTS_LOCK:
+        _STARTED[str(task_run.id)] = (task_run.name, None)
+
+
+class _StageHookLines(logging.Filter):
+    """Prefect logs two INFO lines for every hook it runs ("Running hook ...", "Hook ... finished
+    running successfully"); the stage bookkeeping hooks are no news to the run's reader."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith(("Running hook '_stage_", "Hook '_stage_")))
+
+
+_STAGE_HOOK_LINES = _StageHookLines()
+
+
+def _bookkeeping(hooks: dict) -> dict:
+    logger = logging.getLogger("prefect.task_runs")  # a logger's filter sees its records before any handler
+    if _STAGE_HOOK_LINES not in logger.filters:
+        logger.addFilter(_STAGE_HOOK_LINES)
+    return hooks
+
+
+def stage_end_hooks() -> dict:
+    """Task hooks for a cached stage (its cache policy sees it start): it stops counting among the
+    running stages when it ends, Completed or Failed (a failed gate stores no result, and is not
+    running for that)."""
+    return _bookkeeping({"on_completion": [_stage_ended], "on_failure": [_stage_ended]})
+
+
 def uncached_stage_hooks() -> dict:
     """Task hooks for a stage that is never cached (so no cache policy sees it start): it counts
     among the running stages from its Running state until it ends."""
-
-    def running(task, task_run, state) -> None:
-        with _OUTPUTS_LOCK:
-            _STARTED[str(task_run.id)] = (task_run.name, None)
-
-    def ended(task, task_run, state) -> None:
-        with _OUTPUTS_LOCK:
-            _STARTED.pop(str(task_run.id), None)
-
-    running.log_on_run = ended.log_on_run = False  # bookkeeping: no "Running hook ..." lines in the UI
-    return {"on_running": [running], "on_completion": [ended], "on_failure": [ended]}
+    return _bookkeeping({"on_running": [_stage_running], **stage_end_hooks()})
 
 
 def running_stages() -> list[str]:

@@ -28,7 +28,7 @@ from schemas.layout import (
 from schemas.plan import DecisionPlan
 from schemas.spec import Budget, GateCheck
 from schemas.io import write_json_atomic, write_text_atomic
-from tasks.common import GateFailed, judging_task, publish_markdown, publish_table, stage_cache
+from tasks.common import GateFailed, judging_task, publish_markdown, publish_table, stage_cache, stage_end_hooks
 
 
 def _gate_rows(gate: str, results) -> list[dict]:
@@ -61,7 +61,7 @@ def record_gate(name: str, rows: list[dict], out_dir: Path, table: list[dict] | 
         raise GateFailed(name, rows)
 
 
-@judging_task(name=UNIT_CHECKS, task_run_name=UNIT_CHECKS, cache_policy=stage_cache(), persist_result=True)
+@judging_task(name=UNIT_CHECKS, task_run_name=UNIT_CHECKS, **stage_end_hooks(), cache_policy=stage_cache(), persist_result=True)
 def offline_unit_checks(run_dir: str) -> list[dict]:
     """The spec's offline checks of the estimator (forced (non)activation, fallback, GRPO)."""
     results = run_offline_checks(reference_fn=gs1_kernel_reference)
@@ -84,7 +84,7 @@ def _stage_parameter() -> str:
 
 
 @judging_task(name="activation gate", task_run_name=lambda: gate_name(_stage_parameter()),
-              cache_policy=stage_cache("treatment_path", "baseline_path", "heldout_path"), persist_result=True)
+              **stage_end_hooks(), cache_policy=stage_cache("treatment_path", "baseline_path", "heldout_path"), persist_result=True)
 def activation_gate(checks: tuple[GateCheck, ...], treatment_path: str, baseline_path: str, heldout_path: str,
                     n_pilot_steps: int, run_dir: str, stage: PilotStage = "pilot",
                     treatment_estimator: str | None = None) -> dict:
@@ -103,7 +103,7 @@ def activation_gate(checks: tuple[GateCheck, ...], treatment_path: str, baseline
 
 
 @judging_task(name="audit", task_run_name=lambda: audit_name(_stage_parameter()),
-              cache_policy=stage_cache("rollout_paths"), persist_result=True)
+              **stage_end_hooks(), cache_policy=stage_cache("rollout_paths"), persist_result=True)
 def audit_gate(arms: tuple[ArmConfig, ...], rollout_paths: list[str], run_dir: str, stage: AuditStage) -> list[dict]:
     """Recompute every logged advantage of each arm from its own rollout log with the independent
     reference (rl.audit); a row beyond tolerance fails the run before its logs are used."""
@@ -134,7 +134,7 @@ def audit_gate(arms: tuple[ArmConfig, ...], rollout_paths: list[str], run_dir: s
     return rows
 
 
-@judging_task(name=FEASIBILITY, task_run_name=FEASIBILITY, cache_policy=stage_cache("timings_path"), persist_result=True)
+@judging_task(name=FEASIBILITY, task_run_name=FEASIBILITY, **stage_end_hooks(), cache_policy=stage_cache("timings_path"), persist_result=True)
 def feasibility(timings_path: str, steps: int, n_eval: int, budget: Budget, backend: str, out_dir: str,
                 recovery_reserve: float = 0.25, units: dict[str, str] | None = None) -> dict:
     """Project the full run from the pilot's timings; over budget is a gate failure. `units`
@@ -194,7 +194,7 @@ def _gpus(backend: str) -> int:
     return 1 if torch.cuda.is_available() else 0
 
 
-@task(name=DECISION_STAGE, task_run_name=DECISION_STAGE, cache_policy=stage_cache("treatment_eval", "baseline_eval"),
+@task(name=DECISION_STAGE, task_run_name=DECISION_STAGE, **stage_end_hooks(), cache_policy=stage_cache("treatment_eval", "baseline_eval"),
       persist_result=True)
 def paired_decision_record(treatment_eval: str, baseline_eval: str, decision: DecisionPlan, names: dict, out_dir: str) -> dict:
     """Paired Hoeffding (+ McNemar, bootstrap) on the two arms' per-item correctness."""
@@ -224,7 +224,7 @@ def decision_markdown(record: dict) -> str:
 
 
 @task(name="paired decision", task_run_name="paired decision (Holm)",
-      cache_policy=stage_cache("eval_files"), persist_result=True)
+      **stage_end_hooks(), cache_policy=stage_cache("eval_files"), persist_result=True)
 def family_decision_record(eval_files: list[str], units: list[tuple[str, int]], decision: DecisionPlan, names: dict,
                            out_dir: str) -> dict:
     """Every compared arm against the baseline on the same items, paired within each seed, with

@@ -20,7 +20,7 @@ from schemas.layout import PREFLIGHT, RunLayout
 from schemas.plan import RunContext
 from schemas.spec import CorrectnessPreflight
 from tasks.arms import arm_client, critic_of, env_for
-from tasks.common import judging_task, stage_cache
+from tasks.common import judging_task, stage_cache, stage_end_hooks
 from tasks.gates import record_gate
 
 FIXED_PROMPTS = 4
@@ -28,7 +28,7 @@ FIXED_SAMPLES = 4
 FIXED_MAX_TOKENS = 32  # the preflight checks code paths, not answers: short rollouts suffice
 
 
-@judging_task(name=PREFLIGHT, task_run_name=PREFLIGHT, cache_policy=stage_cache(unread=(("arms", "steps"),)),
+@judging_task(name=PREFLIGHT, task_run_name=PREFLIGHT, **stage_end_hooks(), cache_policy=stage_cache(unread=(("arms", "steps"),)),
               persist_result=True)
 def correctness_preflight(arms: tuple[ArmConfig, ...], run: RunContext, preflight: CorrectnessPreflight, run_dir: str,
                           backend: str, data_dir: str | None) -> dict:

@@ -20,7 +20,7 @@ from schemas.layout import CALIBRATED_SPEC, VALIDATE_SPEC, RunLayout
 from schemas.plan import DecisionPlan, RunContext, RunPlan
 from schemas.revision import SpecRevision, experiment_hash, field_changes
 from schemas.spec import ExperimentSpec, anchored, baseline_arm, compared_arms, load_spec, spec_hash, treatment_arm
-from tasks.common import publish_markdown, stage_cache, uncached_stage_hooks
+from tasks.common import publish_markdown, stage_cache, stage_end_hooks, uncached_stage_hooks
 
 
 def run_name(spec: ExperimentSpec) -> str:
@@ -164,7 +164,7 @@ def _record_revision(layout: RunLayout, new: dict) -> SpecRevision | None:
     return revision
 
 
-@task(name=CALIBRATED_SPEC, task_run_name=CALIBRATED_SPEC, cache_policy=stage_cache("spec_path"), persist_result=True)
+@task(name=CALIBRATED_SPEC, task_run_name=CALIBRATED_SPEC, **stage_end_hooks(), cache_policy=stage_cache("spec_path"), persist_result=True)
 def calibrated_plan(plan: RunPlan, spec_path: str, bandwidth: float, run_dir: str) -> RunPlan:
     """Record the revised spec (treatment bandwidth from the calibration) before any full run."""
     spec_json = anchored(json.loads(Path(spec_path).read_text()), Path(spec_path).parent)  # written to run_dir
@@ -191,7 +191,7 @@ def calibrated_plan(plan: RunPlan, spec_path: str, bandwidth: float, run_dir: st
     return plan.calibrated(bandwidth, str(revised))
 
 
-@task(name="spec with overrides", task_run_name="spec with overrides", cache_policy=stage_cache("spec_path"),
+@task(name="spec with overrides", task_run_name="spec with overrides", **stage_end_hooks(), cache_policy=stage_cache("spec_path"),
       persist_result=True)
 def spec_with_overrides(spec_path: str, overrides: dict, runs_root: str = "runs") -> dict:
     """The spec to run: the file itself, or its revision with `overrides` written in full to

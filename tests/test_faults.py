@@ -61,7 +61,7 @@ def _all_outputs_verify(run_dir: Path) -> None:
     latest: dict[str, str] = {}
     for manifest in manifests:
         if (manifest.parent / manifest.name.removesuffix(OUTPUTS_SUFFIX)).exists():
-            latest.update(json.loads(manifest.read_text()))
+            latest.update(json.loads(manifest.read_text())["outputs"])
     assert damaged_output(latest) is None
 
 
@@ -145,6 +145,59 @@ def test_damage_each_kind_of_output_then_rerun(spec, reference, tmp_path):
         _all_outputs_verify(run_dir)
 
 
+def _stage_record(run_dir: Path, output: str) -> Path:
+    """The stored result of the stage whose manifest records `output` (a path under the run)."""
+    from tasks.common import OUTPUTS_SUFFIX
+
+    want = str((run_dir / output).resolve())
+    for manifest in (run_dir / ".stage-results").glob(f"*{OUTPUTS_SUFFIX}"):
+        if want in json.loads(manifest.read_text())["outputs"]:
+            return manifest.parent / manifest.name.removesuffix(OUTPUTS_SUFFIX)
+    raise AssertionError(f"no manifest records {output}")
+
+
+def _all_correct(eval_jsonl: Path) -> None:
+    rows = [json.loads(line) for line in eval_jsonl.read_text().splitlines()]
+    eval_jsonl.write_text("".join(json.dumps({**row, "correct": True}) + "\n" for row in rows))
+
+
+def test_a_result_is_never_served_without_its_proof(spec, reference, tmp_path):
+    """Issue 27's reproduction: the eval stage's manifest deleted and every item of its eval.jsonl
+    made correct must not turn the decision; nor may a manifest, or a stored result, of another
+    stage put in its place. Each time the stage runs again with one warning, and the decision is
+    the uninterrupted run's."""
+    from tasks.common import OUTPUTS_SUFFIX
+
+    run_dir, cache = tmp_path / "run", tmp_path / "cache"
+    rc, err = _run_to_end(spec, tmp_path, run_dir, cache, "first")
+    assert rc == 0, err[-3000:]
+    eval_jsonl = "eval/gs1_kernel/eval.jsonl"
+
+    def manifest_of(record: Path) -> Path:
+        return record.with_name(record.name + OUTPUTS_SUFFIX)
+
+    def delete_manifest(record: Path, other: Path) -> None:
+        manifest_of(record).unlink()
+
+    def another_stages_manifest(record: Path, other: Path) -> None:
+        manifest_of(record).write_bytes(manifest_of(other).read_bytes())
+
+    def another_stages_result(record: Path, other: Path) -> None:
+        record.write_bytes(other.read_bytes())
+
+    for n, swap in enumerate((delete_manifest, another_stages_manifest, another_stages_result)):
+        record = _stage_record(run_dir, eval_jsonl)
+        other = _stage_record(run_dir, "decision/decision.json")
+        swap(record, other)
+        _all_correct(run_dir / eval_jsonl)
+        rc, err = _run_to_end(spec, tmp_path, run_dir, cache, f"proof-{n}")
+        assert rc == 0, (swap.__name__, err[-3000:])
+        assert _decision(run_dir) == reference, swap.__name__
+        log = err + (tmp_path / f"proof-{n}.out").read_text()
+        assert "running the stage 'eval' again" in log, (swap.__name__, log[-3000:])
+        _all_outputs_verify(run_dir)
+
+
 def _mount_tmpfs(path: Path, size: str) -> None:
     path.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True, capture_output=True)
@@ -182,9 +235,13 @@ def test_a_full_disk_is_one_line_and_the_rerun_with_space_resumes(spec, referenc
     run_dir = tmpfs(tmp_path / "run", "200k") if full == "run dir" else tmp_path / "run"
     cache = tmpfs(tmp_path / "cache", "48k") if full == "local cache" else tmp_path / "cache"
     rc, err = _run_to_end(spec, tmp_path, run_dir, cache, "full")
-    last = err.strip().splitlines()[-1]
+    lines = err.strip().splitlines()
+    last = lines[-1]
     assert rc in (1, 2) and "no space left" in last.lower(), err[-3000:]
     assert "Traceback" not in err
+    # said once: nothing before gs1's line about it (Prefect's failed states, a result not written)
+    before = (err + (tmp_path / "full.out").read_text()).lower().replace(last.lower(), "")
+    assert not any(mark in before for mark in ("no space left", "failed to write result", "errno 28")), err[-3000:]
     _grow_tmpfs(run_dir if full == "run dir" else cache, "512m")
     rc, err = _run_to_end(spec, tmp_path, run_dir, cache, "after")
     assert rc == 0, err[-3000:]

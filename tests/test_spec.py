@@ -88,11 +88,14 @@ def test_sampling_given_explicitly_wins_over_effective_config(raw):
     assert problems_of(raw) == ["feasibility.effective_config.max_tokens: 256 differs from sampling.max_tokens 512"]
 
 
-def test_extra_keys_are_kept_at_the_top_level(raw):
-    raw["notes_top"] = {"who": "me", "n": [1, 2]}
+def test_record_keys_are_kept_at_the_top_level_and_other_unknown_keys_refused(raw):
+    raw["notes"] = {"who": "me", "n": [1, 2]}
+    raw["revision"] = {"why": "a test"}
     spec = parse_spec(raw)
     assert spec.model_dump(mode="json", exclude_unset=True) == raw
-    assert spec.model_dump(mode="json")["notes_top"] == {"who": "me", "n": [1, 2]}
+    assert spec.model_dump(mode="json")["notes"] == {"who": "me", "n": [1, 2]}
+    with pytest.raises(SpecError, match=r"stepz: unknown key \(did you mean 'steps'\?\)"):
+        parse_spec({**raw, "stepz": 3})
     # and the extras survive a write-read round trip through JSON
     again = ExperimentSpec.model_validate_json(spec.model_dump_json())
     assert again.model_dump(mode="json") == spec.model_dump(mode="json")

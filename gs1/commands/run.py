@@ -82,7 +82,10 @@ def _run(args: argparse.Namespace, server) -> int:
         raise UserError("--dispatch needs the Prefect server the workers poll: set PREFECT_API_URL")
     from rl.envs import get_env
 
-    get_env(spec.dataset.name, data_dir=data_dir, **dict(spec.dataset.options))  # its data files, now
+    # its data files, read and checked now: a bad line is one line naming file and line, before the flow
+    env = get_env(spec.dataset.name, data_dir=data_dir, **dict(spec.dataset.options))
+    if hasattr(env, "check_data"):  # a file-backed env (CookbookProblemEnv.check_data); others have none
+        env.check_data()
     if args.backend == "tinker":
         from rl.backends.tinker_backend import make_tinker_service_client  # lazy: start-up time
 
@@ -201,8 +204,24 @@ def _quiet_tracebacks(expected: tuple[type, ...]) -> None:
                 record.exc_info, record.exc_text = None, None
             return True
 
+    class FullDiskSaidOnce(logging.Filter):
+        """A full disk is said once, by `gs1 run`'s last line (`no space left to write ...: free
+        some and run again`): Prefect's lines about the same failure (the task's and the flow's
+        failed states, a result it could not write) stay off the terminal."""
+
+        def filter(self, record: logging.LogRecord) -> bool:
+            text = record.getMessage().lower()  # any level: a failed state's line is INFO
+            if record.exc_info and record.exc_info[1] is not None:
+                text += " " + str(record.exc_info[1]).lower()
+            return not any(mark in text for mark in FULL_DISK_MARKS)
+
     loggers = [logging.getLogger(), *(logging.getLogger(n) for n in ("prefect", "prefect.flow_runs", "prefect.task_runs"))]
     for logger in loggers:
         for handler in logger.handlers:
             if isinstance(handler, logging.StreamHandler) and not any(isinstance(f, NoTraceback) for f in handler.filters):
                 handler.addFilter(NoTraceback())
+                handler.addFilter(FullDiskSaidOnce())
+
+
+# how a full disk reads in an exception or log line (errno.ENOSPC's text, our UserError's, Prefect's)
+FULL_DISK_MARKS = ("no space left", "errno 28", "failed to write result")

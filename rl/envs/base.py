@@ -119,6 +119,10 @@ class CookbookProblemEnv(ABC):
     def _load_split(self, split: str) -> list[Problem]:
         """All problems of `split` in file order, ids `make_prompt_id(name, split, index)`."""
 
+    def check_data(self) -> None:
+        """Check the env's data files before a run starts (a file-backed env reads them); the
+        default has none to check."""
+
     def _split(self, split: str) -> list[Problem]:
         with self._lock:
             if split not in self._splits:

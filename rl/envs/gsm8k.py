@@ -81,6 +81,13 @@ class Gsm8kEnv(CookbookProblemEnv):
         if missing:
             raise UserError(f"{self.data_dir}: GSM8K data directory has no {' or '.join(missing)} (it needs train.jsonl and test.jsonl)")
 
+    def check_data(self) -> None:
+        """Read and check both split files now (`gs1 run` calls it before the flow starts): a bad
+        line is one UserError naming the file and the line. Hub data is checked when loaded."""
+        if self.data_dir is not None:
+            for split in SPLITS:
+                self._split(split)
+
     def source(self) -> str:
         return str(self.data_dir) if self.data_dir is not None else f"hf:{HF_PATH}/{HF_CONFIG}"
 
