@@ -77,7 +77,7 @@ def _stages(spec_path: str, run_dir: str, backend: str, data_dir: str | None, di
     audit_gate(piloted, [pilot.treatment, pilot.baseline], run_dir, stage="pilot")
     try:
         activation_gate(plan.checks, pilot.treatment, pilot.baseline, pilot.heldout, plan.pilot.steps, run_dir,
-                        treatment_estimator=plan.treatment.estimator)
+                        treatment_estimator=plan.treatment.advantage)
     except GateFailed as failed:
         if CALIBRATED_METRIC not in {r["metric"] for r in failed.failing}:
             raise
@@ -94,7 +94,7 @@ def _stages(spec_path: str, run_dir: str, backend: str, data_dir: str | None, di
         audit_gate(calibrated, [pilot.treatment, pilot.baseline], run_dir, stage="calibration")
         activation_gate(plan.checks, pilot.treatment, pilot.baseline, pilot.heldout, plan.pilot.steps, run_dir,
                         stage="calibration",
-                        treatment_estimator=plan.treatment.estimator)
+                        treatment_estimator=plan.treatment.advantage)
         plan = calibrated_plan(plan, spec_path, bandwidth, run_dir)
 
     every_unit = plan.units()

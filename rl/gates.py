@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from schemas.arm import PROMPT_BLIND_BASELINE
+from rl.estimators.registry import estimator_for
 from schemas.gate_text import NOT_APPLICABLE
 from schemas.names import GATE_METRICS  # noqa: F401  (re-exported: the gate metrics this module computes)
 
@@ -136,17 +136,10 @@ class NotApplicable:
         return f"{NOT_APPLICABLE}: {self.reason}"
 
 
-def not_applicable_reason(metric: str, estimator: str | None) -> str | None:
-    """Why `metric` means nothing for a treatment arm of `estimator`; None when it applies (or
-    the estimator is not told). The kernel's neighbour count exists only for a kernel arm; a
-    baseline that is one number for every prompt of a step cannot correlate with prompt difficulty."""
-    if estimator is None:
-        return None
-    if metric == "kernel_effective_neighbors_p10" and estimator != "gs1_kernel":
-        return f"a {estimator} treatment has no kernel"
-    if metric == "baseline_reward_corr" and estimator in PROMPT_BLIND_BASELINE:
-        return f"a {estimator} baseline is the same for every prompt of a step"
-    return None
+def not_applicable_reason(metric: str, kind: str | None) -> str | None:
+    """Why `metric` means nothing for a treatment arm of `kind` (its Estimator says); None when it
+    applies (or the kind is not told)."""
+    return None if kind is None else estimator_for(kind).gate_not_applicable(metric)
 
 
 def compute_gate_metrics(treatment, baseline, heldout, n_pilot_steps: int = 2, treatment_estimator: str | None = None) -> dict:

@@ -23,6 +23,7 @@ and cosine(a, b) >= min_cosine.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import math
@@ -39,9 +40,9 @@ from tinker_cookbook.rl.types import Trajectory, TrajectoryGroup, Transition
 
 from rl.audit import AuditResult, RolloutLog, audit_log, reference_columns
 from rl.backends.responses import backend_of, loss_sum, prompt_mean_logprob_of
-from rl.estimators import StepBatch
-from rl.loop import (batch_of, critic_answer_tokens, critic_logprobs, learner_logprobs, new_window, rollout_datum,
-                     sampling_seed, step_advantages, train_critic)
+from rl.estimators import CRITIC, LEARNER_LOGPROBS, StepBatch
+from rl.loop import batch_of, new_window, rollout_datum, sampling_seed, step_advantages
+from rl.step_inputs import critic_answer_tokens, critic_logprobs, learner_logprobs, train_critic
 from schemas.arm import ArmConfig
 
 STEP_CHECK_TOLERANCE = 1e-12
@@ -141,22 +142,23 @@ def reference_step_advantages(arm: ArmConfig, batch: StepBatch) -> np.ndarray:
                      learner_logprobs_R_T=None if batch.learner_logprobs_B_T is None else [t.tolist() for t in batch.learner_logprobs_B_T],
                      critic_yes_logprob_R=batch.critic_yes_logprob_B, critic_no_logprob_R=batch.critic_no_logprob_B)
     columns = reference_columns(arm, log)[0]
-    return columns["token_advantage" if arm.trust_delta is not None else "advantage"]
+    return columns.get("token_advantage", columns["advantage"])
 
 
 def with_arm_inputs(arm: ArmConfig, batch: StepBatch, rollouts: Sequence[Rollout], *, training_client, critic_client,
                     renderer) -> StepBatch:
-    """`batch` with what `arm`'s estimator reads besides rewards, measured as training measures it:
-    the learner's token logprobs from `training_client`'s forward pass (flash_reinforce), the
-    critic's yes/no logprobs from `critic_client`'s (critic)."""
-    if arm.trust_delta is not None:
+    """`batch` with what `arm`'s kind needs besides rewards, measured as training measures it:
+    the learner's token logprobs from `training_client`'s forward pass (LEARNER_LOGPROBS), the
+    critic's yes/no logprobs from `critic_client`'s (CRITIC)."""
+    needs = arm.estimator.needs
+    if LEARNER_LOGPROBS in needs:
         learner_B_T, _ = learner_logprobs(training_client, [r.prompt for r in rollouts], [r.tokens for r in rollouts])
-        return dataclasses.replace(batch, sampler_logprobs_B_T=tuple(np.asarray(r.logprobs, dtype=np.float64) for r in rollouts),
-                                   learner_logprobs_B_T=tuple(learner_B_T))
-    if arm.critic is not None:
+        batch = dataclasses.replace(batch, sampler_logprobs_B_T=tuple(np.asarray(r.logprobs, dtype=np.float64) for r in rollouts),
+                                    learner_logprobs_B_T=tuple(learner_B_T))
+    if CRITIC in needs:
         question_T, yes, no = critic_answer_tokens(renderer.tokenizer, arm.critic)
         yes_B, no_B, _ = critic_logprobs(critic_client, [r.prompt for r in rollouts], question_T, yes, no)
-        return dataclasses.replace(batch, critic_yes_logprob_B=yes_B, critic_no_logprob_B=no_B)
+        batch = dataclasses.replace(batch, critic_yes_logprob_B=yes_B, critic_no_logprob_B=no_B)
     return batch
 
 
@@ -166,7 +168,7 @@ def fixed_step_batches(prompt_num_tokens_P: Sequence[int], prompt_mean_logprob_P
     batches of at most a quarter of the window (the window holds >= 4 of them), and enough steps
     for the window to fill and roll over twice. Features are the sampled prompts' own, jittered
     (every 5th row ties its predecessor); rewards are seeded draws from the env's reward values."""
-    window = arm.kernel.window if arm.kernel is not None else 4 * arm.batch_size
+    window = arm.estimator.check_window(arm.recipe) or 4 * arm.batch_size
     prompts_per_step = max(1, min(arm.groups_per_batch, (window // 4) // arm.group_size))
     batch_size = prompts_per_step * arm.group_size
     n_steps = max(MIN_CHECK_STEPS, -(-window // batch_size) + 2)
@@ -184,37 +186,9 @@ def fixed_step_batches(prompt_num_tokens_P: Sequence[int], prompt_mean_logprob_P
             group_ids_B=np.repeat(np.arange(prompts_per_step), arm.group_size),
             prompt_num_tokens_B=np.repeat(num_tokens_P, arm.group_size).astype(np.float64),
             prompt_mean_logprob_B=np.repeat(mean_logprob_P, arm.group_size),
-            **arm_step_inputs(arm, batch_size, rng),
+            **arm.estimator.stand_in_inputs(arm.recipe, batch_size, rng),
         ))
     return batches
-
-
-def arm_step_inputs(arm: ArmConfig, batch_size: int, rng: np.random.Generator) -> dict:
-    """Seeded stand-ins for what an arm's estimator reads besides rewards and prompt features.
-
-    flash_reinforce: token logprobs of varied lengths (one of the lengths 0), the learner's drawn
-    at drift scales around the gate's threshold, so the gate admits some trajectories and rejects
-    others, with near-certain tokens among them (the probability clamp). critic: yes/no logprobs
-    spread over a wide range (P(yes) / (P(yes) + P(no)) from ~0 to ~1, and pairs whose
-    probabilities both underflow).
-    """
-    if arm.trust_delta is not None:
-        lengths_B = rng.integers(1, 40, batch_size)
-        lengths_B[rng.integers(0, batch_size)] = 0
-        sampler_B_T, learner_B_T = [], []
-        scales = (0.0, 0.01, 0.05, 0.2, 1.0)
-        for b, T in enumerate(lengths_B):
-            sampler_T = np.log(rng.uniform(0.02, 1.0, T))
-            sampler_T[rng.random(T) < 0.2] = -1e-9  # near-certain tokens
-            learner_T = np.minimum(sampler_T + rng.normal(0.0, scales[b % len(scales)], T), 0.0)
-            sampler_B_T.append(sampler_T)
-            learner_B_T.append(learner_T)
-        return {"sampler_logprobs_B_T": tuple(sampler_B_T), "learner_logprobs_B_T": tuple(learner_B_T)}
-    if arm.critic is not None:
-        both_B = rng.choice([0.0, 800.0], batch_size, p=[0.8, 0.2])  # both probabilities underflow
-        return {"critic_yes_logprob_B": -rng.exponential(3.0, batch_size) - both_B - rng.choice([0.0, 40.0], batch_size, p=[0.8, 0.2]),
-                "critic_no_logprob_B": -rng.exponential(3.0, batch_size) - both_B}
-    return {}
 
 
 def check_arm_steps(arm: ArmConfig, batches: Sequence[StepBatch], tolerance: float = STEP_CHECK_TOLERANCE) -> AuditResult:
@@ -224,11 +198,8 @@ def check_arm_steps(arm: ArmConfig, batches: Sequence[StepBatch], tolerance: flo
     logged: dict[str, list] = {}
     for batch in batches:
         advantages, window = step_advantages(arm, batch, window)
-        for column in ("baseline", "advantage", "kernel_mass", "effective_neighbors", "fallback", "sequence_kl",
-                       "admitted", "token_advantage"):
-            values = getattr(advantages, column)
-            if values is not None:
-                logged.setdefault(column, []).extend(np.asarray(values, dtype=np.float64).tolist())
+        for column, values in advantages.logged().items():
+            logged.setdefault(column, []).extend(np.asarray(values, dtype=np.float64).tolist())
 
     def joined(name):  # an estimator's own input over every batch, as the rollout log holds it
         parts = [getattr(b, name) for b in batches]
@@ -393,17 +364,14 @@ def correctness_checks(arms: Sequence[ArmConfig], baseline: ArmConfig, treatment
     comparisons += [step_check_comparison(result) for result in step_checks]
 
     def inputs_of(arm: ArmConfig) -> StepBatch:  # the batch with the arm's own inputs, measured on fresh clients
-        if arm.critic is not None and fresh_critic is None:
-            raise ValueError(f"arm {arm.name} is a critic arm: the preflight needs fresh_critic")
-        if arm.trust_delta is not None:
-            with fresh_client(arm) as training_client:
-                return with_arm_inputs(arm, batch, rollouts, training_client=training_client, critic_client=None,
-                                       renderer=renderer)
-        if arm.critic is not None:
-            with fresh_critic(arm) as critic_client:
-                return with_arm_inputs(arm, batch, rollouts, training_client=None, critic_client=critic_client,
-                                       renderer=renderer)
-        return batch
+        needs = arm.estimator.needs
+        if CRITIC in needs and fresh_critic is None:
+            raise ValueError(f"arm {arm.name} needs a critic: the preflight needs fresh_critic")
+        with contextlib.ExitStack() as held:
+            training_client = held.enter_context(fresh_client(arm)) if LEARNER_LOGPROBS in needs else None
+            critic_client = held.enter_context(fresh_critic(arm)) if CRITIC in needs else None
+            return with_arm_inputs(arm, batch, rollouts, training_client=training_client, critic_client=critic_client,
+                                   renderer=renderer)
 
     # (a) the treatment's advantages on the sampled batch vs the reference's: loss and LoRA gradient.
     treatment_batch = inputs_of(treatment)
@@ -425,7 +393,7 @@ def correctness_checks(arms: Sequence[ArmConfig], baseline: ArmConfig, treatment
         with fresh_client(arm) as training_client:
             result = probe(training_client, loop_datums(rollouts, advantage), arm.lr)
         comparisons.append(Comparison(f"probe_{arm.name}", result.passed, result.details))
-        if arm.critic is not None:  # and its value model's training step, as the loop takes it
+        if CRITIC in arm.estimator.needs:  # and its value model's training step, as the loop takes it
             question_T, yes, no = critic_answer_tokens(renderer.tokenizer, arm.critic)
             with fresh_critic(arm) as critic_client:
                 loss, tokens = train_critic(critic_client, arm.critic, [r.prompt for r in rollouts],

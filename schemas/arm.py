@@ -1,94 +1,39 @@
-"""A training arm as the run executes it: the estimator names a spec may use, and `ArmConfig`.
+"""A training arm as the run executes it: `ArmConfig`.
 
 `ArmConfig` is built once from the spec (`tasks.spec.plan_from_spec`), carried in the run plan,
 handed to every stage that runs the arm (preflight, pilot, training, audit) and to the RL loop.
 
-Each estimator holds exactly the recipe it reads, and no other arm holds one: a gs1_kernel arm its
-`KernelSpec`, a flash_reinforce arm its trust threshold `trust_delta`, a critic arm its
-`CriticSpec`. One rollout per prompt is what flash_reinforce and critic mean
-(`ONE_ROLLOUT_PER_PROMPT`); a leave-one-out baseline needs at least two rollouts per prompt.
+Its `recipe` is its kind's recipe (`rl.estimators.registry.Recipe`: a union discriminated by the
+spec's `advantage` name, the one name a kind has): a kernel_cross_prompt_baseline arm holds its
+`KernelSpec`, a flash_reinforce arm its trust threshold, a critic arm its `CriticSpec`, the rest
+nothing. What the arm's kind does is its `estimator` (the registry's Estimator for that name).
 """
 
 from __future__ import annotations
 
-import math
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from schemas.errors import FieldProblems, known_keys_only
+from rl.estimators.base import Estimator
+from rl.estimators.critic import CriticSpec
+from rl.estimators.registry import Recipe, estimator_for
 from schemas.kernel import KernelSpec
 from schemas.layout import unit_name
 
-# Spec `advantage` name -> estimator id (rl.estimators implements each id).
-ADVANTAGE_ESTIMATORS = {
-    "group_mean": "grpo",
-    "kernel_cross_prompt_baseline": "gs1_kernel",
-    "batch_mean": "batch_mean",
-    "leave_one_out": "rloo",
-    "flash_reinforce": "flash_reinforce",
-    "critic": "critic",
-}
+__all__ = ["ArmConfig", "CriticSpec"]
 
-# Estimators whose arm samples one rollout per prompt by definition (spec validation enforces it).
-ONE_ROLLOUT_PER_PROMPT = ("gs1_kernel", "flash_reinforce", "critic")
-# Estimators whose baseline is the same number for every prompt of a step (no per-prompt signal).
-PROMPT_BLIND_BASELINE = ("batch_mean", "flash_reinforce")
-# FlashREINFORCE's default trust threshold on the per-trajectory mean Bernoulli KL.
-DEFAULT_TRUST_DELTA = 3e-3
-
-
-class CriticSpec(BaseModel):
-    """The critic arm's value model: a second LoRA client on the arm's base model.
-
-    Its value for a prompt is P(yes) / (P(yes) + P(no)) for the answer token after the prompt
-    followed by `question`; after each step it is trained with cross-entropy on that step's
-    (prompt, reward) pairs, target min(max(reward, 0), 1), by one Adam step at `lr`.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    lr: float = 1e-4
-    lora_rank: int | None = None  # None: the policy's rank
-    question: str = "\nWill this problem be answered correctly? Answer yes or no:"
-    yes: str = " yes"
-    no: str = " no"
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_keys_only(cls, data):
-        return known_keys_only(cls, data)
-
-    @model_validator(mode="after")
-    def _recipe(self):
-        problems = []
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            problems.append(("lr", "must be > 0"))
-        if self.lora_rank is not None and self.lora_rank < 1:
-            problems.append(("lora_rank", "must be >= 1"))
-        if self.yes == self.no:
-            problems.append(("no", "must differ from yes"))
-        if problems:
-            raise FieldProblems(problems)
-        return self
-
-
-def estimator_id(advantage_name: str) -> str:
-    """Spec advantage name (or an estimator id itself) -> estimator id; unknown -> ValueError."""
-    if advantage_name in ADVANTAGE_ESTIMATORS:
-        return ADVANTAGE_ESTIMATORS[advantage_name]
-    if advantage_name in ADVANTAGE_ESTIMATORS.values():
-        return advantage_name
-    known = ", ".join(sorted(ADVANTAGE_ESTIMATORS))
-    raise ValueError(f"unknown advantage estimator {advantage_name!r}; known: {known}")
+# Recipe fields that plans written before recipes (and callers of that time) hold beside `advantage`.
+_FLAT_RECIPE_KEYS = ("kernel", "kernel_source", "trust_delta", "critic")
 
 
 class ArmConfig(BaseModel):
-    """Everything that defines one training arm. A kernel arm holds its `KernelSpec`; others None."""
+    """Everything that defines one training arm."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
-    advantage: str  # a spec advantage name (ADVANTAGE_ESTIMATORS)
+    recipe: Recipe
     group_size: int
     groups_per_batch: int
     lr: float
@@ -99,10 +44,6 @@ class ArmConfig(BaseModel):
     base_model_path: str | None = None
     max_tokens: int = 512
     temperature: float = 1.0
-    kernel: KernelSpec | None = None
-    kernel_source: str | None = None  # the `kernel.json` the kernel was read from, with its sha256
-    trust_delta: float | None = None  # flash_reinforce only
-    critic: CriticSpec | None = None  # critic only
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
@@ -110,21 +51,37 @@ class ArmConfig(BaseModel):
     # where the arm runs at its own `seed` on the shared seed-0 prompt order, as it always has).
     run_seed: int | None = None
 
-    @model_validator(mode="after")
-    def _recipe_iff_its_estimator(self):
-        if (self.estimator == "gs1_kernel") != (self.kernel is not None):
-            raise ValueError(f"arm {self.name}: a kernel is held by, and only by, a gs1_kernel arm")
-        if self.kernel_source is not None and self.kernel is None:
-            raise ValueError(f"arm {self.name}: a kernel source without a kernel")
-        if (self.estimator == "flash_reinforce") != (self.trust_delta is not None):
-            raise ValueError(f"arm {self.name}: trust_delta is held by, and only by, a flash_reinforce arm")
-        if (self.estimator == "critic") != (self.critic is not None):
-            raise ValueError(f"arm {self.name}: a CriticSpec is held by, and only by, a critic arm")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_recipe(cls, data: Any):
+        """`advantage` and its recipe's fields beside it (a plan written before recipes) -> `recipe`."""
+        if not isinstance(data, dict) or "recipe" in data or "advantage" not in data:
+            return data
+        data = dict(data)
+        recipe = {"advantage": data.pop("advantage")}
+        for key in _FLAT_RECIPE_KEYS:
+            if (value := data.pop(key, None)) is not None:
+                recipe[key] = value
+        return {**data, "recipe": recipe}
 
     @property
-    def estimator(self) -> str:
-        return estimator_id(self.advantage)
+    def advantage(self) -> str:
+        """The spec's name of its kind."""
+        return self.recipe.advantage
+
+    @property
+    def estimator(self) -> Estimator:
+        return estimator_for(self.recipe.advantage)
+
+    @property
+    def kernel(self) -> KernelSpec | None:
+        """The kernel its recipe holds (None for a kind without one)."""
+        return self.estimator.kernel_of(self.recipe)
+
+    @property
+    def critic(self) -> CriticSpec | None:
+        """Its value model's spec when its kind needs one (None otherwise)."""
+        return self.estimator.critic_of(self.recipe)
 
     @property
     def unit(self) -> str:
@@ -149,4 +106,4 @@ class ArmConfig(BaseModel):
     def with_kernel_bandwidth(self, bandwidth: float) -> ArmConfig:
         """This arm with its kernel at another bandwidth (the pre-registered calibration)."""
         assert self.kernel is not None, f"arm {self.name} has no kernel"
-        return self.model_copy(update={"kernel": self.kernel.with_bandwidth(bandwidth)})
+        return self.model_copy(update={"recipe": self.estimator.with_kernel(self.recipe, self.kernel.with_bandwidth(bandwidth))})

@@ -10,7 +10,8 @@ non-nullable must have a value in every row.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -65,6 +66,55 @@ ROLLOUTS = _schema(
     _opt("critic_yes_logprob", pa.float64()),
     _opt("critic_no_logprob", pa.float64()),
 )
+
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutRow:
+    """One row of ROLLOUTS as the loop builds it: its fields are the schema's columns, in order
+    (a test holds them equal); a kind's own columns stay None in the other kinds' rows."""
+
+    step: int
+    arm: str
+    seed: int
+    prompt_id: str
+    group_id: int
+    sample_idx: int
+    prompt_num_tokens: int
+    prompt_mean_logprob: float
+    reward: float
+    num_tokens: int
+    stop_reason: str
+    baseline: float | None  # set once the step's advantages are known
+    advantage: float | None
+    kernel_mass: float | None
+    effective_neighbors: float | None
+    fallback: bool | None
+    response: str
+    sampler_logprobs: list[float] | None
+    learner_logprobs: list[float] | None
+    sequence_kl: float | None
+    admitted: bool | None
+    token_advantage: float | None
+    critic_yes_logprob: float | None
+    critic_no_logprob: float | None
+
+    @classmethod
+    def sampled(cls, **columns) -> RolloutRow:
+        """A rollout as sampling and grading give it: every column after them None until set."""
+        return cls(**{**dict.fromkeys(f.name for f in dataclasses.fields(cls)), **columns})
+
+    def with_columns(self, **columns) -> RolloutRow:
+        return dataclasses.replace(self, **columns)
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def rollout_columns(rows: Sequence[RolloutRow]) -> dict[str, list]:
+    """Rows as the ROLLOUTS table's columns (name -> values, in schema order)."""
+    return {f.name: [getattr(r, f.name) for r in rows] for f in dataclasses.fields(RolloutRow)}
+
 
 # One row per training step of an arm.
 STEP_METRICS = _schema(

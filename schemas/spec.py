@@ -36,7 +36,9 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
-from schemas.arm import ADVANTAGE_ESTIMATORS, DEFAULT_TRUST_DELTA, ONE_ROLLOUT_PER_PROMPT, CriticSpec
+from rl.estimators.critic import CriticSpec
+from rl.estimators.flash_reinforce import DEFAULT_TRUST_DELTA
+from rl.estimators.registry import ESTIMATORS, KINDS, estimator_for
 from schemas.errors import FieldProblems, SpecError, UserError, known_keys_only
 from schemas.kernel import KernelSpec
 from schemas.names import GATE_METRICS, env_names, unknown_env_options
@@ -100,16 +102,20 @@ NonEmpty = _bound(lambda v: len(v) > 0, "must not be empty")
 
 class Arm(Record):
     name: str
-    advantage: str  # a key of schemas.arm.ADVANTAGE_ESTIMATORS
+    advantage: str  # an arm kind (rl.estimators.registry.KINDS)
     group_size: Annotated[int, AtLeast1]  # rollouts per prompt
     groups_per_batch: Annotated[int, AtLeast1]  # prompts per step
     lr: Annotated[float, Positive]
     seed: int = 0
-    kernel: KernelSpec = Field(default_factory=KernelSpec)  # read by the gs1_kernel estimator
-    kernel_file: str | None = None  # a hill-climbed kernel.json instead of `kernel` (gs1_kernel)
-    trust_delta: Annotated[float, NonNegative] = DEFAULT_TRUST_DELTA  # read by flash_reinforce
-    critic: CriticSpec = Field(default_factory=CriticSpec)  # read by the critic estimator
+    # Recipe fields: each read by the kinds that name it in `Estimator.spec_fields` (every arm
+    # holds their defaults: the hashed form of a spec has always had them).
+    kernel: KernelSpec = Field(default_factory=KernelSpec)
+    kernel_file: str | None = None  # a hill-climbed kernel.json instead of `kernel`
+    trust_delta: Annotated[float, NonNegative] = DEFAULT_TRUST_DELTA
+    critic: CriticSpec = Field(default_factory=CriticSpec)
     _kernel_source: str | None = PrivateAttr(default=None)
+    # Keys a kind owns beyond these fields (`Estimator.own_spec_keys`): kept, and checked by the kind.
+    record_keys: ClassVar[frozenset[str]] = frozenset(k for e in ESTIMATORS.values() for k in e.own_spec_keys)
     # In a spec of more than two arms: "baseline" names the arm every other arm is decided against,
     # "treatment" the one arm the pilot and the activation gate are about (a kernel arm's default).
     role: Literal["treatment", "baseline"] | None = None
@@ -124,36 +130,48 @@ class Arm(Record):
     @field_validator("advantage")
     @classmethod
     def _advantage(cls, v):
-        known = ADVANTAGE_ESTIMATORS
-        if v not in known:
-            raise ValueError(f"no estimator implements {v!r} (known: {', '.join(known)})")
+        if v not in KINDS:
+            raise ValueError(f"no estimator implements {v!r} (known: {', '.join(KINDS)})")
         return v
 
     @model_validator(mode="after")
     def _arm_kind(self, info: ValidationInfo):
-        estimator = ADVANTAGE_ESTIMATORS.get(self.advantage)
-        problems = []
-        if estimator in ONE_ROLLOUT_PER_PROMPT and self.group_size != 1:
-            problems.append(("group_size", f"a {self.advantage} arm samples one rollout per prompt (group_size 1), got {self.group_size}"))
-        if estimator == "rloo" and self.group_size < 2:
-            problems.append(("group_size", "a leave_one_out arm needs at least 2 rollouts per prompt"))
+        """The arm's kind checks it; the kind's own keys get their defaults; a kernel file is read
+        into the recipe fields it sets (which then enter the canonical form, hence the hash)."""
+        estimator = estimator_for(self.advantage)
+        problems = list(estimator.spec_problems(self))
+        extra = self.__pydantic_extra__
+        given = set(self.model_fields_set) | set(extra)
+        for key in [k for k in extra if k not in estimator.own_spec_keys]:
+            problems.append((key, f"a {self.advantage} arm reads no {key}"))
+        for key, model in estimator.own_spec_keys.items():
+            try:
+                extra[key] = model.model_validate(extra.get(key, {}))
+            except ValidationError as e:
+                first = e.errors(include_url=False)[0]
+                problems.append((".".join([key, *map(str, first["loc"])]), first["msg"].removeprefix("Value error, ")))
         if self.kernel_file is not None:
-            if estimator != "gs1_kernel":
-                problems.append(("kernel_file", f"only a gs1_kernel arm reads a kernel, not a {self.advantage} arm"))
-            elif "kernel" in self.model_fields_set:
-                problems.append(("kernel_file", "give kernel or kernel_file, not both"))
+            both = [k for k in estimator.spec_fields if k != "kernel_file" and k in given]
+            if "kernel_file" not in estimator.spec_fields:
+                problems.append(("kernel_file", f"a {self.advantage} arm reads no kernel file"))
+            elif both:
+                problems.append(("kernel_file", f"give {both[0]} or kernel_file, not both"))
             else:
-                spec_dir = (info.context or {}).get("spec_dir")
                 try:
-                    kernel, source = read_kernel_file(self.kernel_file, spec_dir)
+                    fields, source = read_kernel_file(self.kernel_file, (info.context or {}).get("spec_dir"), estimator)
                 except ValueError as e:
                     problems.append(("kernel_file", str(e)))
                 else:
-                    self.__dict__["kernel"] = kernel  # the recipe itself enters the canonical form (hash)
+                    for key, value in fields.items():
+                        (self.__dict__ if key in type(self).model_fields else extra)[key] = value
                     self._kernel_source = source
         if problems:
             raise FieldProblems(problems)
         return self
+
+    def spec_value(self, key: str):
+        """A recipe field of the arm: one of its own fields, or a key its kind owns."""
+        return getattr(self, key) if key in type(self).model_fields else self.__pydantic_extra__[key]
 
     @property
     def kernel_source(self) -> str | None:
@@ -161,8 +179,9 @@ class Arm(Record):
         return self._kernel_source
 
     @property
-    def estimator(self) -> str:
-        return ADVANTAGE_ESTIMATORS[self.advantage]
+    def estimator(self):
+        """Its kind's Estimator (rl.estimators.registry)."""
+        return estimator_for(self.advantage)
 
     @property
     def batch_shape(self) -> str:
@@ -170,8 +189,9 @@ class Arm(Record):
         return f"{self.groups_per_batch}x{self.group_size}={self.groups_per_batch * self.group_size}"
 
 
-def read_kernel_file(path: str, spec_dir: str | None) -> tuple[KernelSpec, str]:
-    """A `gs1 hillclimb` kernel.json (`{"kernel": {...}}`) as a KernelSpec, and `<path> sha256:<hex>`.
+def read_kernel_file(path: str, spec_dir: str | None, estimator) -> tuple[dict, str]:
+    """A `gs1 hillclimb` kernel.json (`{"kernel": {...}}`) as the arm fields it sets for the arm's
+    kind (`Estimator.kernel_file_fields`), and `<path> sha256:<hex>`.
 
     A relative path is taken from `spec_dir` (the spec file's folder; the working folder when the
     spec did not come from a file). Any problem is a ValueError of one line.
@@ -191,12 +211,12 @@ def read_kernel_file(path: str, spec_dir: str | None) -> tuple[KernelSpec, str]:
     if not isinstance(data, dict) or set(data) != {"kernel"} or not isinstance(data["kernel"], dict):
         raise ValueError(f"{file}: expected {{\"kernel\": {{...}}}} as `gs1 hillclimb` writes it")
     try:
-        kernel = KernelSpec.model_validate(data["kernel"])
+        fields = estimator.kernel_file_fields(data["kernel"])
     except ValidationError as e:
         first = e.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "kernel"
         raise ValueError(f"{file}: kernel.{where}: {first['msg'].removeprefix('Value error, ')}") from None
-    return kernel, f"{file.resolve()} sha256:{hashlib.sha256(raw).hexdigest()}"
+    return fields, f"{file.resolve()} sha256:{hashlib.sha256(raw).hexdigest()}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -116,7 +116,7 @@ def critic_of(run: RunContext, arm: ArmConfig, backend: str, state_path: str | N
 
 def write_step_log(arm_dir: Path, log: StepLog) -> None:
     step = log.metrics["step"]
-    rows = [dict(zip(log.rollouts, values)) for values in zip(*log.rollouts.values())]
+    rows = [row.as_dict() for row in log.rollouts]
     write_artifact("rollouts", rows, step_log(arm_dir, step, "rollouts"))
     write_artifact("step_metrics", [log.metrics], step_log(arm_dir, step, "metrics"))
     if log.cost is not None:

@@ -55,17 +55,16 @@ def flow_run_name(spec_path: str | Path, backend: str, overrides: dict | None = 
 
 
 def plan_from_spec(spec: ExperimentSpec) -> RunPlan:
-    """The run plan: every stage's inputs, typed. Each arm holds the recipe its estimator reads
-    (schemas.arm.ArmConfig): a kernel arm its validated KernelSpec and the kernel file it came from."""
+    """The run plan: every stage's inputs, typed. Each arm holds its kind's recipe, read from the
+    spec's arm by the kind itself (`Estimator.recipe_of`): a kernel arm its validated KernelSpec and
+    the kernel file it came from."""
     arms = tuple(
         ArmConfig(
-            name=arm.name, advantage=arm.advantage, group_size=arm.group_size, groups_per_batch=arm.groups_per_batch,
+            name=arm.name, recipe=arm.estimator.recipe_of(arm), group_size=arm.group_size,
+            groups_per_batch=arm.groups_per_batch,
             lr=arm.lr, seed=arm.seed, steps=spec.steps, lora_rank=spec.lora_rank, base_model=spec.base_model,
             base_model_path=spec.base_model_path, max_tokens=spec.sampling.max_tokens,
-            temperature=spec.sampling.temperature, kernel=arm.kernel if arm.estimator == "gs1_kernel" else None,
-            kernel_source=arm.kernel_source if arm.estimator == "gs1_kernel" else None,
-            trust_delta=arm.trust_delta if arm.estimator == "flash_reinforce" else None,
-            critic=arm.critic if arm.estimator == "critic" else None,
+            temperature=spec.sampling.temperature,
         )
         for arm in spec.arms
     )
@@ -120,13 +119,8 @@ def validated_plan(spec_path: str, run_dir: str) -> RunPlan:
 
 
 def _recipe_label(arm: ArmConfig) -> str:
-    if arm.kernel is not None:
-        return f" ({arm.kernel.label()}{'' if arm.kernel_source is None else ', from ' + arm.kernel_source})"
-    if arm.trust_delta is not None:
-        return f" (trust delta {arm.trust_delta:g})"
-    if arm.critic is not None:
-        return f" (critic lr {arm.critic.lr:g})"
-    return ""
+    label = arm.estimator.label(arm.recipe)
+    return f" ({label})" if label else ""
 
 
 def _record_revision(layout: RunLayout, new: dict) -> SpecRevision | None:

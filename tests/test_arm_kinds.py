@@ -20,6 +20,8 @@ import pytest
 
 import fixtures.flow_env  # noqa: F401  (registers the token_threshold env)
 from fixtures.tiny_model import tiny_model_dir, tiny_service_client  # noqa: F401
+import rl.estimators.critic
+import rl.estimators.flash_reinforce
 from rl import estimators, reference
 from rl.audit import RolloutLog, audit_log
 from rl.gates import compute_gate_metrics, evaluate_checks
@@ -87,9 +89,9 @@ def test_the_step_check_catches_a_broken_estimator(kind, monkeypatch):
     batches = fixed_step_batches(num_tokens, mean_logprob, config)
     if kind == "flash_reinforce":  # forget the sample-mean weight's 1/B
         real = estimators.flash_reinforce_token_advantages
-        monkeypatch.setattr(estimators, "flash_reinforce_token_advantages", lambda a, t, m: real(a, t, m) * len(a))
+        monkeypatch.setattr(estimators.flash_reinforce, "flash_reinforce_token_advantages", lambda a, t, m: real(a, t, m) * len(a))
     else:  # read P(yes) without normalising by P(yes) + P(no)
-        monkeypatch.setattr(estimators, "critic_values", lambda yes, no: np.exp(np.asarray(yes)))
+        monkeypatch.setattr(estimators.critic, "critic_values", lambda yes, no: np.exp(np.asarray(yes)))
     result = check_arm_steps(config, batches)
     assert not result.passed and result.n_mismatches > 0
     column = "token_advantage" if kind == "flash_reinforce" else "baseline"
@@ -159,12 +161,13 @@ def test_each_arm_kind_is_selectable_as_a_two_arm_specs_treatment():
         plan = plan_from_spec(parse_spec(spec_with_arms([GRPO, treatment])))
         assert plan.run.treatment == treatment["name"] and plan.run.baseline == "grpo_gs8"
         held = plan.treatment
-        assert (held.trust_delta == 1e-3) == (treatment["advantage"] == "flash_reinforce")
+        assert held.advantage == treatment["advantage"]  # the recipe is its kind's, and only its kind's
+        assert (getattr(held.recipe, "trust_delta", None) == 1e-3) == (treatment["advantage"] == "flash_reinforce")
         assert (held.critic == CriticSpec(lr=3e-4)) == (treatment["advantage"] == "critic")
-        assert held.kernel is None and plan.baseline.trust_delta is None and plan.baseline.critic is None
+        assert held.kernel is None and plan.baseline.recipe.model_dump() == {"advantage": "group_mean"}
     # defaults: FlashREINFORCE's delta 3e-3
     flash = {"name": "flash", "advantage": "flash_reinforce", "group_size": 1, "groups_per_batch": 32, "lr": 1e-4}
-    assert plan_from_spec(parse_spec(spec_with_arms([GRPO, flash]))).treatment.trust_delta == 3e-3
+    assert plan_from_spec(parse_spec(spec_with_arms([GRPO, flash]))).treatment.recipe.trust_delta == 3e-3
 
 
 @pytest.mark.parametrize("bad, line", [
@@ -173,7 +176,7 @@ def test_each_arm_kind_is_selectable_as_a_two_arm_specs_treatment():
     ({"advantage": "leave_one_out", "group_size": 1, "groups_per_batch": 32}, "arms.1.group_size: a leave_one_out arm needs at least 2"),
     ({"advantage": "flash_reinforce", "group_size": 1, "groups_per_batch": 32, "trust_delta": -1}, "arms.1.trust_delta: must be >= 0"),
     ({"advantage": "critic", "group_size": 1, "groups_per_batch": 32, "critic": {"lr": 1e-4, "lrr": 1}}, "arms.1.critic.lrr: unknown key"),
-    ({"advantage": "batch_mean", "group_size": 1, "groups_per_batch": 32, "kernel_file": "k.json"}, "arms.1.kernel_file: only a gs1_kernel arm"),
+    ({"advantage": "batch_mean", "group_size": 1, "groups_per_batch": 32, "kernel_file": "k.json"}, "arms.1.kernel_file: a batch_mean arm reads no kernel file"),
 ])
 def test_a_bad_arm_is_one_line_naming_its_field(bad, line):
     with pytest.raises(SpecError) as e:
@@ -196,7 +199,7 @@ def test_a_hillclimbed_kernel_json_is_validated_and_recorded_in_the_plan(tmp_pat
 
     plan = plan_from_spec(load_spec(spec_path))
     assert plan.treatment.kernel == recipe.kernel_spec()
-    assert plan.treatment.kernel_source.startswith(str(kernel_json.resolve()) + " sha256:")
+    assert plan.treatment.recipe.kernel_source.startswith(str(kernel_json.resolve()) + " sha256:")
     before = spec_hash(spec_path)
     kernel_json.write_text(json.dumps(dataclasses.replace(recipe, bandwidth=1.5).to_fragment()))
     assert spec_hash(spec_path) != before  # the recipe, not only its file name, is part of the spec
@@ -218,8 +221,8 @@ def test_the_demo_and_the_users_spec_plan_as_before():
 
     for name in ("demo_local.json", "gs1_vs_grpo_gsm8k.json"):
         plan = plan_from_spec(load_spec(REPO / "specs" / name))
-        assert {a.estimator for a in plan.arms} == {"grpo", "gs1_kernel"}
-        assert all(a.trust_delta is None and a.critic is None and a.kernel_source is None for a in plan.arms)
+        assert {a.advantage for a in plan.arms} == {"group_mean", "kernel_cross_prompt_baseline"}
+        assert all(a.critic is None and getattr(a.recipe, "kernel_source", None) is None for a in plan.arms)
 
 
 # ---------------------------------------------------------------------------- the activation gate
@@ -235,7 +238,7 @@ def test_kernel_only_gate_metrics_are_not_applicable_to_other_treatments():
     for estimator, not_applicable in (("flash_reinforce", {"kernel_effective_neighbors_p10", "baseline_reward_corr"}),
                                       ("batch_mean", {"kernel_effective_neighbors_p10", "baseline_reward_corr"}),
                                       ("critic", {"kernel_effective_neighbors_p10"}),
-                                      ("gs1_kernel", set())):
+                                      ("kernel_cross_prompt_baseline", set())):
         metrics = compute_gate_metrics(treatment, treatment, heldout, treatment_estimator=estimator)
         results = {r.metric: r for r in evaluate_checks(checks, metrics)}
         for metric, r in results.items():
@@ -244,7 +247,7 @@ def test_kernel_only_gate_metrics_are_not_applicable_to_other_treatments():
             else:
                 assert not str(r.observed).startswith("not applicable")
         # a kernel treatment without neighbours fails the check, as before
-        assert results["kernel_effective_neighbors_p10"].passed == (estimator != "gs1_kernel")
+        assert results["kernel_effective_neighbors_p10"].passed == (estimator != "kernel_cross_prompt_baseline")
 
 
 # ---------------------------------------------------------------------------- the loop at the user's shape
@@ -275,7 +278,7 @@ def test_the_loop_runs_the_arm_at_the_users_shape_and_its_log_audits(kind, tiny_
         log = run_step(step, config, training_client=client, env=env, renderer=renderer, order=env.train_order(0),
                        window=window, critic_client=critic)
         window = log.next_window
-        tables.append(to_table("rollouts", [dict(zip(log.rollouts, v)) for v in zip(*log.rollouts.values())]))
+        tables.append(to_table("rollouts", [row.as_dict() for row in log.rollouts]))
         metrics.append(log.metrics)
     result = audit_log(config, RolloutLog.from_table(pa.concat_tables(tables)))
     assert result.passed and result.rows == 128 and result.steps == 2, result.mismatches[:3]
@@ -337,7 +340,7 @@ def test_a_two_arm_spec_runs_end_to_end_against_grpo(prefect_harness, tmp_path, 
     assert sorted({r["step"] for r in rollouts}) == [0, 1, 2] and len(metrics) == 3
     assert all(r["sample_idx"] == 0 for r in rollouts)  # one rollout per prompt
     if treatment["advantage"] == "flash_reinforce":
-        assert held["trust_delta"] == 3e-3
+        assert held["recipe"]["trust_delta"] == 3e-3
         for r in rollouts:
             assert len(r["learner_logprobs"]) == len(r["sampler_logprobs"]) == r["num_tokens"]
         # temperature 1 and one optimizer step per fresh batch: the learner's forward pass sees the

@@ -90,7 +90,7 @@ def _bad_input(case):
         "NaN reward": (good.set_column(2, "reward", nan_reward), "gs1_kernel", [], "NaN"),
         "empty table": (good.slice(0, 0), "gs1_kernel", [], "empty"),
         "split step": (good.take([0, 20, 1]), "gs1_kernel", [], "consecutive"),
-        "flag for another estimator": (good, "grpo", ["--bandwidth", "1.0"], "gs1_kernel"),
+        "flag for another estimator": (good, "grpo", ["--bandwidth", "1.0"], "a kind with a kernel"),
         "bad bandwidth": (good, "gs1_kernel", ["--bandwidth", "-1"], "--bandwidth"),
         "bad window": (good, "gs1_kernel", ["--window", "0"], "--window"),
         "bad estimator": (good, "ppo", [], "--estimator"),

@@ -20,7 +20,6 @@ from rl import checks
 from rl.estimators import (
     KernelWindow,
     StepBatch,
-    advantages_for_step,
     batch_mean_advantages,
     flash_reinforce_coefficients,
     grpo_advantages,
@@ -30,7 +29,8 @@ from rl.estimators import (
 )
 from rl.kernels import effective_neighbors, prompt_features, prompt_mean_logprob, standardize
 from rl.reference import gs1_kernel_log_reference, gs1_kernel_reference
-from schemas.arm import ADVANTAGE_ESTIMATORS, estimator_id
+from rl.estimators.registry import ESTIMATORS, KINDS, estimator_for
+from rl.estimators.kernel_cross_prompt_baseline import KernelBaselineRecipe
 from schemas.kernel import KernelSpec
 
 KEYS = ("baseline", "advantage", "kernel_mass", "effective_neighbors")
@@ -260,8 +260,9 @@ def test_kernel_window_and_dispatcher_reproduce_the_log():
     for step in range(9):
         rows = steps == step
         batch = _batch(rewards[rows], features[rows])
-        out = advantages_for_step("kernel_cross_prompt_baseline", batch, kernel=KernelSpec(), window=window)
-        again = advantages_for_step("kernel_cross_prompt_baseline", batch, kernel=KernelSpec(), window=window)
+        kind = estimator_for("kernel_cross_prompt_baseline")
+        out = kind.advantages(KernelBaselineRecipe(), batch, window)
+        again = kind.advantages(KernelBaselineRecipe(), batch, window)
         np.testing.assert_array_equal(again.baseline, out.baseline)  # computing a step changes no state
         window = window.extended(batch.rewards_B, batch.kernel_features(KernelSpec()))
         for k in columns:
@@ -382,44 +383,48 @@ def test_prompt_features():
 # ---------------------------------------------------------------------------- dispatch
 
 
-def test_dispatcher_covers_every_registered_estimator():
+def test_the_registry_covers_every_kind():
     rewards = np.array([1.0, 0.0, 1.0, 1.0])
     groups = np.array([0, 0, 1, 1])
     batch = _batch(rewards, np.eye(4)[:, :2] + 1.0, groups)
     expected = {
-        "grpo": grpo_advantages(rewards, groups)[1],
-        "rloo": rloo_advantages(rewards, groups)[1],
+        "group_mean": grpo_advantages(rewards, groups)[1],
+        "leave_one_out": rloo_advantages(rewards, groups)[1],
         "batch_mean": batch_mean_advantages(rewards)[1],
     }
-    for name, estimator in ADVANTAGE_ESTIMATORS.items():
-        assert estimator_id(name) == estimator
-        if estimator == "gs1_kernel":
-            out = advantages_for_step(name, batch, kernel=KernelSpec(window=8), window=KernelWindow.empty(8))
+    assert set(KINDS) >= {"group_mean", "kernel_cross_prompt_baseline", "batch_mean", "leave_one_out", "flash_reinforce", "critic"}
+    for kind, estimator in ESTIMATORS.items():
+        assert estimator.kind == kind and estimator.recipe_type().advantage == kind  # one name per kind
+        recipe = estimator.recipe_type()
+        if kind == "kernel_cross_prompt_baseline":
+            recipe = KernelBaselineRecipe(kernel=KernelSpec(window=8))
+            out = estimator.advantages(recipe, batch, estimator.new_window(recipe))
             assert out.kernel_mass is not None and out.fallback.dtype == bool
-        elif estimator == "flash_reinforce":
+        elif kind == "flash_reinforce":
             logprobs = tuple(np.full(3, -0.5) for _ in rewards)
             with pytest.raises(ValueError, match="sampler and learner logprobs"):
-                advantages_for_step(name, batch, trust_delta=1e-3)
-            out = advantages_for_step(name, dataclasses.replace(batch, sampler_logprobs_B_T=logprobs, learner_logprobs_B_T=logprobs),
-                                      trust_delta=1e-3)
+                estimator.advantages(recipe, batch, None)
+            out = estimator.advantages(recipe.model_copy(update={"trust_delta": 1e-3}),
+                                       dataclasses.replace(batch, sampler_logprobs_B_T=logprobs, learner_logprobs_B_T=logprobs), None)
             np.testing.assert_array_equal(out.advantage, batch_mean_advantages(rewards)[1])  # its baseline: the batch mean
             assert out.admitted.all() and np.allclose(out.token_advantage, out.advantage / (3 * 4))
-        elif estimator == "critic":
+        elif kind == "critic":
             with pytest.raises(ValueError, match="critic logprobs"):
-                advantages_for_step(name, batch)
+                estimator.advantages(recipe, batch, None)
             yes, no = np.log([0.2, 0.5, 0.9, 0.7]), np.log([0.8, 0.5, 0.1, 0.3])
-            out = advantages_for_step(name, dataclasses.replace(batch, critic_yes_logprob_B=yes, critic_no_logprob_B=no))
+            out = estimator.advantages(recipe, dataclasses.replace(batch, critic_yes_logprob_B=yes, critic_no_logprob_B=no), None)
             np.testing.assert_allclose(out.baseline, [0.2, 0.5, 0.9, 0.7], rtol=1e-12)
-        else:
-            out = advantages_for_step(name, batch)
-            np.testing.assert_array_equal(out.advantage, expected[estimator])
+        elif kind in expected:
+            out = estimator.advantages(recipe, batch, estimator.new_window(recipe))
+            np.testing.assert_array_equal(out.advantage, expected[kind])
             assert out.kernel_mass is None
-    with pytest.raises(ValueError, match="unknown advantage"):
-        advantages_for_step("ppo", batch)
+    with pytest.raises(ValueError, match="no estimator implements 'ppo'"):
+        estimator_for("ppo")
+    kernel_kind = estimator_for("kernel_cross_prompt_baseline")
     with pytest.raises(ValueError, match="KernelWindow"):
-        advantages_for_step("kernel_cross_prompt_baseline", batch, kernel=KernelSpec())
+        kernel_kind.advantages(KernelBaselineRecipe(), batch, None)
     with pytest.raises(ValueError, match="window"):  # the kernel's window must be the window's size
-        advantages_for_step("kernel_cross_prompt_baseline", batch, kernel=KernelSpec(window=16), window=KernelWindow.empty(8))
+        kernel_kind.advantages(KernelBaselineRecipe(kernel=KernelSpec(window=16)), batch, KernelWindow.empty(8))
 
 
 def test_kernel_spec_holds_the_defaults_and_validates_once():

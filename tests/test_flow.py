@@ -104,7 +104,7 @@ def test_failing_gate_stops_the_flow_with_the_metric_in_the_state(prefect_harnes
 
 
 def test_preflight_catches_a_broken_estimator(prefect_harness, tmp_path, repo_root, tiny_model_dir, monkeypatch):
-    import rl.estimators
+    import rl.estimators.kernel_cross_prompt_baseline
     from rl.estimators import KernelAdvantages, gs1_kernel_step
 
     def broken_gs1_kernel_step(rewards_B, features_B_F, *args, **kw):
@@ -114,7 +114,7 @@ def test_preflight_catches_a_broken_estimator(prefect_harness, tmp_path, repo_ro
         baseline = (good.baseline * (n - 1) + np.asarray(rewards_B)) / n
         return KernelAdvantages(baseline, np.asarray(rewards_B) - baseline, good.kernel_mass, good.effective_neighbors, good.fallback)
 
-    monkeypatch.setattr(rl.estimators, "gs1_kernel_step", broken_gs1_kernel_step)
+    monkeypatch.setattr(rl.estimators.kernel_cross_prompt_baseline, "gs1_kernel_step", broken_gs1_kernel_step)
     state, run_dir = run_flow(tmp_path, flow_spec(repo_root, tiny_model_dir))
     assert state.is_failed()
     assert "correctness preflight failed" in state.message and state.message.startswith("step_check_gs1_kernel")
@@ -131,7 +131,7 @@ def _logging_bug_from_step(monkeypatch, first_step: int):
     def run_step_logging_wrong(step, arm, **kw):
         log = run_step(step, arm, **kw)
         if step >= first_step and arm.name == "gs1_kernel":
-            log.rollouts["baseline"] = [b + 0.03 for b in log.rollouts["baseline"]]
+            log.rollouts = [row.with_columns(baseline=row.baseline + 0.03) for row in log.rollouts]
         return log
 
     monkeypatch.setattr(rl.loop, "run_step", run_step_logging_wrong)

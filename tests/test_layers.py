@@ -12,10 +12,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # bottom to top: a package may import its own layer and the layers below it, never one above
-# (`report/`, the run report, sits beside the library: it reads run directories, no Prefect)
-LAYERS = (("schemas",), ("rl", "report"), ("tasks",), ("flows",), ("gs1",))
+# (`report/`, the run report, sits beside the library: it reads run directories, no Prefect).
+# The arm kinds (`rl.estimators`) and the pure numpy / plain-Python modules they use sit in the
+# bottom layer with the schemas: a spec's arm is validated by its kind, and `ArmConfig.recipe` is
+# the union of the kinds' recipes. The longest matching prefix names a module's layer.
+LAYERS = (("schemas", "rl.estimators", "rl.kernels", "rl.reference"), ("rl", "report"), ("tasks",), ("flows",), ("gs1",))
 # outside packages a layer must not import (the library runs and is tested without Prefect)
 FORBIDDEN = {"schemas": {"prefect"}, "rl": {"prefect"}, "report": {"prefect"}}
+# the bottom layer's arm kinds import neither torch nor prefect, even lazily (tinker and the
+# cookbook only inside the function that is the GRPO reference: the cookbook's own code)
+PURE = {"rl.estimators": {"prefect", "torch", "transformers", "peft"}}
 # sub-packages that only their own layer's callers above may import (nothing else in `rl`)
 LEAVES = {"rl.hillclimb": "rl"}
 
@@ -55,12 +61,14 @@ def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
 
 
 def layered_modules(root: Path = ROOT) -> list[Path]:
-    return sorted(p for layer in LAYERS for package in layer for p in (root / package).rglob("*.py"))
+    packages = {name.split(".")[0] for layer in LAYERS for name in layer}
+    return sorted(p for package in packages for p in (root / package).rglob("*.py"))
 
 
 def layer_of(module: str) -> int | None:
-    top = module.split(".")[0]
-    return next((i for i, layer in enumerate(LAYERS) if top in layer), None)
+    matches = [(len(name), i) for i, layer in enumerate(LAYERS) for name in layer
+               if module == name or module.startswith(name + ".")]
+    return max(matches)[1] if matches else None
 
 
 def upward_imports(root: Path = ROOT) -> set[tuple[str, str]]:
@@ -121,6 +129,13 @@ def test_schemas_and_rl_never_import_prefect():
         if m.split(".")[0] in FORBIDDEN.get(module_name(p).split(".")[0], ())
     ]
     assert not bad, bad
+
+
+def test_the_arm_kinds_import_no_model_code():
+    bad = [(module_name(p), m) for p in layered_modules() for prefix, forbidden in PURE.items()
+           if module_name(p).startswith(prefix) for m in imported_modules(p) if m.split(".")[0] in forbidden]
+    assert not bad, bad
+    assert layer_of("rl.estimators.critic") == 0 and layer_of("rl.loop") == 1 and layer_of("rl") == 1
 
 
 def test_hillclimb_is_a_leaf_of_rl():

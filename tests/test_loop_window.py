@@ -35,7 +35,7 @@ def loop_log(tiny_service_client, tiny_model_dir):
     logs: list[StepLog] = []
     train_arm(arm, training_client=client, env=env, renderer=renderer, order=env.train_order(seed=0),
               steps=range(STEPS), window=new_window(arm), on_step=logs.append)
-    tables = [pa.Table.from_pydict(log.rollouts) for log in logs]
+    tables = [pa.Table.from_pydict(log.rollout_columns()) for log in logs]
     return arm, logs, tables
 
 

@@ -78,7 +78,7 @@ def test_project_defaults_fill_in_for_the_user_spec():
     k = spec.arm("gs1_kernel").kernel
     assert (k.family, k.bandwidth, k.window, k.min_mass, k.scales) == ("gaussian", 0.5, 256, 1e-3, None)
     assert k.features == ("log_prompt_num_tokens", "prompt_mean_logprob")
-    assert spec.arm("gs1_kernel").estimator == "gs1_kernel" and spec.arm("grpo_gs8").estimator == "grpo"
+    assert spec.arm("gs1_kernel").estimator.kind == "kernel_cross_prompt_baseline" and spec.arm("grpo_gs8").estimator.kind == "group_mean"
 
 
 def test_sampling_given_explicitly_wins_over_effective_config(raw):
@@ -224,14 +224,14 @@ def test_laplace_and_knn_kernels_validate(raw, kernel):
 
 
 def test_unknown_advantage_and_gate_metric_name_the_registries(raw):
-    from schemas.arm import ADVANTAGE_ESTIMATORS
+    from rl.estimators.registry import KINDS
     from rl.gates import GATE_METRICS
 
     raw["arms"][0]["advantage"] = "vibes"
     raw["activation_gate"]["checks"][4]["metric"] = "frac_happy"
     (adv, gate) = problems_of(raw)
     assert adv.startswith("arms.0.advantage: no estimator implements 'vibes'")
-    assert all(name in adv for name in ADVANTAGE_ESTIMATORS)
+    assert all(name in adv for name in KINDS)
     assert gate.startswith("activation_gate.checks.4.metric: unknown gate metric 'frac_happy'")
     assert all(name in gate for name in GATE_METRICS)
 

@@ -64,7 +64,7 @@ def test_step_check_passes_on_the_arm_that_runs_and_covers_a_full_rolling_window
 def test_step_check_covers_every_other_estimator(arm):
     result = check_arm_steps(arm, batches_for(arm))
     assert result.passed, result
-    assert result.reference.startswith("tinker_cookbook" if arm.estimator == "grpo" else "rl.reference")
+    assert result.reference.startswith("tinker_cookbook" if arm.advantage == "group_mean" else "rl.reference")
 
 
 def _double_append(self, rewards_B, features_B_F):
@@ -99,7 +99,7 @@ def test_step_check_fails_when_the_window_is_broken(monkeypatch, breakage, group
     elif breakage == "off_by_one_history":
         monkeypatch.setattr(KernelWindow, "extended", _drop_latest)
     else:
-        monkeypatch.setattr(rl.estimators, "gs1_kernel_step", _self_included)
+        monkeypatch.setattr(rl.estimators.kernel_cross_prompt_baseline, "gs1_kernel_step", _self_included)
     result = check_arm_steps(arm, batches_for(arm))
     assert not result.passed
     first = result.mismatches[0]

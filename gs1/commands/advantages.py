@@ -1,12 +1,13 @@
 """`gs1 advantages`: baselines and advantages for a rollout log, offline.
 
-    gs1 advantages --estimator {grpo,gs1_kernel,batch_mean,rloo} --rollouts IN.parquet
-                   --out OUT.parquet [--bandwidth H] [--window N]
+    gs1 advantages --estimator KIND --rollouts IN.parquet --out OUT.parquet [--bandwidth H] [--window N]
 
-Input columns: step, prompt_id, reward, prompt_num_tokens, prompt_mean_logprob; row order is
-rollout order. Output: the input columns plus float64 baseline and advantage (replacing any such
-columns in the input), and for gs1_kernel kernel_mass, effective_neighbors and fallback.
-grpo and rloo group by (step, prompt_id); batch_mean and gs1_kernel batch by step.
+KIND: an arm kind that needs nothing but the log (rl.estimators.registry; the spec's `advantage`
+names, or the short names grpo, gs1_kernel, rloo). Input columns: step, prompt_id, reward,
+prompt_num_tokens, prompt_mean_logprob; row order is rollout order. Output: the input columns
+plus float64 baseline and advantage (replacing any such columns in the input), and the kind's
+own columns (a kernel kind: kernel_mass, effective_neighbors, fallback). A group is a (step,
+prompt_id); a step's rows are its batch, each step computed as the training loop computes it.
 """
 
 from __future__ import annotations
@@ -19,9 +20,17 @@ import pyarrow as pa
 from gs1.commands.argtypes import positive_float, positive_int
 from schemas.errors import UserError
 
-ESTIMATORS = ("grpo", "gs1_kernel", "batch_mean", "rloo")
 REQUIRED_COLUMNS = ("step", "prompt_id", "reward", "prompt_num_tokens", "prompt_mean_logprob")
-OUTPUT_COLUMNS = ("baseline", "advantage", "kernel_mass", "effective_neighbors", "fallback")
+# The names this command took before it asked the registry: still accepted.
+SHORT_NAMES = {"grpo": "group_mean", "gs1_kernel": "kernel_cross_prompt_baseline", "rloo": "leave_one_out"}
+
+
+def offline_kinds() -> tuple[str, ...]:
+    """The kinds whose advantages a rollout log alone determines (no learner forward, no critic)."""
+    from rl.estimators import WINDOW
+    from rl.estimators.registry import ESTIMATORS
+
+    return tuple(k for k, e in ESTIMATORS.items() if e.needs <= {WINDOW} and not e.input_columns)
 
 
 def register(subparsers) -> None:
@@ -30,11 +39,12 @@ def register(subparsers) -> None:
         help="compute baselines and advantages for a rollout log (Parquet)",
         description=__doc__.splitlines()[0],
     )
-    parser.add_argument("--estimator", required=True, choices=ESTIMATORS)
+    parser.add_argument("--estimator", required=True, choices=(*SHORT_NAMES, *offline_kinds()), metavar="KIND",
+                        help=f"one of {', '.join(offline_kinds())} (or {', '.join(SHORT_NAMES)})")
     parser.add_argument("--rollouts", required=True, metavar="IN.parquet")
     parser.add_argument("--out", required=True, metavar="OUT.parquet")
-    parser.add_argument("--bandwidth", type=positive_float, default=None, metavar="H", help="gs1_kernel only (default 0.5)")
-    parser.add_argument("--window", type=positive_int, default=None, metavar="N", help="gs1_kernel only (default 256)")
+    parser.add_argument("--bandwidth", type=positive_float, default=None, metavar="H", help="a kernel kind only (default 0.5)")
+    parser.add_argument("--window", type=positive_int, default=None, metavar="N", help="a kernel kind only (default 256)")
     parser.set_defaults(func=run)
 
 
@@ -49,13 +59,27 @@ def _numeric(table: pa.Table, name: str, path) -> np.ndarray:
     return values
 
 
-def compute(table: pa.Table, estimator: str, *, bandwidth: float | None = None, window: int | None = None, path="rollouts") -> pa.Table:
-    """The output table for `estimator` over a checked rollout table (UserError on bad input)."""
-    # lazy: start-up time
-    from rl.estimators import batch_mean_advantages, grpo_advantages, gs1_kernel_log, rloo_advantages, step_batches
-    from rl.kernels import prompt_features
-    from schemas.kernel import KernelSpec
+def recipe_for(kind: str, *, bandwidth: float | None = None, window: int | None = None):
+    """The kind's default recipe, its kernel at the given bandwidth and window."""
+    from rl.estimators.registry import estimator_for
 
+    estimator = estimator_for(SHORT_NAMES.get(kind, kind))
+    recipe = estimator.recipe_type()
+    kernel = estimator.kernel_of(recipe)
+    if kernel is None:
+        if bandwidth is not None or window is not None:
+            raise UserError(f"--bandwidth and --window apply only to a kind with a kernel, not {kind}")
+        return estimator, recipe
+    overrides = {"bandwidth": bandwidth, "window": window}
+    return estimator, estimator.with_kernel(recipe, kernel.model_copy(update={k: v for k, v in overrides.items() if v is not None}))
+
+
+def compute(table: pa.Table, estimator: str, *, bandwidth: float | None = None, window: int | None = None, path="rollouts") -> pa.Table:
+    """The output table for the kind `estimator` over a checked rollout table (UserError on bad input)."""
+    from rl.estimators import StepBatch, step_batches  # lazy: start-up time
+    from rl.estimators.registry import own_columns
+
+    kind, recipe = recipe_for(estimator, bandwidth=bandwidth, window=window)
     if table.num_rows == 0:
         raise UserError(f"{path}: the rollout table is empty")
     rewards_R = _numeric(table, "reward", path)
@@ -70,49 +94,41 @@ def compute(table: pa.Table, estimator: str, *, bandwidth: float | None = None, 
         raise UserError(f"{path}: column prompt_id has null values")
     prompts_R = np.asarray(table.column("prompt_id").to_pylist()).astype(str)
     try:
-        step_batches(steps_R)
+        batches = step_batches(steps_R)
     except ValueError as e:
         raise UserError(f"{path}: {e}") from None
-
-    columns: dict[str, pa.Array] = {}
-    if estimator in ("grpo", "rloo"):
-        _, step_index_R = np.unique(steps_R, return_inverse=True)
-        _, prompt_index_R = np.unique(prompts_R, return_inverse=True)
-        group_ids_R = step_index_R.reshape(-1) * (int(prompt_index_R.max()) + 1) + prompt_index_R.reshape(-1)
-        estimate = grpo_advantages if estimator == "grpo" else rloo_advantages
-        baseline_R, advantage_R = estimate(rewards_R, group_ids_R)
-    elif estimator == "batch_mean":
-        baseline_R, advantage_R = np.empty_like(rewards_R), np.empty_like(rewards_R)
-        for start, stop in step_batches(steps_R):
-            baseline_R[start:stop], advantage_R[start:stop] = batch_mean_advantages(rewards_R[start:stop])
-    else:
+    num_tokens_R = np.ones_like(rewards_R)
+    mean_logprob_R = np.zeros_like(rewards_R)
+    if kind.reads_prompt_features:
         num_tokens_R = _numeric(table, "prompt_num_tokens", path)
         mean_logprob_R = _numeric(table, "prompt_mean_logprob", path)
         if np.any(~(num_tokens_R > 0)):
             raise UserError(f"{path}: column prompt_num_tokens must be > 0")
         if not np.all(np.isfinite(mean_logprob_R)):
             raise UserError(f"{path}: column prompt_mean_logprob has NaN or infinite values")
-        overrides = {"bandwidth": bandwidth, "window": window}
-        kernel = KernelSpec(**{k: v for k, v in overrides.items() if v is not None})
-        out = gs1_kernel_log(steps_R, rewards_R, prompt_features(num_tokens_R, mean_logprob_R, kernel.features), kernel)
-        baseline_R, advantage_R = out.baseline, out.advantage
-        columns["kernel_mass"] = pa.array(out.kernel_mass, pa.float64())
-        columns["effective_neighbors"] = pa.array(out.effective_neighbors, pa.float64())
-        columns["fallback"] = pa.array(out.fallback, pa.bool_())
+    _, group_R = np.unique(prompts_R, return_inverse=True)
 
-    result = table.drop_columns([c for c in OUTPUT_COLUMNS if c in table.column_names])
-    result = result.append_column("baseline", pa.array(baseline_R, pa.float64()))
-    result = result.append_column("advantage", pa.array(advantage_R, pa.float64()))
-    for name, array in columns.items():
-        result = result.append_column(name, array)
+    outputs: dict[str, list] = {}
+    state = kind.new_window(recipe)
+    for start, stop in batches:  # each step as the loop runs it, the window threaded through
+        batch = StepBatch(rewards_R[start:stop], group_R.reshape(-1)[start:stop], num_tokens_R[start:stop],
+                          mean_logprob_R[start:stop])
+        step = kind.advantages(recipe, batch, state)
+        state = kind.advance_window(recipe, state, batch)
+        for name, values in step.logged().items():
+            outputs.setdefault(name, []).append(np.asarray(values))
+
+    result = table.drop_columns([c for c in ("baseline", "advantage", *own_columns()) if c in table.column_names])
+    for name, parts in outputs.items():
+        values = np.concatenate(parts)
+        result = result.append_column(name, pa.array(values, pa.bool_() if values.dtype == bool else pa.float64()))
     return result
 
 
 def run(args) -> int:
     from schemas.io import read_parquet, write_parquet_atomic  # lazy: start-up time
 
-    if args.estimator != "gs1_kernel" and (args.bandwidth is not None or args.window is not None):
-        raise UserError(f"--bandwidth and --window apply only to --estimator gs1_kernel, not {args.estimator}")
+    recipe_for(args.estimator, bandwidth=args.bandwidth, window=args.window)  # flags checked before the work
     if Path(args.out).is_dir():  # checked before the work, not after it
         raise UserError(f"--out {args.out}: is a directory; name the Parquet file to write")
     table = read_parquet(args.rollouts, required=REQUIRED_COLUMNS)

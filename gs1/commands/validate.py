@@ -67,22 +67,12 @@ def summary(spec, path: str) -> str:
     for arm in spec.arms:
         role = "treatment" if arm.name == treatment.name else "baseline" if arm.name == baseline.name else ""
         lines.append(
-            f"  {arm.name:<{width}}  {arm.batch_shape:<9} {arm.advantage} -> {arm.estimator}, "
+            f"  {arm.name:<{width}}  {arm.batch_shape:<9} {arm.advantage}, "
             f"lr {arm.lr:g}, seed {arm.seed}  {role}".rstrip()
         )
-        if arm.estimator == "gs1_kernel":
-            k = arm.kernel
-            lines.append(
-                f"  {'':<{width}}  kernel {k.family}, bandwidth {k.bandwidth:g}, window {k.window}, "
-                f"min_mass {k.min_mass:g}, features {', '.join(k.features)}"
-                + (f", from {arm.kernel_source}" if arm.kernel_source else "")
-            )
-        elif arm.estimator == "flash_reinforce":
-            lines.append(f"  {'':<{width}}  trust gate: mean Bernoulli KL per trajectory <= {arm.trust_delta:g}")
-        elif arm.estimator == "critic":
-            c = arm.critic
-            lines.append(f"  {'':<{width}}  critic: second LoRA client (rank {c.lora_rank or spec.lora_rank}), lr {c.lr:g}, "
-                         f"answers {c.yes!r}/{c.no!r}")
+        recipe = arm.estimator.recipe_of(arm)
+        if (described := arm.estimator.describe(recipe, lora_rank=spec.lora_rank)) is not None:
+            lines.append(f"  {'':<{width}}  {described}")
     p = spec.pilot
     gate = spec.activation_gate
     lines.append(
