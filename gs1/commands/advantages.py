@@ -92,8 +92,11 @@ def compute(table: pa.Table, estimator: str, *, bandwidth: float | None = None, 
             raise UserError(f"{path}: column prompt_num_tokens must be > 0")
         if not np.all(np.isfinite(mean_logprob_R)):
             raise UserError(f"{path}: column prompt_mean_logprob has NaN or infinite values")
-        overrides = {"bandwidth": bandwidth, "window": window}
-        kernel = KernelSpec(**{k: v for k, v in overrides.items() if v is not None})
+        kernel = KernelSpec()  # the pre-registered kernel, changed only where a flag says so
+        if bandwidth is not None:
+            kernel = kernel.with_bandwidth(bandwidth)
+        if window is not None:
+            kernel = kernel.with_window(window)
         out = gs1_kernel_log(steps_R, rewards_R, prompt_features(num_tokens_R, mean_logprob_R, kernel.features), kernel)
         baseline_R, advantage_R = out.baseline, out.advantage
         columns["kernel_mass"] = pa.array(out.kernel_mass, pa.float64())
