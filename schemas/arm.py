@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from schemas.errors import FieldProblems, known_keys_only
 from schemas.kernel import KernelSpec
 from schemas.layout import unit_name
+from schemas.optimizer import ADAM
 
 # Spec `advantage` name -> estimator id (rl.estimators implements each id).
 ADVANTAGE_ESTIMATORS = {
@@ -103,9 +104,9 @@ class ArmConfig(BaseModel):
     kernel_source: str | None = None  # the `kernel.json` the kernel was read from, with its sha256
     trust_delta: float | None = None  # flash_reinforce only
     critic: CriticSpec | None = None  # critic only
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
+    beta1: float = ADAM.beta1
+    beta2: float = ADAM.beta2
+    eps: float = ADAM.eps
     # The decision seed this unit runs at, in a spec of several seeds (None: a single-seed spec,
     # where the arm runs at its own `seed` on the shared seed-0 prompt order, as it always has).
     run_seed: int | None = None
