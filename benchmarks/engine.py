@@ -91,6 +91,7 @@ def main(argv=None) -> int:
     from tinker import types
 
     from rl.backends import make_service_client
+    from schemas.optimizer import ADAM
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     work = Path(tempfile.mkdtemp(prefix="gs1-bench-"))
@@ -150,7 +151,7 @@ def main(argv=None) -> int:
         datums = [_datum(p, r.sequences[0], 1.0 if i % 2 else -1.0)
                   for i, (p, r) in enumerate(zip(prompts, last_res))]
         n_tok = sum(d.model_input.length for d in datums)
-        adam = types.AdamParams(learning_rate=args.lr, eps=1e-8)
+        adam = types.AdamParams(learning_rate=args.lr, **ADAM.model_dump())
         gib = 2.0**30
         for r in range(args.repeats + 1):
             if cuda:

@@ -19,6 +19,7 @@ from prefect.states import Failed
 
 from flows.memory import bound_malloc
 from flows.units import dispatched_units
+from schemas.kernel import CALIBRATION
 from schemas.layout import RunLayout
 from tasks.arms import eval_items, pilot_rollouts, trained_arm
 from tasks.common import GateFailed
@@ -27,11 +28,6 @@ from tasks.gates import (activation_gate, audit_gate, family_decision_record, fe
 from tasks.preflight import correctness_preflight
 from tasks.report import run_report
 from tasks.spec import calibrated_plan, flow_run_name, validated_plan
-
-# The spec's single pre-registered calibration: the other bandwidth of {0.5, 1.0}.
-CALIBRATION_BANDWIDTHS = (0.5, 1.0)
-CALIBRATED_METRIC = "kernel_effective_neighbors_p10"
-CALIBRATION_WALL_LIMIT_S = 600  # the spec's cap: at most 2 pilot steps and 10 wall minutes
 
 
 def _run_name() -> str:
@@ -79,17 +75,17 @@ def _stages(spec_path: str, run_dir: str, backend: str, data_dir: str | None, di
         activation_gate(plan.checks, pilot.treatment, pilot.baseline, pilot.heldout, plan.pilot.steps, run_dir,
                         treatment_estimator=plan.treatment.advantage)
     except GateFailed as failed:
-        if CALIBRATED_METRIC not in {r["metric"] for r in failed.failing}:
+        if CALIBRATION.metric not in {r["metric"] for r in failed.failing}:
             raise
         # Calibration: re-pilot with the other pre-registered bandwidth (the failed pilot's logs
         # stay in pilot/), audit and gate it, and record the revised spec before anything else runs.
-        bandwidth = next(h for h in CALIBRATION_BANDWIDTHS if h != plan.treatment.kernel.bandwidth)
+        bandwidth = CALIBRATION.other_bandwidth(plan.treatment.kernel)
         get_run_logger().warning(
-            f"{failed}; the spec pre-registers one calibration for {CALIBRATED_METRIC}: re-piloting at "
+            f"{failed}; the spec pre-registers one calibration for {CALIBRATION.metric}: re-piloting at "
             f"bandwidth {bandwidth} (at most {plan.pilot.steps} steps, "
-            f"{CALIBRATION_WALL_LIMIT_S // 60} minutes); the run continues only if that gate passes")
+            f"{CALIBRATION.wall_limit_s // 60} minutes); the run continues only if that gate passes")
         pilot = pilot_rollouts(plan.arms, plan.pilot, run, run_dir, backend, data_dir,
-                               stage="calibration", bandwidth=bandwidth, wall_limit_s=CALIBRATION_WALL_LIMIT_S)
+                               stage="calibration", bandwidth=bandwidth, wall_limit_s=CALIBRATION.wall_limit_s)
         calibrated = (plan.treatment.with_kernel_bandwidth(bandwidth), plan.baseline)
         audit_gate(calibrated, [pilot.treatment, pilot.baseline], run_dir, stage="calibration")
         activation_gate(plan.checks, pilot.treatment, pilot.baseline, pilot.heldout, plan.pilot.steps, run_dir,

@@ -44,6 +44,7 @@ from rl.estimators import CRITIC, LEARNER_LOGPROBS, StepBatch
 from rl.loop import batch_of, new_window, rollout_datum, sampling_seed, step_advantages
 from rl.step_inputs import critic_answer_tokens, critic_logprobs, learner_logprobs, train_critic
 from schemas.arm import ArmConfig
+from schemas.optimizer import ADAM
 
 STEP_CHECK_TOLERANCE = 1e-12
 MIN_CHECK_STEPS = 4
@@ -273,7 +274,7 @@ def compare_loss_and_gradient(prefix: str, make_client, ours_D, reference_D, tol
 def probe(training_client, datums: Sequence[types.Datum], lr: float) -> Comparison:
     """One forward_backward + one optim_step on a fresh client; the loss must be finite."""
     out = training_client.forward_backward(list(datums), loss_fn="importance_sampling").result()
-    training_client.optim_step(types.AdamParams(learning_rate=lr, beta1=0.9, beta2=0.95, eps=1e-8)).result()
+    training_client.optim_step(types.AdamParams(learning_rate=lr, **ADAM.model_dump())).result()
     loss = loss_sum(out, backend=backend_of(training_client))
     return Comparison("probe", math.isfinite(loss), {"loss": loss, "num_datums": len(datums)})
 

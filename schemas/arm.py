@@ -20,6 +20,7 @@ from rl.estimators.critic import CriticSpec
 from rl.estimators.registry import Recipe, estimator_for
 from schemas.kernel import KernelSpec
 from schemas.layout import unit_name
+from schemas.optimizer import ADAM
 
 __all__ = ["ArmConfig", "CriticSpec"]
 
@@ -44,9 +45,9 @@ class ArmConfig(BaseModel):
     base_model_path: str | None = None
     max_tokens: int = 512
     temperature: float = 1.0
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
+    beta1: float = ADAM.beta1
+    beta2: float = ADAM.beta2
+    eps: float = ADAM.eps
     # The decision seed this unit runs at, in a spec of several seeds (None: a single-seed spec,
     # where the arm runs at its own `seed` on the shared seed-0 prompt order, as it always has).
     run_seed: int | None = None

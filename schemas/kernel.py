@@ -11,12 +11,19 @@ Semantics (DESIGN.md, "Spec semantics pinned here"):
   k = round(h) nearest others (ties: the older rollout first), 0 elsewhere;
 - window: rollouts the baseline may draw on, the current batch included;
 - min_mass: when sum_j w_ij falls below it the baseline is the window mean without i.
+
+`KernelForm` is those fields alone, over any family and feature name: the offline hill-climb's
+candidates (`rl.hillclimb.climb.KernelRecipe`) range over that wider space, and `KernelSpec` is the
+part of it the arm runs. A changed recipe is made through the typed `with_*` methods, which
+validate it again (never by editing a dict).
+
+`CALIBRATION` is the spec's single pre-registered calibration of the kernel's bandwidth.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
@@ -28,8 +35,42 @@ KERNEL_FAMILIES = ("gaussian", "laplace", "knn")
 KernelFamily = Literal["gaussian", "laplace", "knn"]
 
 
-class KernelSpec(BaseModel):
-    """One GS1 kernel recipe; the defaults are the user's pre-registered kernel."""
+class KernelForm(BaseModel):
+    """The fields of a kernel baseline recipe, unchecked against what the arm runs (the hill-climb
+    also scores other families and features). Each is declared here once; `KernelSpec` narrows."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    family: str
+    features: tuple[str, ...]
+    scales: tuple[float, ...] | None = None  # per feature, after z-scoring; None = 1 each
+    bandwidth: float | None  # h (gaussian, laplace); k = round(h) (knn); None where a family has none
+    window: int
+    min_mass: float = 1e-3
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys_only(cls, data):
+        return known_keys_only(cls, data)
+
+    def scale_of(self, feature: str) -> float:
+        """The multiplier of `feature`'s z-score: 0 when the recipe does not use it."""
+        if feature not in self.features:
+            return 0.0
+        return 1.0 if self.scales is None else float(self.scales[self.features.index(feature)])
+
+    def with_bandwidth(self, bandwidth: float) -> Self:
+        """The same recipe at another bandwidth (the pre-registered calibration, an override),
+        validated as its class validates."""
+        return type(self).model_validate({**self.model_dump(), "bandwidth": bandwidth})
+
+    def with_window(self, window: int) -> Self:
+        """The same recipe over another window of rollouts, validated as its class validates."""
+        return type(self).model_validate({**self.model_dump(), "window": window})
+
+
+class KernelSpec(KernelForm):
+    """One GS1 kernel recipe the arm runs; the defaults are the user's pre-registered kernel."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -39,11 +80,6 @@ class KernelSpec(BaseModel):
     bandwidth: float = 0.5  # h (gaussian, laplace); k = round(h) (knn)
     window: int = 256
     min_mass: float = 1e-3
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_keys_only(cls, data):
-        return known_keys_only(cls, data)
 
     @field_validator("family")
     @classmethod
@@ -103,13 +139,29 @@ class KernelSpec(BaseModel):
         """k of a knn kernel: the bandwidth rounded to the nearest integer."""
         return int(round(self.bandwidth))
 
-    def with_bandwidth(self, bandwidth: float) -> KernelSpec:
-        """The same recipe at another bandwidth (the pre-registered calibration), validated."""
-        return KernelSpec.model_validate({**self.model_dump(), "bandwidth": bandwidth})
-
     def label(self) -> str:
         features = ",".join(
             f if self.scales is None or self.scales[i] == 1 else f"{self.scales[i]:g}*{f}" for i, f in enumerate(self.features)
         )
         h = "k" if self.family == "knn" else "h"
         return f"{self.family}[{features}] {h}={self.bandwidth:g} W={self.window} min_mass={self.min_mass:g}"
+
+
+class KernelCalibration(BaseModel):
+    """The spec's single pre-registered calibration (its activation-failure plan (c); DESIGN.md,
+    "The experiment flow"): when the pilot fails `metric`, the treatment is re-piloted once at the
+    other bandwidth of `bandwidths`, chosen by the gate on pilot training prompts only, within
+    `wall_limit_s` (at most the pilot's steps)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bandwidths: tuple[float, float] = (0.5, 1.0)
+    metric: str = "kernel_effective_neighbors_p10"
+    wall_limit_s: int = 600  # the spec's cap: 10 wall minutes
+
+    def other_bandwidth(self, kernel: KernelSpec) -> float:
+        """The bandwidth the calibration re-pilots `kernel` at: the pair's first one it is not at."""
+        return next(h for h in self.bandwidths if h != kernel.bandwidth)
+
+
+CALIBRATION = KernelCalibration()

@@ -897,6 +897,14 @@ def anchored(spec_json: dict, spec_dir: str | Path | None) -> dict:
     return out
 
 
+def set_arm_kernel(arm_json: dict, kernel: KernelSpec) -> None:
+    """Make one arm of a spec JSON run `kernel`, written in full; a hill-climbed `kernel_file` is
+    replaced by the recipe (an arm takes one or the other, and the revision reads the same from
+    any folder). Its hash is unchanged: the spec's hashes already see the recipe, not the file."""
+    arm_json.pop("kernel_file", None)
+    arm_json["kernel"] = kernel.model_dump(mode="json")
+
+
 def apply_overrides(spec_json: dict, overrides: SpecOverrides, spec_dir: str | Path | None = None) -> dict:
     """The spec JSON with `overrides` applied and recorded; validated like any spec. `spec_dir`:
     the folder the spec was read from (its relative kernel files are taken from there)."""
@@ -910,8 +918,6 @@ def apply_overrides(spec_json: dict, overrides: SpecOverrides, spec_dir: str | P
     for arm in out.get("arms", []):
         if "lr" in changes:
             arm["lr"] = changes["lr"]
-        if "bandwidth" in changes and arm.get("advantage") == "kernel_cross_prompt_baseline":
-            arm["kernel"] = {**(arm.get("kernel") or {}), "bandwidth": changes["bandwidth"]}
     if "lr" in changes and isinstance(out.get("optimizer"), dict):
         out["optimizer"]["lr"] = changes["lr"]
     effective = (out.get("feasibility") or {}).get("effective_config")
@@ -919,6 +925,13 @@ def apply_overrides(spec_json: dict, overrides: SpecOverrides, spec_dir: str | P
         for key, value in (("steps", changes.get("steps")), ("n_eval", changes.get("n_eval")), ("base_model", changes.get("base_model"))):
             if value is not None and key in effective:
                 effective[key] = value
+    if overrides.bandwidth is not None:
+        # the kernel arms and their kernels as the rest of the revision parses them (a hill-climbed
+        # file's too), each changed by its typed method and written back whole
+        parsed = parse_spec(out, source="spec with overrides")
+        for arm_json, arm in zip(out["arms"], parsed.arms):
+            if "kernel" in arm.estimator.spec_fields:  # a kind whose recipe holds a kernel
+                set_arm_kernel(arm_json, arm.kernel.with_bandwidth(overrides.bandwidth))
     if changes:
         out.setdefault("overrides", []).append(changes)
     parse_spec(out, source="spec with overrides")

@@ -16,10 +16,12 @@ from prefect.cache_policies import NO_CACHE
 
 from schemas.arm import ArmConfig
 from schemas.io import write_json_atomic
+from schemas.kernel import CALIBRATION
 from schemas.layout import CALIBRATED_SPEC, VALIDATE_SPEC, RunLayout
 from schemas.plan import DecisionPlan, RunContext, RunPlan
 from schemas.revision import SpecRevision, experiment_hash, field_changes
-from schemas.spec import ExperimentSpec, anchored, baseline_arm, compared_arms, load_spec, spec_hash, treatment_arm
+from schemas.spec import (ExperimentSpec, anchored, baseline_arm, compared_arms, load_spec, set_arm_kernel, spec_hash,
+                          treatment_arm)
 from tasks.common import publish_markdown, stage_cache, stage_end_hooks, uncached_stage_hooks
 
 
@@ -164,13 +166,11 @@ def calibrated_plan(plan: RunPlan, spec_path: str, bandwidth: float, run_dir: st
     spec_json = anchored(json.loads(Path(spec_path).read_text()), Path(spec_path).parent)  # written to run_dir
     treatment = plan.run.treatment
     for arm in spec_json["arms"]:
-        if arm["name"] == treatment:
-            if arm.pop("kernel_file", None) is not None:  # the revision holds the recipe itself
-                arm["kernel"] = plan.treatment.kernel.model_dump(mode="json")
-            arm["kernel"] = {**(arm.get("kernel") or {}), "bandwidth": bandwidth}
+        if arm["name"] == treatment:  # the revision holds the recipe itself
+            set_arm_kernel(arm, plan.treatment.kernel.with_bandwidth(bandwidth))
     spec_json.setdefault("revisions", []).append(
         {
-            "reason": "pre-registered calibration: kernel_effective_neighbors_p10 failed on the pilot",
+            "reason": f"pre-registered calibration: {CALIBRATION.metric} failed on the pilot",
             "change": {"arm": treatment, "kernel.bandwidth": bandwidth},
             "chosen_on": "pilot training prompts only",
         }

@@ -10,7 +10,6 @@ to end through the flow on CPU.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -201,7 +200,7 @@ def test_a_hillclimbed_kernel_json_is_validated_and_recorded_in_the_plan(tmp_pat
     assert plan.treatment.kernel == recipe.kernel_spec()
     assert plan.treatment.recipe.kernel_source.startswith(str(kernel_json.resolve()) + " sha256:")
     before = spec_hash(spec_path)
-    kernel_json.write_text(json.dumps(dataclasses.replace(recipe, bandwidth=1.5).to_fragment()))
+    kernel_json.write_text(json.dumps(recipe.with_bandwidth(1.5).to_fragment()))
     assert spec_hash(spec_path) != before  # the recipe, not only its file name, is part of the spec
     # problems with the file are one line each, naming the arm's field
     for content, says in (("{", "not a JSON kernel file"), ('{"kernel": {"family": "ridge"}}', "kernel.family: unknown kernel family"),

@@ -12,6 +12,7 @@ import pytest
 
 from gs1.cli import main as gs1_main
 from schemas.errors import UserError
+from schemas.kernel import KernelSpec
 from rl.hillclimb import climb as hc
 from rl.hillclimb.data import (
     EMBEDDING,
@@ -415,3 +416,63 @@ def test_arm_blockers_name_what_the_loop_cannot_run():
     emb = hc.KernelRecipe("knn", ("prompt_mean_logprob", EMBEDDING), None, 8.0, 64)
     # the arm's own KernelSpec says why (one owner of what a kernel may be)
     assert emb.arm_blockers() == ["features: unknown feature(s) ['embedding'] (known: log_prompt_num_tokens, prompt_mean_logprob)"]
+
+
+# ---- one kernel form: the recipe is the arm's KernelSpec fields, and kernel.json reads back as it ----
+
+
+def test_recipe_overrides_keep_the_recipe_and_its_search_only_families():
+    ridge = hc.KernelRecipe("ridge", ("value_easy", EMBEDDING), None, 0.1, 256)
+    wider = ridge.with_window(1024).with_bandwidth(1.0)
+    assert type(wider) is hc.KernelRecipe and (wider.family, wider.features, wider.bandwidth, wider.window) == (
+        "ridge", ("value_easy", EMBEDDING), 1.0, 1024)
+    assert ridge.bandwidth == 0.1 and ridge.window == 256  # frozen: a new recipe, not an edit
+    assert ridge.arm_blockers()  # still a recipe the arm cannot run: the arm's KernelSpec says so
+    with pytest.raises(ValueError, match="unknown search family"):
+        hc.KernelRecipe("cosine", hc.SPEC_FEATURES, None, 0.5, 64)
+    assert hc.spec_recipe(window=96).kernel_spec() == KernelSpec().with_window(96)
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        hc.KernelRecipe("laplace", hc.SPEC_FEATURES, (1.0, 3.0), 0.75, 128),
+        hc.KernelRecipe("knn", ("log_prompt_num_tokens",), None, 32.0, 64),
+        hc.KernelRecipe("gaussian", ("prompt_mean_logprob",), (2.5,), 0.3, 256, 1e-2),
+    ],
+    ids=lambda r: r.label(),
+)
+def test_a_written_recipe_reads_back_as_the_kernel_spec_the_arm_runs(recipe, tmp_path):
+    from schemas.io import write_json_atomic
+    from schemas.spec import read_kernel_file
+
+    path = write_json_atomic(tmp_path / "kernel.json", recipe.to_fragment())
+    kernel, source = read_kernel_file(str(path), None)
+    assert kernel == recipe.kernel_spec() and source.startswith(str(path.resolve()))
+    assert hc.KernelRecipe.from_spec(kernel) == recipe  # the round trip loses nothing
+
+
+def test_hill_climbed_kernel_json_is_the_arm_winner_and_keeps_its_format(tmp_path, repo_root):
+    from rl.hillclimb import report
+    from schemas.spec import read_kernel_file
+
+    log = log_from_table(synthetic_log_table(400, 6, seed=4), "roundtrip")
+    rep = hc.analyse(log, 0, 32, 64, 150, hc.spec_recipe(window=64))
+    paths = report.write_hillclimb(rep, tmp_path / "out")
+    kernel, _ = read_kernel_file(str(paths["kernel"]), None)
+    assert rep.arm_winner.arm_accepts()
+    assert kernel == KernelSpec.model_validate(rep.arm_winner.to_fragment()["kernel"])
+    if rep.arm_winner.family != "constant":  # (constant runs as an equivalent gaussian)
+        assert kernel == rep.arm_winner.kernel_spec()
+    assert json.loads(paths["kernel"].read_text()) == {"kernel": kernel.model_dump(mode="json")}
+    # the kernel.json files already on disk read back, and write again, byte for byte
+    for stored in sorted((repo_root / "results" / "issue7" / "hillclimb").glob("*/kernel.json")):
+        read, _ = read_kernel_file(str(stored), None)
+        again = write_json_atomic_text(tmp_path / "again.json", hc.KernelRecipe.from_spec(read).to_fragment())
+        assert again == stored.read_text(), stored
+
+
+def write_json_atomic_text(path, data) -> str:
+    from schemas.io import write_json_atomic
+
+    return write_json_atomic(path, data).read_text()

@@ -446,3 +446,54 @@ def test_spec_model_is_usable_without_a_file():
     data = copy.deepcopy(json.loads(DEMO_SPEC.read_text()))
     spec = ExperimentSpec.model_validate(data)
     assert spec.arm("grpo_gs8").batch_shape == "4x8=32"
+
+
+# ---- the kernel's typed overrides (schemas.kernel), and the spec revisions made through them ----
+
+
+def test_kernel_with_window_and_with_bandwidth_change_one_field_and_validate_again():
+    from pydantic import ValidationError
+
+    knn = KernelSpec(family="knn", features=("log_prompt_num_tokens", "prompt_mean_logprob"), scales=(1.0, 2.0),
+                     bandwidth=16.0, window=128, min_mass=0.01)
+    wider = knn.with_window(512)
+    assert type(wider) is KernelSpec and wider.window == 512
+    assert wider.model_dump(exclude={"window"}) == knn.model_dump(exclude={"window"}) and knn.window == 128
+    assert knn.with_bandwidth(4.0).knn_k == 4 and knn.with_bandwidth(4.0).model_dump(exclude={"bandwidth"}) == knn.model_dump(exclude={"bandwidth"})
+    with pytest.raises(ValidationError, match="must be >= 1"):
+        knn.with_window(0)
+    with pytest.raises(ValidationError, match="round\\(bandwidth\\) >= 1"):  # the knn rule is checked on the new value
+        knn.with_bandwidth(0.2)
+    with pytest.raises(ValidationError, match="must be > 0"):
+        KernelSpec().with_bandwidth(float("nan"))
+
+
+def test_the_preregistered_calibration_repilots_at_the_other_bandwidth_of_its_pair():
+    from schemas.kernel import CALIBRATION
+
+    assert CALIBRATION.bandwidths == (0.5, 1.0) and CALIBRATION.metric == "kernel_effective_neighbors_p10"
+    assert CALIBRATION.other_bandwidth(KernelSpec()) == 1.0  # the user's kernel is at 0.5
+    assert CALIBRATION.other_bandwidth(KernelSpec(bandwidth=1.0)) == 0.5
+    assert CALIBRATION.other_bandwidth(KernelSpec(bandwidth=0.75)) == 0.5  # a hill-climbed h: the pair's first
+
+
+def test_bandwidth_override_reaches_the_kernel_arm_and_a_hill_climbed_one_too(raw, tmp_path):
+    from schemas.spec import SpecOverrides, apply_overrides
+
+    revised = apply_overrides(raw, SpecOverrides(bandwidth=1.0))
+    grpo, pinned = revised["arms"]
+    assert "kernel" not in grpo  # an arm that reads no kernel is left as it was
+    assert pinned["kernel"] == KernelSpec(bandwidth=1.0).model_dump(mode="json")
+    assert revised["overrides"] == [{"bandwidth": 1.0}]
+    inline = {**copy.deepcopy(raw), "overrides": [{"bandwidth": 1.0}]}
+    inline["arms"][1]["kernel"] = {"bandwidth": 1.0}  # as the override used to write it: the same hash
+    assert spec_hash(parse_spec(revised)) == spec_hash(parse_spec(inline))
+
+    hill_climbed = KernelSpec(family="laplace", scales=(1.0, 3.0), bandwidth=0.75, window=128)
+    (tmp_path / "kernel.json").write_text(json.dumps({"kernel": hill_climbed.model_dump(mode="json")}))
+    raw["arms"][1]["kernel_file"] = "kernel.json"
+    revised = apply_overrides(raw, SpecOverrides(bandwidth=1.0), tmp_path)
+    climbed = revised["arms"][1]
+    # the file's recipe at the new bandwidth, written in full (an arm takes kernel or kernel_file)
+    assert "kernel_file" not in climbed and climbed["kernel"] == hill_climbed.with_bandwidth(1.0).model_dump(mode="json")
+    assert parse_spec(revised).arms[1].kernel == hill_climbed.with_bandwidth(1.0)

@@ -70,8 +70,11 @@ def recipe_for(kind: str, *, bandwidth: float | None = None, window: int | None 
         if bandwidth is not None or window is not None:
             raise UserError(f"--bandwidth and --window apply only to a kind with a kernel, not {kind}")
         return estimator, recipe
-    overrides = {"bandwidth": bandwidth, "window": window}
-    return estimator, estimator.with_kernel(recipe, kernel.model_copy(update={k: v for k, v in overrides.items() if v is not None}))
+    if bandwidth is not None:  # the kind's default kernel, changed only where a flag says so
+        kernel = kernel.with_bandwidth(bandwidth)
+    if window is not None:
+        kernel = kernel.with_window(window)
+    return estimator, estimator.with_kernel(recipe, kernel)
 
 
 def compute(table: pa.Table, estimator: str, *, bandwidth: float | None = None, window: int | None = None, path="rollouts") -> pa.Table:

@@ -36,11 +36,11 @@ def spec_settings(path: Path | None):
     """(batch_size, window, spec KernelRecipe) from a spec file, or the pinned defaults."""
     from pydantic import ValidationError  # lazy: start-up time
 
-    from rl.hillclimb.climb import KernelRecipe
+    from rl.hillclimb.climb import KernelRecipe, spec_recipe
     from schemas.kernel import KernelSpec
 
     if path is None:
-        return DEFAULT_BATCH, KernelSpec().window, KernelRecipe.from_spec(KernelSpec())
+        return DEFAULT_BATCH, KernelSpec().window, spec_recipe()
     if not path.is_file():
         raise UserError(f"{path}: no such spec file")
     try:

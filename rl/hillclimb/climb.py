@@ -42,12 +42,12 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from pydantic import ValidationError
+from pydantic import ValidationError, model_validator
 
 from rl.hillclimb import geff
 from rl.hillclimb.data import EMBEDDING, RolloutLog, Stream, make_streams
 from rl.kernels import FEATURE_NAMES, knn_k, standardize
-from schemas.kernel import KernelSpec
+from schemas.kernel import KernelForm, KernelSpec
 
 FAMILIES = ("gaussian", "laplace", "knn", "constant", "ridge")
 BANDWIDTHS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -58,21 +58,23 @@ RIDGE_HISTORIES = (256, 1024)
 SPEC_FEATURES = FEATURE_NAMES  # the features the training loop logs, hence all the arm can use
 
 
-@dataclass(frozen=True)
-class KernelRecipe:
-    """One candidate baseline; `to_fragment()` is the gs1_kernel arm's optional `kernel` object."""
+class KernelRecipe(KernelForm):
+    """One candidate baseline: the kernel form (schemas.kernel) over the search's wider space, the
+    families constant and ridge and any feature the log has included. `kernel_spec()` is the
+    arm's KernelSpec of it, and `to_fragment()` the gs1_kernel arm's optional `kernel` object
+    (`kernel.json`). The bandwidth is lambda for ridge, and None for constant."""
 
-    family: str
-    features: tuple[str, ...]
-    scales: tuple[float, ...] | None  # per feature; None = all 1
-    bandwidth: float | None  # h (gaussian, laplace); k (knn); lambda (ridge); None (constant)
-    window: int
-    min_mass: float = 1e-3
+    def __init__(self, family: str, features: tuple[str, ...], scales: tuple[float, ...] | None,
+                 bandwidth: float | None, window: int, min_mass: float = 1e-3):
+        # positional, as the search writes thousands of them (validated all the same)
+        super().__init__(family=family, features=features, scales=scales, bandwidth=bandwidth, window=window,
+                         min_mass=min_mass)
 
-    def scale_of(self, name: str) -> float:
-        if name not in self.features:
-            return 0.0
-        return 1.0 if self.scales is None else float(self.scales[self.features.index(name)])
+    @model_validator(mode="after")
+    def _searched_family(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"unknown search family {self.family!r} (known: {', '.join(FAMILIES)})")
+        return self
 
     def arm_blockers(self) -> list[str]:
         """Why the gs1_kernel arm cannot run this recipe as is; [] when it can (the arm's own
@@ -90,6 +92,7 @@ class KernelRecipe:
         return not self.arm_blockers()
 
     def to_fragment(self) -> dict:
+        """`{"kernel": {...}}`: the KernelSpec the arm runs, as `kernel.json` holds it."""
         if self.family == "constant":
             # the arm's kernel needs features and a bandwidth: a gaussian with a huge h is the same
             # leave-one-out window mean (DESIGN.md), and is accepted by the pinned-kernel validator
@@ -98,22 +101,16 @@ class KernelRecipe:
 
     @classmethod
     def from_spec(cls, kernel: KernelSpec) -> KernelRecipe:
-        return cls(kernel.family, tuple(kernel.features), kernel.scales, kernel.bandwidth, kernel.window, kernel.min_mass)
+        """The arm's kernel as a candidate of the search (the same fields)."""
+        return cls.model_validate(kernel.model_dump())
 
     def kernel_spec(self) -> KernelSpec:
         """This recipe as the arm's KernelSpec (a ValidationError when the arm cannot run it)."""
-        return KernelSpec.model_validate(self.kernel_object())
+        return KernelSpec.model_validate(self.model_dump())
 
     def kernel_object(self) -> dict:
         """This recipe as a plain kernel object, family as is (JSON-ready)."""
-        return {
-            "family": self.family,
-            "features": list(self.features),
-            "scales": None if self.scales is None else [float(s) for s in self.scales],
-            "bandwidth": None if self.bandwidth is None else float(self.bandwidth),
-            "window": int(self.window),
-            "min_mass": float(self.min_mass),
-        }
+        return self.model_dump(mode="json")
 
     def label(self) -> str:
         feats = ",".join(
@@ -127,7 +124,7 @@ class KernelRecipe:
 def spec_recipe(window: int | None = None) -> KernelRecipe:
     """The user's pre-registered kernel (schemas.kernel.KernelSpec's defaults), at `window` if given."""
     pinned = KernelSpec()
-    return KernelRecipe.from_spec(pinned if window is None else pinned.model_copy(update={"window": window}))
+    return KernelRecipe.from_spec(pinned if window is None else pinned.with_window(window))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -593,7 +590,7 @@ def analyse(
             continue
         grid = RIDGE_LAMBDAS if fam == "ridge" else _grid_for(fam)
         for x in grid:
-            rr = KernelRecipe(fam, r.features, r.scales, float(x), r.window, r.min_mass)
+            rr = r.with_bandwidth(float(x))  # fam is r's family
             e, s_ = both(rr)
             sweep.append({"family": fam, "recipe": rr.label(), "bandwidth": float(x), "eval_g_eff": e["g_eff"],
                           "search_g_eff": s_["g_eff"], "eval_kish_p10": e["kish_p10"]})
