@@ -446,8 +446,11 @@ def test_a_written_recipe_reads_back_as_the_kernel_spec_the_arm_runs(recipe, tmp
     from schemas.io import write_json_atomic
     from schemas.spec import read_kernel_file
 
+    from rl.estimators.registry import estimator_for
+
     path = write_json_atomic(tmp_path / "kernel.json", recipe.to_fragment())
-    kernel, source = read_kernel_file(str(path), None)
+    fields, source = read_kernel_file(str(path), None, estimator_for("kernel_cross_prompt_baseline"))
+    kernel = fields["kernel"]
     assert kernel == recipe.kernel_spec() and source.startswith(str(path.resolve()))
     assert hc.KernelRecipe.from_spec(kernel) == recipe  # the round trip loses nothing
 
@@ -458,8 +461,10 @@ def test_hill_climbed_kernel_json_is_the_arm_winner_and_keeps_its_format(tmp_pat
 
     log = log_from_table(synthetic_log_table(400, 6, seed=4), "roundtrip")
     rep = hc.analyse(log, 0, 32, 64, 150, hc.spec_recipe(window=64))
+    from rl.estimators.registry import estimator_for
+
     paths = report.write_hillclimb(rep, tmp_path / "out")
-    kernel, _ = read_kernel_file(str(paths["kernel"]), None)
+    kernel = read_kernel_file(str(paths["kernel"]), None, estimator_for("kernel_cross_prompt_baseline"))[0]["kernel"]
     assert rep.arm_winner.arm_accepts()
     assert kernel == KernelSpec.model_validate(rep.arm_winner.to_fragment()["kernel"])
     if rep.arm_winner.family != "constant":  # (constant runs as an equivalent gaussian)
