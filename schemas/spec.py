@@ -147,9 +147,9 @@ class Arm(Record):
         for key, model in estimator.own_spec_keys.items():
             try:
                 extra[key] = model.model_validate(extra.get(key, {}))
-            except ValidationError as e:
-                first = e.errors(include_url=False)[0]
-                problems.append((".".join([key, *map(str, first["loc"])]), first["msg"].removeprefix("Value error, ")))
+            except ValidationError as e:  # each of its problems as its own line under the key
+                for path, msg in (line.split(": ", 1) for line in spec_problems(e)):
+                    problems.append((key if path == "(spec)" else f"{key}.{path}", msg))
         if self.kernel_file is not None:
             both = [k for k in estimator.spec_fields if k != "kernel_file" and k in given]
             if "kernel_file" not in estimator.spec_fields:
