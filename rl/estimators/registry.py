@@ -10,10 +10,10 @@ from typing import Annotated, Union
 
 from pydantic import Field
 
-from rl.estimators import batch_mean, critic, flash_reinforce, group_mean, kernel_cross_prompt_baseline, leave_one_out
+from rl.estimators import batch_mean, critic, flash_reinforce, group_mean, kernel_cross_prompt_baseline, leave_one_out, ridge
 from rl.estimators.base import Estimator
 
-KIND_MODULES = (group_mean, kernel_cross_prompt_baseline, batch_mean, leave_one_out, flash_reinforce, critic)
+KIND_MODULES = (group_mean, kernel_cross_prompt_baseline, batch_mean, leave_one_out, flash_reinforce, critic, ridge)
 ESTIMATORS: dict[str, Estimator] = {module.ESTIMATOR.kind: module.ESTIMATOR for module in KIND_MODULES}
 KINDS = tuple(ESTIMATORS)
 
