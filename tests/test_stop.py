@@ -6,6 +6,8 @@ from __future__ import annotations
 import signal
 import time
 
+import pytest
+
 from fixtures.gs1_process import alive, descendants, start_gs1_run, wait_for
 from fixtures.tiny_model import tiny_model_dir  # noqa: F401
 from test_flow import flow_spec
@@ -54,6 +56,7 @@ def _gs1_run_with_api(url: str, run_dir) -> tuple[int, str, float]:
     return done.returncode, done.stderr, time.monotonic() - started
 
 
+@pytest.mark.slow  # spawns `gs1 run` twice, the second against an API that never answers
 def test_a_prefect_api_down_or_never_answering_is_one_line_exit_2_within_15s(tmp_path):
     import socket
 

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Run from the device checkout's root (= main) with .wt-engine/ carried: main's code "before",
-# .wt-engine's "after". Logs go to $OUT.
+# .wt-engine's "after". Logs go to $OUT (kept in results/issue13-memory/logs/: mem_*.log, gpu.txt).
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wt-engine/.whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Issue 17 item 5: some units of the comparison on the device (H200), started there with setsid
 # from the device checkout's root once the wheels are in /tmp/site and the model pieces in /root/m
-# (as results/h200-gsm8k/README.md, "Commands"). Usage: UNITS=grpo_gs8-s0,gs1_kernel-s0 bash device_units.sh
+# (as results/h200-gsm8k/README.md, "Device call sequence"). Usage:
+#   UNITS=grpo_gs8-s0,gs1_kernel-s0 bash scripts/h200/comparison_device_units.sh
 # The gates run first (as in any run; their results cache in the run directory), then only UNITS
 # train and evaluate. Afterwards, on the development machine, from the fetched run directory:
 #   gs1 decide --spec results/h200-comparison/spec_revised.json --units results/h200-comparison --collect RUN

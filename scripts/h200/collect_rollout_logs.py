@@ -1,6 +1,6 @@
-"""Rollout logs for the transfer study, collected in one process on one GPU (issue 7).
+"""Rollout logs for the transfer study, collected in one process on one GPU (issue 7; its output: results/issue7/logs/).
 
-    python results/issue7/collect_h200.py --base-model-path /root/m/model.gguf --out DIR \
+    python scripts/h200/collect_rollout_logs.py --base-model-path /root/m/model.gguf --out DIR \
         --data-dir GSM8K_DIR --envs gsm8k rg_basic_arithmetic ... [--n-prompts 128 --k 10]
 
 Same as one `gs1 collect` per env (rl.hillclimb.collect.run_collection), but the local engine and its

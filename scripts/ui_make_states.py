@@ -1,6 +1,6 @@
-"""Put a real Prefect server into the states the screenshots in this folder show, and shoot them.
+"""Put a real Prefect server into the states the screenshots in results/ui/ show, and shoot them.
 
-    python results/ui/make_states.py --work /tmp/gs1-ui [--port 4281] [--rss]
+    python scripts/ui_make_states.py --work /tmp/gs1-ui [--port 4281] [--rss]
 
 From the repository root, with the dev venv active, Debian's chromium and playwright installed.
 It starts `prefect server start` and `gs1 serve` (their own processes, stopped at the end), on the
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 

@@ -1,10 +1,10 @@
 #!/bin/bash
 # Issue 21's H200 run, started by the device command with `setsid nohup` from the device checkout's
-# root once the wheels are in /root/whl and the model pieces in /root/m (README.md here, "Commands").
+# root once the wheels are in /root/whl and the model pieces in /root/m (results/h200-gsm8k/README.md, "Device call sequence").
 # 1. the attention probe benchmark; 2. the cold `gs1 run` of the revised spec to its decision;
 # 3. `gs1 replay` of any non-finite dump; 4. a second, warm process (compile and model caches
 # filled by the first) on a fresh run directory, stopped once feasibility has finished.
-# Writes everything under /root/work; `status` there says how far it got.
+# Writes everything under /root/work; `status` there says how far it got. Its output: results/h200-gsm8k/.
 set -u
 W=/root/work; mkdir -p "$W"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Wait up to $1 seconds for device_run.sh to finish; print where it is; when it has finished,
+# Wait up to $1 seconds for scripts/h200/gsm8k_device_run.sh to finish; print where it is; when it has finished,
 # pack what comes back into $OUT (the run directory without weights, the logs).
 W=/root/work; T=${1:-560}; t0=$(date +%s)
 while [ $(( $(date +%s) - t0 )) -lt "$T" ] && ! grep -q all-done "$W/status" 2>/dev/null; do sleep 5; done
