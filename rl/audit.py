@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from rl import reference
 from schemas.arm import ArmConfig
+from schemas.errors import AuditInputMissing
 
 TOLERANCE = 1e-9
 # The cookbook computes GRPO in torch's default dtype, float32: its value of r - mean(r) carries
@@ -168,10 +169,6 @@ def _cookbook_grpo(log: RolloutLog) -> dict[str, list[float]]:
         for r, a in zip(rows_of[key], advantages_G.tolist()):
             advantage[r] = float(a)
     return {"advantage": advantage, "baseline": [float(r) - a for r, a in zip(log.reward_R.tolist(), advantage)]}
-
-
-class AuditInputMissing(ValueError):
-    """The log lacks an input the arm's reference recomputes from (the audit then fails)."""
 
 
 def audit_log(arm: ArmConfig, log: RolloutLog, tolerance: float = TOLERANCE, max_listed: int = 50) -> AuditResult:
