@@ -19,10 +19,10 @@ from prefect.states import Failed
 
 from flows.memory import bound_malloc
 from flows.units import dispatched_units
+from schemas.errors import GateFailed
 from schemas.kernel import CALIBRATION
 from schemas.layout import RunLayout
 from tasks.arms import eval_items, pilot_rollouts, trained_arm
-from tasks.common import GateFailed
 from tasks.gates import (activation_gate, audit_gate, family_decision_record, feasibility, offline_unit_checks,
                          paired_decision_record)
 from tasks.preflight import correctness_preflight
@@ -46,36 +46,40 @@ def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: s
     every unit, from this run and others, is in.
 
     A failed gate ends the flow run Failed with the gate's message (metric, value, bound first),
-    returned as a state: an expected stop, so no traceback is logged. Anything else is raised."""
+    returned as a state: an expected stop, so no traceback is logged. Anything else is raised.
+
+    `run_dir` stays a path here (what the CLI and the UI's form pass); every stage is handed its
+    `RunLayout`."""
     bound_malloc()
+    layout = RunLayout(run_dir)
     try:
-        decision = _stages(spec_path, run_dir, backend, data_dir, dispatch, units)
+        decision = _stages(spec_path, layout, backend, data_dir, dispatch, units)
     except GateFailed as failed:
         # The report renders whatever ran, so a run stopped at a gate still gets its page.
-        run_report(run_dir, str(failed), return_state=True)
+        run_report(layout, str(failed), return_state=True)
         return Failed(message=str(failed), data=failed)
     except BaseException as exc:
-        run_report(run_dir, str(exc) or type(exc).__name__, return_state=True)  # never masks the exception
+        run_report(layout, str(exc) or type(exc).__name__, return_state=True)  # never masks the exception
         raise
-    run_report(run_dir, None, return_state=True)
+    run_report(layout, None, return_state=True)
     return decision
 
 
-def _stages(spec_path: str, run_dir: str, backend: str, data_dir: str | None, dispatch: str | None,
+def _stages(spec_path: str, layout: RunLayout, backend: str, data_dir: str | None, dispatch: str | None,
             only: list[str] | None) -> dict:
-    plan = validated_plan(spec_path, run_dir)
+    plan = validated_plan(spec_path, layout)
     run = plan.run
     piloted = (plan.treatment, plan.baseline)  # the arms a pilot runs, in its logs' order
-    correctness_preflight(plan.arms, run, plan.preflight, run_dir, backend, data_dir)
-    offline_unit_checks(run_dir)
+    correctness_preflight(plan.arms, run, plan.preflight, layout, backend, data_dir)
+    offline_unit_checks(layout)
 
-    pilot = pilot_rollouts(plan.arms, plan.pilot, run, run_dir, backend, data_dir)
-    audit_gate(piloted, [pilot.treatment, pilot.baseline], run_dir, stage="pilot")
+    pilot = pilot_rollouts(plan.arms, plan.pilot, run, layout, backend, data_dir)
+    audit_gate(piloted, [pilot.treatment, pilot.baseline], layout, stage="pilot")
     try:
-        activation_gate(plan.checks, pilot.treatment, pilot.baseline, pilot.heldout, plan.pilot.steps, run_dir,
+        activation_gate(plan.checks, pilot.treatment, pilot.baseline, pilot.heldout, plan.pilot.steps, layout,
                         treatment_estimator=plan.treatment.advantage)
     except GateFailed as failed:
-        if CALIBRATION.metric not in {r["metric"] for r in failed.failing}:
+        if not failed.fails(CALIBRATION.metric):
             raise
         # Calibration: re-pilot with the other pre-registered bandwidth (the failed pilot's logs
         # stay in pilot/), audit and gate it, and record the revised spec before anything else runs.
@@ -84,32 +88,31 @@ def _stages(spec_path: str, run_dir: str, backend: str, data_dir: str | None, di
             f"{failed}; the spec pre-registers one calibration for {CALIBRATION.metric}: re-piloting at "
             f"bandwidth {bandwidth} (at most {plan.pilot.steps} steps, "
             f"{CALIBRATION.wall_limit_s // 60} minutes); the run continues only if that gate passes")
-        pilot = pilot_rollouts(plan.arms, plan.pilot, run, run_dir, backend, data_dir,
+        pilot = pilot_rollouts(plan.arms, plan.pilot, run, layout, backend, data_dir,
                                stage="calibration", bandwidth=bandwidth, wall_limit_s=CALIBRATION.wall_limit_s)
         calibrated = (plan.treatment.with_kernel_bandwidth(bandwidth), plan.baseline)
-        audit_gate(calibrated, [pilot.treatment, pilot.baseline], run_dir, stage="calibration")
-        activation_gate(plan.checks, pilot.treatment, pilot.baseline, pilot.heldout, plan.pilot.steps, run_dir,
+        audit_gate(calibrated, [pilot.treatment, pilot.baseline], layout, stage="calibration")
+        activation_gate(plan.checks, pilot.treatment, pilot.baseline, pilot.heldout, plan.pilot.steps, layout,
                         stage="calibration",
                         treatment_estimator=plan.treatment.advantage)
-        plan = calibrated_plan(plan, spec_path, bandwidth, run_dir)
+        plan = calibrated_plan(plan, spec_path, bandwidth, layout)
 
     every_unit = plan.units()
     units = plan.selected_units(only)
     many = {"units": {u.unit: u.name for u in every_unit}} if len(every_unit) > 2 else {}  # two arms: projected as always
-    feasibility(pilot.timings, plan.steps, plan.n_eval, plan.budget, backend, str(RunLayout(run_dir).feasibility_dir),
-                **many)
+    feasibility(pilot.timings, plan.steps, plan.n_eval, plan.budget, backend, layout, **many)
 
     if dispatch:
-        trained, evals = dispatched_units(dispatch, units, run, plan.n_eval, run_dir, backend, data_dir)
-        audit_gate(units, [trained[u.unit].rollouts for u in units], run_dir, stage="train")
+        trained, evals = dispatched_units(dispatch, units, run, plan.n_eval, layout, backend, data_dir)
+        audit_gate(units, [trained[u.unit].rollouts for u in units], layout, stage="train")
     else:
-        trained = {u.unit: trained_arm.submit(u, run, run_dir, backend, data_dir) for u in units}
+        trained = {u.unit: trained_arm.submit(u, run, layout, backend, data_dir) for u in units}
         # Every unit finishes (and is cached) before a failed one ends the run: a resume retrains
         # only the failed unit. The audit reads them all.
         wait(list(trained.values()))
         trained = {name: future.result() for name, future in trained.items()}
-        audit_gate(units, [trained[u.unit].rollouts for u in units], run_dir, stage="train")
-        evals = {u.unit: eval_items.submit(trained[u.unit], u, run, plan.n_eval, run_dir, backend, data_dir)
+        audit_gate(units, [trained[u.unit].rollouts for u in units], layout, stage="train")
+        evals = {u.unit: eval_items.submit(trained[u.unit], u, run, plan.n_eval, layout, backend, data_dir)
                  for u in units}
         wait(list(evals.values()))
         evals = {name: future.result() for name, future in evals.items()}
@@ -118,15 +121,14 @@ def _stages(spec_path: str, run_dir: str, backend: str, data_dir: str | None, di
         get_run_logger().info(f"units done: {', '.join(evals)}; the decision waits for: {', '.join(waiting)}")
         return {"units_done": list(evals), "waiting_for": waiting}
     names = {"treatment": run.treatment, "baseline": run.baseline}
-    decision_dir = str(RunLayout(run_dir).decision_dir)
     if len(plan.compared) == 1 and not plan.multi_seed:  # two arms, one seed: the pinned paired rule as it was
         return paired_decision_record(evals[run.treatment].jsonl, evals[run.baseline].jsonl, plan.decision,
-                                      names, decision_dir)
+                                      names, layout)
     return family_decision_record([evals[u.unit].jsonl for u in units], [(u.name, u.order_seed) for u in units],
-                                  plan.decision, names, decision_dir)
+                                  plan.decision, names, layout)
 
 
-def experiment_in(run_dir: str | Path) -> Flow:
+def experiment_in(run_dir: str | Path | RunLayout) -> Flow:
     """The experiment flow with every stage's persisted result under `<run_dir>/.stage-results/`:
     deleting a run directory deletes its cache, and no run reads another's stored results."""
-    return experiment.with_options(result_storage=RunLayout(Path(run_dir).resolve()).stage_results)
+    return experiment.with_options(result_storage=RunLayout.of(run_dir).resolved().stage_results)

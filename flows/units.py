@@ -11,7 +11,6 @@ experiment must therefore share (one filesystem, or a mount of it at the same pa
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
@@ -29,19 +28,22 @@ UNIT_FLOW = "gs1-arm-unit"
 @flow(name=UNIT_FLOW)
 def arm_unit(arm: ArmConfig, run: RunContext, n_eval: int, run_dir: str, backend: str = "local",
              data_dir: str | None = None) -> dict:
-    """Train one unit and evaluate its final weights; its stages cache in the run's store."""
-    stages = _unit_stages.with_options(result_storage=RunLayout(Path(run_dir).resolve()).stage_results)
-    return stages(arm, run, n_eval, run_dir, backend, data_dir)
+    """Train one unit and evaluate its final weights; its stages cache in the run's store.
+    `run_dir` stays a path: the parameter a sweep's `run_deployment` sends as JSON."""
+    layout = RunLayout(run_dir)
+    stages = _unit_stages.with_options(result_storage=layout.resolved().stage_results)
+    return stages(arm, run, n_eval, layout, backend, data_dir)
 
 
 @flow(name="gs1-arm-unit-stages")
-def _unit_stages(arm: ArmConfig, run: RunContext, n_eval: int, run_dir: str, backend: str, data_dir: str | None) -> dict:
-    trained = trained_arm(arm, run, run_dir, backend, data_dir)
-    evaluated = eval_items(trained, arm, run, n_eval, run_dir, backend, data_dir)
+def _unit_stages(arm: ArmConfig, run: RunContext, n_eval: int, layout: RunLayout, backend: str,
+                 data_dir: str | None) -> dict:
+    trained = trained_arm(arm, run, layout, backend, data_dir)
+    evaluated = eval_items(trained, arm, run, n_eval, layout, backend, data_dir)
     return {"trained": trained.model_dump(), "eval": evaluated.model_dump()}
 
 
-def dispatched_units(deployment: str, units: tuple[ArmConfig, ...], run: RunContext, n_eval: int, run_dir: str,
+def dispatched_units(deployment: str, units: tuple[ArmConfig, ...], run: RunContext, n_eval: int, layout: RunLayout,
                      backend: str, data_dir: str | None, poll_seconds: float = 2.0,
                      timeout_seconds: float | None = None) -> tuple[dict[str, TrainedArm], dict[str, EvalResult]]:
     """Start one flow run of `deployment` per unit, wait for all, and read what each left.
@@ -52,9 +54,9 @@ def dispatched_units(deployment: str, units: tuple[ArmConfig, ...], run: RunCont
     runs = {}
     for unit in units:
         flow_run = run_deployment(
-            name=deployment, timeout=0, as_subflow=True, flow_run_name=f"{unit.unit} ({Path(run_dir).name})",
+            name=deployment, timeout=0, as_subflow=True, flow_run_name=f"{unit.unit} ({layout.root.name})",
             parameters={"arm": unit.model_dump(mode="json"), "run": run.model_dump(mode="json"), "n_eval": n_eval,
-                        "run_dir": str(Path(run_dir).resolve()), "backend": backend, "data_dir": data_dir},
+                        "run_dir": str(layout.root.resolve()), "backend": backend, "data_dir": data_dir},
         )
         runs[unit.unit] = flow_run.id
         logger.info(f"dispatched {unit.unit} to {deployment}: flow run {flow_run.id}")
@@ -75,5 +77,5 @@ def dispatched_units(deployment: str, units: tuple[ArmConfig, ...], run: RunCont
     failed = {u: s for u, s in ended.items() if not s.is_completed()}
     if failed:
         raise RuntimeError("; ".join(f"unit {u} ended {s.name}: {s.message or 'no message'}" for u, s in failed.items()))
-    results = {unit.unit: unit_results(unit, run_dir) for unit in units}
+    results = {unit.unit: unit_results(unit, layout) for unit in units}
     return {u: r[0] for u, r in results.items()}, {u: r[1] for u, r in results.items()}

@@ -2,8 +2,9 @@
 
     data = load_run(run_dir)     # RunData; a stage that did not run is simply absent
 
-The flow's stages are listed once, in flow order, in `STAGES`. A gate stage (`GateStage`) names
-its gate_report.parquet; adding one to the list is all it takes for the report to read its table,
+The flow's stages the report shows are `STAGES`, read from the one stage table
+(`schemas.layout.STAGES`: id, name, folder, order). A gate stage (`GateStage`) names its
+gate_report.parquet; adding one to the list is all it takes for the report to read its table,
 give it a row in the stage table and a table in the Gates section, and stop there when it failed.
 Any stage may be missing (a failed gate stops the flow); an unreadable file is named in
 `problems` and treated as absent.
@@ -25,8 +26,7 @@ from schemas.cost import ArmCost
 from schemas.errors import UserError
 from schemas.gate_text import GateRow, failing_text, fmt, gate_passed
 from schemas.layout import (
-    DECISION, FEASIBILITY, PILOT_STAGES, PREFLIGHT, UNIT_CHECKS, VALIDATE_SPEC, RunLayout, audit_name, gate_name,
-    pilot_name, steps_dir,
+    FINAL_FILE, MISMATCHES_FILE, PILOT_STAGES, RunLayout, gate_report_path, merged_logs, stage_info, steps_dir,
 )
 from schemas.revision import SpecRevision
 from schemas.plan import RunPlan
@@ -36,7 +36,7 @@ KERNEL_P10_METRIC = "kernel_effective_neighbors_p10"
 
 
 # ---------------------------------------------------------------------------------------------
-# The flow's stages (flows/experiment.py), in flow order
+# The flow's stages (schemas.layout's stage table), in flow order
 
 
 @dataclass(frozen=True)
@@ -73,23 +73,35 @@ class GateStage(Stage):
         return self.table_title or self.title
 
 
-AUDIT_MISMATCHES = DetailSource("audit_mismatches", "mismatches.parquet", "logged values the audit could not reproduce")
-# Titles are the stages' one names (schemas.layout), as the task runs and artifacts are named.
+AUDIT_MISMATCHES = DetailSource("audit_mismatches", MISMATCHES_FILE, "logged values the audit could not reproduce")
+
+
+def _stage(id: str) -> Stage:
+    info = stage_info(id)
+    return Stage(info.id, info.name)
+
+
+def _gate(id: str, **options) -> GateStage:
+    info = stage_info(id)
+    return GateStage(info.id, info.name, lambda run, folder=info.folder: run.root / folder, **options)
+
+
+# Keys, titles and folders are the stage table's (the stages' one names, as the task runs and
+# artifacts are named); which stages judge, and how their tables read, is the report's own.
 STAGES: tuple[Stage, ...] = (
-    Stage("spec", VALIDATE_SPEC),
-    GateStage("preflight", PREFLIGHT, lambda run: run.preflight_dir),
-    GateStage("unit_checks", UNIT_CHECKS, lambda run: run.unit_checks_dir),
-    Stage("pilot", pilot_name("pilot")),
-    GateStage("audit_pilot", audit_name("pilot"), lambda run: run.audit_dir("pilot"), detail=AUDIT_MISMATCHES),
-    GateStage("activation_gate", gate_name("pilot"), lambda run: run.gate_dir("pilot")),
-    GateStage("audit_calibration", audit_name("calibration"), lambda run: run.audit_dir("calibration"),
-              runs_with="calibration", detail=AUDIT_MISMATCHES),
-    GateStage("calibration", gate_name("calibration"), lambda run: run.gate_dir("calibration")),
-    GateStage("feasibility", FEASIBILITY, lambda run: run.feasibility_dir),
-    Stage("train", "train"),
-    GateStage("audit_train", audit_name("train"), lambda run: run.audit_dir("train"), detail=AUDIT_MISMATCHES),
-    Stage("eval", "eval"),
-    Stage("decision", DECISION),
+    _stage("spec"),
+    _gate("preflight"),
+    _gate("unit_checks"),
+    _stage("pilot"),
+    _gate("audit_pilot", detail=AUDIT_MISMATCHES),
+    _gate("activation_gate"),
+    _gate("audit_calibration", runs_with="calibration", detail=AUDIT_MISMATCHES),
+    _gate("calibration"),
+    _gate("feasibility"),
+    _stage("train"),
+    _gate("audit_train", detail=AUDIT_MISMATCHES),
+    _stage("eval"),
+    _stage("decision"),
 )
 LOG_SOURCES = (*PILOT_STAGES, "train")  # stages that train arms and log their steps
 
@@ -280,7 +292,7 @@ class ArmEval:
 
 @dataclass(frozen=True)
 class RunData:
-    run_dir: Path
+    layout: RunLayout
     plan: RunPlan
     stages: tuple[Stage, ...] = STAGES  # the flow's stages this directory was read by
     spec: SpecNotes = SpecNotes()
@@ -297,6 +309,10 @@ class RunData:
     # the error's message when the flow run rendering this page ended Failed (`with_stopped`):
     # then a decision.json in the directory is an earlier run's and is not this run's verdict
     stopped: str | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        return self.layout.root
 
     def with_stopped(self, stopped: str | None) -> RunData:
         return replace(self, stopped=stopped)
@@ -396,10 +412,10 @@ def _read_step_files(steps_dir: Path, kind: str, suffix: str, problems: list[str
 def _read_arm_logs(arm_dir: Path, problems: list[str], done: bool) -> ArmLogs | None:
     """Merged logs when the stage merged them, else the per-step files of a stage in progress.
     `done`: the stage's own record that it finished for this arm (with the merged logs)."""
-    merged_metrics = arm_dir / "step_metrics.parquet"
+    merged_rollouts, merged_metrics = merged_logs(arm_dir)
     if merged_metrics.is_file():
         logs = ArmLogs(
-            rollouts=_read_table("rollouts", arm_dir / "rollouts.parquet", problems),
+            rollouts=_read_table("rollouts", merged_rollouts, problems),
             metrics=_read_table("step_metrics", merged_metrics, problems),
             complete=done,
         )
@@ -414,13 +430,13 @@ def _read_arm_logs(arm_dir: Path, problems: list[str], done: bool) -> ArmLogs | 
 def _read_stage_logs(layout: RunLayout, source: str, arms: list[str], problems: list[str]) -> StageLogs | None:
     """The logs each planned arm left in a training stage (a pilot stage, or the full runs)."""
     # pilots finish with timings.json; a full run finishes each arm with its final.json
-    timings = _read_record(Timings, layout.pilot_dir(source) / "timings.json", problems) if source in PILOT_STAGES else None
+    timings = _read_record(Timings, layout.timings_json(source), problems) if source in PILOT_STAGES else None
     logs = {}
     for arm in arms:
         arm_dir = layout.arm_dir(source, arm)
         if not arm_dir.is_dir():
             continue
-        done = (arm_dir / "final.json").is_file() if source == "train" else timings is not None
+        done = (arm_dir / FINAL_FILE).is_file() if source == "train" else timings is not None
         found = _read_arm_logs(arm_dir, problems, done)
         if found is not None:
             logs[arm] = found
@@ -449,18 +465,19 @@ def _read_detail(stage: GateStage, layout: RunLayout, problems: list[str]) -> De
     return DetailTable(source, tuple(table.column_names), rows)
 
 
-def load_run(run_dir: str | Path, stages: tuple[Stage, ...] = STAGES) -> RunData:
-    """Everything the flow wrote under `run_dir` for `stages`; a missing stage is simply absent.
+def load_run(run_dir: RunLayout | str | Path, stages: tuple[Stage, ...] = STAGES) -> RunData:
+    """Everything the flow wrote under `run_dir` (a run's layout, or its path) for `stages`; a
+    missing stage is simply absent.
 
     A run directory needs `spec/plan.json` (written by the first stage); without it, or when the
     directory does not exist, this is a one-line UserError. An unreadable artifact is listed in
     `problems` and treated as absent.
     """
-    run_dir = Path(run_dir)
+    layout = RunLayout.of(run_dir)
+    run_dir = layout.root
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory")
     problems: list[str] = []
-    layout = RunLayout(run_dir)
     plan = _read_record(RunPlan, layout.plan_json, problems)  # the flow's own plan type: one owner
     if plan is None:
         why = f" ({problems[0]})" if problems else ""
@@ -470,7 +487,7 @@ def load_run(run_dir: str | Path, stages: tuple[Stage, ...] = STAGES) -> RunData
     gates = {}
     for stage in stages:
         if isinstance(stage, GateStage):
-            table = _read_table("gate_report", stage.gate_dir(layout) / "gate_report.parquet", problems)
+            table = _read_table("gate_report", gate_report_path(stage.gate_dir(layout)), problems)
             if table is not None:
                 detail = _read_detail(stage, layout, problems) if stage.detail else None
                 gates[stage.key] = GateTable(stage, tuple(GateRow.from_row(r) for r in table.to_pylist()), detail)
@@ -480,21 +497,21 @@ def load_run(run_dir: str | Path, stages: tuple[Stage, ...] = STAGES) -> RunData
             if (found := _read_stage_logs(layout, source, units if source == "train" else arms, problems)) is not None}
     evals, costs = {}, {}
     for unit in units:
-        table = _read_table("eval_items", layout.eval_arm_dir(unit) / "eval.parquet", problems)
+        table = _read_table("eval_items", layout.eval_parquet(unit), problems)
         if table is not None and table.num_rows:
             evals[unit] = ArmEval(unit, tuple(bool(c) for c in table.column("correct").to_pylist()))
         cost = _read_table("arm_costs", layout.costs_path(unit), problems)
         if cost is not None and cost.num_rows:
             costs[unit] = ArmCost.model_validate(cost.to_pylist()[0])
-    feasibility = _read_record(Feasibility, layout.feasibility_dir / "feasibility.json", problems)
-    decision = _read_record(Decision, layout.decision_dir / "decision.json", problems)
+    feasibility = _read_record(Feasibility, layout.feasibility_json, problems)
+    decision = _read_record(Decision, layout.decision.json, problems)
     revision = _read_revision(layout.revised_spec_json, problems)
     spec_revisions = tuple(
         r for f in sorted(layout.revisions_dir.glob("[0-9][0-9][0-9].json"))
         if (r := _read_record(SpecRevision, f, problems)) is not None
     )
     return RunData(
-        run_dir=run_dir, plan=plan, stages=stages, spec=spec, gates=gates, logs=logs, evals=evals, costs=costs,
+        layout=layout, plan=plan, stages=stages, spec=spec, gates=gates, logs=logs, evals=evals, costs=costs,
         feasibility=feasibility, decision=decision, revision=revision, spec_revisions=spec_revisions,
         problems=tuple(problems),
     )

@@ -24,9 +24,9 @@ from report.page import ARM_COLUMNS, COMPARISON_COLUMNS, COST_COLUMNS, Page, bui
 from report.plots import RenderedPlot, render_plots
 from report.status import Status, stage_statuses, stopping_gate
 from schemas.io import write_bytes_atomic, write_text_atomic
-from schemas.layout import RunLayout
+from schemas.layout import REPORT_HTML_FILE, REPORT_MARKDOWN_FILE, RunLayout
 
-HTML_NAME, MARKDOWN_NAME = "report.html", "report.md"
+HTML_NAME, MARKDOWN_NAME = REPORT_HTML_FILE, REPORT_MARKDOWN_FILE
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("report", "templates"),
@@ -100,7 +100,7 @@ def _write_plots(out: Path, plots: list[RenderedPlot]) -> dict[str, Path]:
 
 
 def write_report(
-    run_dir: str | Path, out_dir: str | Path | None = None, stopped: str | None = None, stages: tuple[Stage, ...] = STAGES,
+    run_dir: RunLayout | str | Path, out_dir: str | Path | None = None, stopped: str | None = None, stages: tuple[Stage, ...] = STAGES,
     reused: tuple[str, ...] = (),
 ) -> ReportFiles:
     """Render `run_dir` into `out_dir` (default `<run_dir>/report/`): PNG plots, report.html
@@ -110,7 +110,7 @@ def write_report(
     `stages`: the flow's stages in order (model.STAGES; a test may pass others). `reused`: the
     stages the flow run served from cache, named on the page."""
     data: RunData = load_run(run_dir, stages).with_stopped(stopped).with_reused(reused)
-    out = Path(out_dir) if out_dir is not None else RunLayout(data.run_dir).report_dir
+    out = Path(out_dir) if out_dir is not None else data.layout.report_dir
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a directory")
     statuses = stage_statuses(data)

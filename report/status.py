@@ -12,7 +12,6 @@ from enum import StrEnum
 
 from report.model import KERNEL_P10_METRIC, GateStage, RunData, Stage
 from schemas.gate_text import fmt
-from schemas.layout import RunLayout
 
 
 class Status(StrEnum):
@@ -130,7 +129,7 @@ def _calibration_not_on_file(data: RunData) -> tuple[Status, str]:
         return Status.SKIPPED, "not needed: the activation gate passed at the pre-registered bandwidth"
     if act is not None and not act.fails(KERNEL_P10_METRIC):
         return Status.SKIPPED, f"not triggered: the pre-registered calibration only answers a failed {KERNEL_P10_METRIC}"
-    if RunLayout(data.run_dir).pilot_dir("calibration").is_dir():
+    if data.layout.pilot_dir("calibration").is_dir():
         return Status.INCOMPLETE, "calibration pilot started, its gate has no record yet"
     return Status.NOT_RUN, f"not run: only runs when the activation gate fails {KERNEL_P10_METRIC}"
 

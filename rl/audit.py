@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from rl.estimators.base import AuditInputMissing, RolloutLog
+from rl.estimators.base import RolloutLog
 from schemas.arm import ArmConfig
+from schemas.errors import AuditInputMissing
 
 TOLERANCE = 1e-9
 # The cookbook computes GRPO in torch's default dtype, float32: its value of r - mean(r) carries

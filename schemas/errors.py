@@ -1,5 +1,9 @@
 """Every exception type of the project, at the bottom layer so that every package imports down to it.
 
+All of them derive from `Gs1Error` (`except Gs1Error` catches what gs1 itself raises), and each
+keeps a second, standard base where callers relied on one (`ValueError`, `RuntimeError`, ...).
+Each is picklable: Prefect ships exceptions across processes and stores them in failed states.
+
 - `UserError`: bad input from the user; the CLI prints `gs1: error: <message>` and exits 2.
   `SpecError` is the one for an invalid spec file.
 - `EvalDataError`: eval files that cannot be paired (the `decide` command turns it into a UserError).
@@ -13,25 +17,35 @@
   nothing was applied and a dump for `gs1 replay` was written.
 - `ArmFailed`: an arm's work failed (out of memory, a non-finite loss, a dead service): names the
   stage, the arm, the step and the cause on one line; `gs1 run` prints it and exits 1.
-
-(`GateFailed`, raised by the Prefect gate tasks, lives with them in `tasks/common.py`: no lower
-layer raises or catches it.)
+- `AuditInputMissing`: an arm's rollout log lacks an input its reference recomputes from.
+- `GateFailed`: a gate check failed; raised by the gate stages, it ends the flow run Failed with
+  the gate's message (`gs1 run` exits 1).
 """
 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the wording lives with the gate rows; imported when a gate fails (CLI start-up stays light)
+    from schemas.gate_text import GateRow
 
 
-class UserError(Exception):
-    """Bad input from the user (spec, data files, CLI arguments, service, key).
+class Gs1Error(Exception):
+    """The base of every exception gs1 raises on purpose; never raised itself."""
+
+
+class UserError(Gs1Error):
+    """Raised on bad input from the user (spec, data files, CLI arguments, service, key, a full disk).
 
     The CLI prints `gs1: error: <message>` on one line and exits 2, with no traceback.
     """
 
 
 class SpecError(UserError):
-    """An invalid spec: `problems` holds one `field.path: reason` line each."""
+    """Raised when a spec file does not validate: `problems` holds one `field.path: reason` line
+    each, `source` the file."""
 
     def __init__(self, problems: list[str], source: str | None = None):
         self.problems = list(problems)
@@ -40,14 +54,17 @@ class SpecError(UserError):
         n = len(self.problems)
         super().__init__(f"{head}invalid spec ({n} problem{'s' if n != 1 else ''}): " + "; ".join(self.problems))
 
+    def __reduce__(self):
+        return (SpecError, (self.problems, self.source))
 
-class EvalDataError(ValueError):
-    """Eval files that cannot be paired (missing file or field, duplicate or differing items).
+
+class EvalDataError(Gs1Error, ValueError):
+    """Raised when eval files cannot be paired (missing file or field, duplicate or differing items).
     The message is one line naming the file and what is wrong."""
 
 
-class SampleRequestError(RuntimeError):
-    """A sample request still failed after its retries; `index` is its position in the input."""
+class SampleRequestError(Gs1Error, RuntimeError):
+    """Raised when a sample request still failed after its retries; `index` is its position in the input."""
 
     def __init__(self, index: int, attempts: int, cause: BaseException) -> None:
         super().__init__(
@@ -69,8 +86,8 @@ def _rebuild_sample_request_error(index: int, attempts: int, message: str) -> Sa
     return err
 
 
-class BackendError(RuntimeError):
-    """A backend call that failed, or whose answer deviates from the shape the tinker SDK documents
+class BackendError(Gs1Error, RuntimeError):
+    """Raised on a backend call that failed, or whose answer deviates from the shape the tinker SDK documents
     and cannot be read exactly. One line: the backend, the call, what was expected, what came."""
 
     def __init__(self, backend: str, call: str, expected: str, got: str) -> None:
@@ -82,13 +99,16 @@ class BackendError(RuntimeError):
         return (BackendError, (self.backend, self.call, self.expected, self.got))
 
 
-class FieldProblems(ValueError):
-    """Several problems found by one model-level check (pydantic), each at a path relative to the
-    model; the spec's error formatter prints each as its own `field.path: reason` line."""
+class FieldProblems(Gs1Error, ValueError):
+    """Raised by a model-level check (pydantic) that found several problems, each at a path
+    relative to the model; the spec's error formatter prints each as its own `field.path: reason` line."""
 
     def __init__(self, problems: list[tuple[str, str]]):
         self.problems = problems
         super().__init__("; ".join(f"{p}: {m}" if p else m for p, m in problems))
+
+    def __reduce__(self):
+        return (FieldProblems, (self.problems,))
 
 
 def known_keys_only(model, data, also=frozenset()):
@@ -110,13 +130,13 @@ def _unknown_key_text(key: str, known: set[str]) -> str:
     return f"unknown key ({hint})"
 
 
-class AttentionDefect(RuntimeError):
+class AttentionDefect(Gs1Error, RuntimeError):
     """Raised when a CUDA engine starts and the minimal reproduction of the known SDPA backward
     defect, run through the attention path the learner uses, gives a non-finite gradient: one line
     naming the device, dtype, enabled backends and versions. Training would meet NaN gradients."""
 
 
-class NonFiniteStep(FloatingPointError):
+class NonFiniteStep(Gs1Error, FloatingPointError):
     """Raised by the local engine's forward_backward when a microbatch's loss, learner logprobs or
     LoRA gradient is not finite. Nothing was applied (the gradients are dropped and the next
     optim_step refuses). `what`: "loss", "logprob" or "gradient"; `microbatch` (1-based, of
@@ -144,8 +164,8 @@ class NonFiniteStep(FloatingPointError):
                                 self.datum, self.token, self.dump, self.note))
 
 
-class ArmFailed(RuntimeError):
-    """An arm's stage failed: `stage` (pilot, calibration, train, eval), `arm`, `step` (1-based,
+class ArmFailed(Gs1Error, RuntimeError):
+    """Raised when an arm's stage failed: `stage` (pilot, calibration, train, eval), `arm`, `step` (1-based,
     of `steps`; None outside the step loop) and `cause`, one line. Picklable (Prefect results)."""
 
     def __init__(self, stage: str, arm: str, step: int | None, steps: int | None, cause: str) -> None:
@@ -160,6 +180,38 @@ class ArmFailed(RuntimeError):
 
     def __reduce__(self):
         return (ArmFailed, (self.stage, self.arm, self.step, self.steps, self.cause))
+
+
+
+class AuditInputMissing(Gs1Error, ValueError):
+    """Raised by an arm kind's reference (`Estimator.reference`) when an arm's rollout log lacks an
+    input it recomputes from (the audit then reports the arm as failed, one mismatch naming it)."""
+
+
+class GateFailed(Gs1Error):
+    """Raised by a gate stage when one of its checks failed, after its metrics are written. Carries
+    every check of the gate (`rows`, typed `GateRow`s), so the flow's state shows them; the message
+    is the failing checks' (metric, value and bound first: what the UI's state badge shows).
+
+    Picklable (`__reduce__`) so Prefect can persist the failed state and re-raise it."""
+
+    def __init__(self, gate: str, rows: Iterable[GateRow]):
+        from schemas.gate_text import gate_failed_message
+
+        self.gate = gate
+        self.rows = tuple(rows)
+        super().__init__(gate_failed_message(gate, self.rows))
+
+    def __reduce__(self):
+        return (GateFailed, (self.gate, self.rows))
+
+    @property
+    def failing(self) -> tuple[GateRow, ...]:
+        return tuple(r for r in self.rows if not r.passed)
+
+    def fails(self, metric: str) -> bool:
+        """Whether the check of `metric` is among the failing ones."""
+        return any(r.metric == metric for r in self.failing)
 
 
 def failure_cause(exc: BaseException, limit: int = 400) -> str:

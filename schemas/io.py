@@ -22,7 +22,7 @@ from schemas.errors import UserError
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
-# Told of every artifact once it is in place (tasks.common records what each stage produced).
+# Told of every artifact once it is in place (tasks.cache records what each stage produced).
 _ON_WRITTEN: list[Callable[[Path], None]] = []
 
 

@@ -1,4 +1,5 @@
-"""The run directory's layout: the one place that names its stage, gate and arm folders.
+"""The run directory's layout: the one place that names the flow's stages (`STAGES`, the stage
+table: id, name, folder, order), their gate and arm folders and the files in them (`RunLayout`).
 
     <run_dir>/spec/{spec,plan}.json          validate spec
     <run_dir>/spec/revisions/NNN.json         each edit of the spec (old, new, field by field)
@@ -45,36 +46,110 @@ PILOT_STAGES: tuple[PilotStage, ...] = ("pilot", "calibration")
 
 
 # ---------------------------------------------------------------------------------------------
-# Stage names: one name per stage, the same as the task run, in its artifact key (`artifact_key`),
-# in a failed gate's message and in the report.
+# The stage table: the experiment flow's stages, once, in the order the flow runs them
+# (flows/experiment.py). A stage's `name` is its one name: its task (run) name, in its artifact
+# key (`artifact_key`), in a failed gate's message and in the report; `id` is the report's key
+# for it (in `ReportFiles.stages`); `folder` is where it writes, under the run directory.
 
-VALIDATE_SPEC = "validate spec"
-PREFLIGHT = "correctness preflight"
-UNIT_CHECKS = "offline unit checks"
-CALIBRATED_SPEC = "calibrated spec"
-FEASIBILITY = "feasibility"
-DECISION = "decision"
-REPORT = "report"
+
+@dataclass(frozen=True)
+class StageInfo:
+    """One stage of the experiment flow."""
+
+    id: str
+    name: str
+    folder: str
+    order: int  # its place in the flow (0 first); the calibration stages run only when it is triggered
+
+
+def _table(*rows: tuple[str, str, str]) -> tuple[StageInfo, ...]:
+    return tuple(StageInfo(id, name, folder, order) for order, (id, name, folder) in enumerate(rows))
+
+
+STAGES: tuple[StageInfo, ...] = _table(
+    ("spec", "validate spec", "spec"),
+    ("preflight", "correctness preflight", "preflight"),
+    ("unit_checks", "offline unit checks", "unit_checks"),
+    ("pilot", "pilot", "pilot"),
+    ("audit_pilot", "pilot audit", "audit/pilot"),
+    ("activation_gate", "activation gate", "gate"),
+    # the pre-registered bandwidth calibration: re-pilot, its audit, its gate, the revised spec
+    ("calibration_pilot", "calibration pilot", "calibration"),
+    ("audit_calibration", "calibration audit", "audit/calibration"),
+    ("calibration", "calibration gate", "calibration/gate"),
+    ("calibrated_spec", "calibrated spec", "calibration"),
+    ("feasibility", "feasibility", "feasibility"),
+    ("train", "train", "train"),  # one task run per unit: `train <unit>`
+    ("audit_train", "train audit", "audit/train"),
+    ("eval", "eval", "eval"),  # one task run per unit: `eval <unit>`
+    ("decision", "decision", "decision"),
+    ("report", "report", "report"),
+)
+_BY_ID = {s.id: s for s in STAGES}
+
+
+def stage_info(id: str) -> StageInfo:
+    """The stage table's row of `id` (a KeyError names an id the table does not have)."""
+    return _BY_ID[id]
+
+
+def stage_of_run(task_run_name: str) -> StageInfo | None:
+    """The stage a task run of the experiment flow belongs to, by its name (`train grpo_gs8` is
+    the train stage, `paired decision (Holm)` the decision's), or None for a task of no stage."""
+    if task_run_name == FAMILY_DECISION_RUN:
+        return stage_info("decision")
+    exact = next((s for s in STAGES if s.name == task_run_name), None)
+    if exact is not None:
+        return exact
+    head = task_run_name.split(" ", 1)[0]
+    return next((s for s in STAGES if s.id in ("train", "eval") and s.name == head), None)
+
+
+VALIDATE_SPEC = stage_info("spec").name
+PREFLIGHT = stage_info("preflight").name
+UNIT_CHECKS = stage_info("unit_checks").name
+CALIBRATED_SPEC = stage_info("calibrated_spec").name
+FEASIBILITY = stage_info("feasibility").name
+DECISION = stage_info("decision").name
+REPORT = stage_info("report").name
+# The decision of several arms or seeds (Holm over the family) is the decision stage too; its
+# task keeps the name it has always had in the UI.
+FAMILY_DECISION = f"paired {DECISION}"
+FAMILY_DECISION_RUN = f"{FAMILY_DECISION} (Holm)"
+AUDIT = "audit"  # the one task of the three audit stages (its runs are named by `audit_name`)
+
+
+def pilot_stage(stage: PilotStage) -> StageInfo:
+    return stage_info("pilot" if stage == "pilot" else f"{stage}_pilot")
+
+
+def gate_stage(stage: PilotStage) -> StageInfo:
+    """The activation gate on a pilot stage's logs."""
+    return stage_info("activation_gate" if stage == "pilot" else stage)
+
+
+def audit_stage(stage: AuditStage) -> StageInfo:
+    return stage_info(f"audit_{stage}")
 
 
 def pilot_name(stage: PilotStage) -> str:
     """`pilot`, `calibration pilot`."""
-    return "pilot" if stage == "pilot" else f"{stage} pilot"
+    return pilot_stage(stage).name
 
 
 def gate_name(stage: PilotStage) -> str:
     """The activation gate on a pilot stage's logs: `activation gate`, `calibration gate`."""
-    return "activation gate" if stage == "pilot" else f"{stage} gate"
+    return gate_stage(stage).name
 
 
 def audit_name(stage: AuditStage) -> str:
     """`pilot audit`, `calibration audit`, `train audit`."""
-    return f"{stage} audit"
+    return audit_stage(stage).name
 
 
 def arm_stage_name(stage: Literal["train", "eval"], arm: str) -> str:
     """An arm's own stage: `train grpo_gs8`, `eval gs1_kernel`."""
-    return f"{stage} {arm}"
+    return f"{stage_info(stage).name} {arm}"
 
 
 def artifact_key(name: str) -> str:
@@ -103,21 +178,74 @@ def unit_name(arm: str, run_seed: int | None) -> str:
     return arm if run_seed is None else f"{arm}-s{run_seed}"
 
 
+# File names (each stage writes them in its folder; a units folder copies some of them).
 NONFINITE_STEP_FILE = "step.json"  # the loop's part of a non-finite step's dump: arm, step, datum -> rollout
 COSTS_FILE = "costs.parquet"  # a training unit's cost record (schemas.cost.ArmCost), in its train folder
+GATE_REPORT_FILE = "gate_report.parquet"  # a judging stage's checks, one row each
+MISMATCHES_FILE = "mismatches.parquet"  # an audit's logged values it could not reproduce
+ROLLOUTS_FILE = "rollouts.parquet"  # an arm's merged rollout log
+STEP_METRICS_FILE = "step_metrics.parquet"  # an arm's merged step metrics
+CHECKPOINTS_FILE = "checkpoints.parquet"
+FINAL_FILE = "final.json"  # a trained unit's TrainedArm record: its training finished
+EVAL_JSONL_FILE = "eval.jsonl"  # per item: item_id, correct (what the decision pairs)
+EVAL_PARQUET_FILE = "eval.parquet"
+REPORT_HTML_FILE, REPORT_MARKDOWN_FILE = "report.html", "report.md"  # in the report folder (or where asked)
 
 
 @dataclass(frozen=True)
-class RunLayout:
+class DecisionFiles:
+    """A decision's files: a run directory's decision stage, or a units folder's decision."""
+
     root: Path
 
     def __post_init__(self):
         object.__setattr__(self, "root", Path(self.root))
 
+    @property
+    def json(self) -> Path:
+        return self.root / "decision.json"
+
+    @property
+    def parquet(self) -> Path:
+        return self.root / "decision.parquet"
+
+    @property
+    def markdown(self) -> Path:
+        return self.root / "decision.md"
+
+    @property
+    def comparisons(self) -> Path:
+        """Every compared arm's pair (a decision of several arms or seeds)."""
+        return self.root / "comparisons.parquet"
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """A run directory. Tasks and flows are handed this (never a path string to rebuild it from):
+    frozen and picklable, and as a task input it hashes to its path alone (Prefect's INPUTS cache
+    key JSON-encodes a dataclass field by field), so a resumed run keys its stages as before."""
+
+    root: Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "root", Path(self.root))
+
+    @classmethod
+    def of(cls, run_dir: RunLayout | str | Path) -> RunLayout:
+        """`run_dir` as a layout: at an entry point that is handed a path (the CLI, a deployment)."""
+        return run_dir if isinstance(run_dir, RunLayout) else cls(run_dir)
+
+    def resolved(self) -> RunLayout:
+        """The same directory by its absolute path (a result store, a path another process reads)."""
+        return RunLayout(self.root.resolve())
+
+    def _folder(self, stage_id: str) -> Path:
+        return self.root / stage_info(stage_id).folder
+
     # stages that run once
     @property
     def spec_dir(self) -> Path:
-        return self.root / "spec"
+        return self._folder("spec")
 
     @property
     def spec_json(self) -> Path:
@@ -134,23 +262,44 @@ class RunLayout:
 
     @property
     def preflight_dir(self) -> Path:
-        return self.root / "preflight"
+        return self._folder("preflight")
+
+    @property
+    def preflight_record(self) -> Path:
+        return self.preflight_dir / "record.json"
 
     @property
     def unit_checks_dir(self) -> Path:
-        return self.root / "unit_checks"
+        return self._folder("unit_checks")
+
+    @property
+    def unit_checks_details(self) -> Path:
+        return self.unit_checks_dir / "details.json"
 
     @property
     def feasibility_dir(self) -> Path:
-        return self.root / "feasibility"
+        return self._folder("feasibility")
+
+    @property
+    def feasibility_json(self) -> Path:
+        return self.feasibility_dir / "feasibility.json"
+
+    @property
+    def spec_with_feasibility_json(self) -> Path:
+        """The run's spec with its feasibility records filled from the pilot."""
+        return self.feasibility_dir / "spec_with_feasibility.json"
 
     @property
     def decision_dir(self) -> Path:
-        return self.root / "decision"
+        return self._folder("decision")
+
+    @property
+    def decision(self) -> DecisionFiles:
+        return DecisionFiles(self.decision_dir)
 
     @property
     def report_dir(self) -> Path:
-        return self.root / "report"
+        return self._folder("report")
 
     @property
     def stage_results(self) -> Path:
@@ -158,28 +307,49 @@ class RunLayout:
 
     @property
     def revised_spec_json(self) -> Path:
-        return self.pilot_dir("calibration") / "revised_spec.json"
+        return self.root / stage_info("calibrated_spec").folder / "revised_spec.json"
 
     # pilot stages and their gates
     def pilot_dir(self, stage: PilotStage) -> Path:
-        return self.root / stage
+        return self.root / pilot_stage(stage).folder
 
     def pilot_arm_dir(self, stage: PilotStage, arm: str) -> Path:
         return self.pilot_dir(stage) / arm
 
+    def heldout_path(self, stage: PilotStage) -> Path:
+        """The treatment's held-out samples of a pilot stage."""
+        return self.pilot_dir(stage) / "heldout.parquet"
+
+    def timings_json(self, stage: PilotStage) -> Path:
+        """A pilot stage's timings (what feasibility projects from); written when the stage ends."""
+        return self.pilot_dir(stage) / "timings.json"
+
     def gate_dir(self, stage: PilotStage) -> Path:
         """The activation gate of a pilot stage."""
-        return self.root / "gate" if stage == "pilot" else self.pilot_dir(stage) / "gate"
+        return self.root / gate_stage(stage).folder
 
     def audit_dir(self, stage: AuditStage) -> Path:
-        return self.root / "audit" / stage
+        return self.root / audit_stage(stage).folder
 
     # arms (an `arm` here is a unit name: `unit_name(arm, seed)`, the arm's name when single-seed)
     def train_arm_dir(self, arm: str) -> Path:
-        return self.root / "train" / arm
+        return self._folder("train") / arm
+
+    def final_json(self, arm: str) -> Path:
+        """A trained unit's record (schemas.plan.TrainedArm), written when its training finished."""
+        return self.train_arm_dir(arm) / FINAL_FILE
+
+    def checkpoints_path(self, arm: str) -> Path:
+        return self.train_arm_dir(arm) / CHECKPOINTS_FILE
 
     def eval_arm_dir(self, arm: str) -> Path:
-        return self.root / "eval" / arm
+        return self._folder("eval") / arm
+
+    def eval_jsonl(self, arm: str) -> Path:
+        return self.eval_arm_dir(arm) / EVAL_JSONL_FILE
+
+    def eval_parquet(self, arm: str) -> Path:
+        return self.eval_arm_dir(arm) / EVAL_PARQUET_FILE
 
     def nonfinite_dir(self, arm: str) -> Path:
         """Where a unit's non-finite steps leave their reproducer: `nonfinite/<arm>/<step>/`
@@ -196,9 +366,19 @@ class RunLayout:
         return self.train_arm_dir(arm) if stage == "train" else self.pilot_arm_dir(stage, arm)
 
 
+def gate_report_path(gate_dir: Path) -> Path:
+    """A judging stage's gate_report.parquet in its folder."""
+    return Path(gate_dir) / GATE_REPORT_FILE
+
+
+def merged_logs(arm_dir: Path) -> tuple[Path, Path]:
+    """An arm folder's merged logs: (rollouts.parquet, step_metrics.parquet)."""
+    return Path(arm_dir) / ROLLOUTS_FILE, Path(arm_dir) / STEP_METRICS_FILE
+
+
 # A unit's files in a units folder, each copied from the run directory folder named beside it.
-UNIT_TRAIN_FILES = ("rollouts.parquet", "step_metrics.parquet", COSTS_FILE, "final.json")
-UNIT_EVAL_FILES = ("eval.jsonl",)
+UNIT_TRAIN_FILES = (ROLLOUTS_FILE, STEP_METRICS_FILE, COSTS_FILE, FINAL_FILE)
+UNIT_EVAL_FILES = (EVAL_JSONL_FILE,)
 
 
 @dataclass(frozen=True)
@@ -214,7 +394,7 @@ class UnitsLayout:
         return self.root / unit
 
     def eval_jsonl(self, unit: str) -> Path:
-        return self.unit_dir(unit) / "eval.jsonl"
+        return self.unit_dir(unit) / EVAL_JSONL_FILE
 
     def costs_path(self, unit: str) -> Path:
         return self.unit_dir(unit) / COSTS_FILE
@@ -222,6 +402,10 @@ class UnitsLayout:
     @property
     def decision_dir(self) -> Path:
         return self.root / "decision"
+
+    @property
+    def decision(self) -> DecisionFiles:
+        return DecisionFiles(self.decision_dir)
 
     @property
     def comparison_md(self) -> Path:

@@ -33,11 +33,17 @@ from schemas.arm import ArmConfig
 from schemas.artifacts import read_artifact, write_artifact
 from schemas.cost import ArmCost
 from schemas.io import write_json_atomic, write_jsonl_atomic
-from schemas.errors import ArmFailed, UserError
-from schemas.layout import PilotStage, RunLayout, arm_stage_name, artifact_key, pilot_name, step_log, step_of, steps_dir
+from schemas.errors import ArmFailed, GateFailed, UserError
+from schemas.gate_text import GateRow
+from schemas.layout import (
+    PilotStage, RunLayout, arm_stage_name, artifact_key, merged_logs, pilot_name, stage_info, step_log, step_of, steps_dir,
+)
 from schemas.plan import EvalResult, PilotLogs, RunContext, TrainedArm
 from schemas.spec import Pilot
-from tasks.common import GateFailed, digest_paths, judging_task, record_output, service_client, stage_cache, stage_end_hooks
+from tasks.cache import digest_paths, record_output, stage_cache
+from tasks.judging import judging_task
+from tasks.running import stage_end_hooks
+from tasks.services import service_client
 
 
 def env_for(run: RunContext, data_dir: str | None):
@@ -140,10 +146,8 @@ def merge_step_logs(arm_dir: Path) -> tuple[Path, Path]:
     """Concatenate the per-step logs into `rollouts.parquet` and `step_metrics.parquet`."""
     rollouts = pa.concat_tables(read_step_logs(arm_dir, "rollouts"))
     metrics = pa.concat_tables(read_step_logs(arm_dir, "metrics"))
-    return (
-        write_artifact("rollouts", rollouts, arm_dir / "rollouts.parquet"),
-        write_artifact("step_metrics", metrics, arm_dir / "step_metrics.parquet"),
-    )
+    rollouts_path, metrics_path = merged_logs(arm_dir)
+    return write_artifact("rollouts", rollouts, rollouts_path), write_artifact("step_metrics", metrics, metrics_path)
 
 
 def _stage_logger():
@@ -198,9 +202,9 @@ def _pilot_run_name() -> str:
     return pilot_name(task_run.parameters.get("stage", "pilot"))
 
 
-@judging_task(name="pilot", task_run_name=_pilot_run_name, **stage_end_hooks(), cache_policy=stage_cache(unread=(("arms", "steps"),)),
+@judging_task(name=pilot_name("pilot"), task_run_name=_pilot_run_name, **stage_end_hooks(), cache_policy=stage_cache(unread=(("arms", "steps"),)),
               persist_result=True)
-def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, run_dir: str, backend: str,
+def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, layout: RunLayout, backend: str,
                    data_dir: str | None, stage: PilotStage = "pilot", bandwidth: float | None = None,
                    wall_limit_s: float | None = None) -> PilotLogs:
     """The 2-step treatment pilot (+ held-out samples) and one baseline step, with timings.
@@ -211,7 +215,6 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, r
     started = time.time()
     env = env_for(run, data_dir)
     order = env.train_order(seed=0)
-    layout = RunLayout(run_dir)
     out = layout.pilot_dir(stage)
     timings: dict = {"setup_seconds": {}, "step_seconds": {}}
     paths: dict = {"dir": str(out)}
@@ -244,7 +247,7 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, r
             rollouts_path, _ = merge_step_logs(arm_dir)
             paths["treatment" if is_treatment else "baseline"] = str(rollouts_path)
             if is_treatment:
-                paths["heldout"] = str(write_artifact("heldout", heldout.rows, out / "heldout.parquet"))
+                paths["heldout"] = str(write_artifact("heldout", heldout.rows, layout.heldout_path(stage)))
                 # Eval timing for feasibility: a few greedy test items on the pilot policy.
                 sampler = resolved(training_client.save_weights_and_get_sampling_client(), backend=backend,
                                     call="save_weights_and_get_sampling_client", expected="a sampling client")
@@ -255,10 +258,11 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, r
                 timings["eval_seconds_per_item"] = (time.time() - t0) / len(problems)
     timings["bandwidth"] = bandwidth
     timings["wall_seconds"] = time.time() - started
-    paths["timings"] = str(write_json_atomic(out / "timings.json", timings))
+    paths["timings"] = str(write_json_atomic(layout.timings_json(stage), timings))
     if wall_limit_s is not None and timings["wall_seconds"] > wall_limit_s:
-        raise GateFailed(pilot_name(stage), [{"gate": pilot_name(stage), "metric": f"{stage}_wall_minutes",
-                         "value": timings["wall_seconds"] / 60, "op": "max", "bound": str(wall_limit_s / 60), "passed": False}])
+        raise GateFailed(pilot_name(stage), [GateRow(gate=pilot_name(stage), metric=f"{stage}_wall_minutes",
+                                                     value=timings["wall_seconds"] / 60, op="max",
+                                                     bound=str(wall_limit_s / 60), passed=False)])
     return PilotLogs(**paths)
 
 
@@ -266,14 +270,14 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, r
 # Full training runs
 
 
-@task(name="train", task_run_name="train {arm.unit}", **stage_end_hooks(), cache_policy=stage_cache(), persist_result=True)
-def trained_arm(arm: ArmConfig, run: RunContext, run_dir: str, backend: str, data_dir: str | None,
+@task(name=stage_info("train").name, task_run_name=arm_stage_name("train", "{arm.unit}"), **stage_end_hooks(), cache_policy=stage_cache(), persist_result=True)
+def trained_arm(arm: ArmConfig, run: RunContext, layout: RunLayout, backend: str, data_dir: str | None,
                 checkpoint_every: int = 5) -> TrainedArm:
     """Train one arm for the spec's steps; resume from the last checkpoint if there is one."""
-    return train_with_checkpoints(arm, run, run_dir, backend, data_dir, checkpoint_every)
+    return train_with_checkpoints(arm, run, layout, backend, data_dir, checkpoint_every)
 
 
-def train_with_checkpoints(arm: ArmConfig, run: RunContext, run_dir: str, backend: str, data_dir: str | None,
+def train_with_checkpoints(arm: ArmConfig, run: RunContext, layout: RunLayout, backend: str, data_dir: str | None,
                            checkpoint_every: int = 5) -> TrainedArm:
     """The training stage's body (callable without Prefect): per-step logs, a `save_state`
     checkpoint every `checkpoint_every` steps, and resume from the last one after a crash.
@@ -281,10 +285,8 @@ def train_with_checkpoints(arm: ArmConfig, run: RunContext, run_dir: str, backen
     `arm.order_seed`."""
     env = env_for(run, data_dir)
     order = env.train_order(seed=arm.order_seed)
-    layout = RunLayout(run_dir)
     arm_dir = layout.train_arm_dir(arm.unit)
-
-    checkpoints_path = arm_dir / "checkpoints.parquet"
+    checkpoints_path = layout.checkpoints_path(arm.unit)
     try:
         checkpoints, first_step, window = _resume_point(arm, arm_dir, checkpoints_path)
         last = checkpoints[-1] if checkpoints else {}
@@ -303,11 +305,11 @@ def train_with_checkpoints(arm: ArmConfig, run: RunContext, run_dir: str, backen
     with given_back(training_client), contextlib.ExitStack() as critic_held:
         if critic_client is not None:
             critic_held.enter_context(given_back(critic_client))
-        return _train_from(arm, run_dir, env, order, arm_dir, training_client, renderer, critic_client, checkpoints,
+        return _train_from(arm, layout, env, order, arm_dir, training_client, renderer, critic_client, checkpoints,
                            checkpoints_path, first_step, window, checkpoint_every)
 
 
-def _train_from(arm: ArmConfig, run_dir: str, env, order, arm_dir: Path, training_client, renderer, critic_client,
+def _train_from(arm: ArmConfig, layout: RunLayout, env, order, arm_dir: Path, training_client, renderer, critic_client,
                 checkpoints: list[dict], checkpoints_path: Path, first_step: int, window,
                 checkpoint_every: int) -> TrainedArm:
     for f in steps_dir(arm_dir).glob("step-*.parquet"):  # logs of steps after the checkpoint are stale
@@ -319,9 +321,9 @@ def _train_from(arm: ArmConfig, run_dir: str, env, order, arm_dir: Path, trainin
         write_step_log(arm_dir, log)
         done = log.metrics["step"] + 1
         if checkpoint_every and (done % checkpoint_every == 0) and done < arm.steps:
-            state_path = training_client.save_state(f"{Path(run_dir).name}-{arm.unit}-{done:05d}").result().path
+            state_path = training_client.save_state(f"{layout.root.name}-{arm.unit}-{done:05d}").result().path
             critic_path = (None if critic_client is None else
-                           critic_client.save_state(f"{Path(run_dir).name}-{arm.unit}-critic-{done:05d}").result().path)
+                           critic_client.save_state(f"{layout.root.name}-{arm.unit}-critic-{done:05d}").result().path)
             checkpoints.append({"next_step": done, "state_path": state_path, "wall_time": time.time(),
                                 "critic_state_path": critic_path})
             write_artifact("checkpoints", checkpoints, checkpoints_path)
@@ -329,15 +331,15 @@ def _train_from(arm: ArmConfig, run_dir: str, env, order, arm_dir: Path, trainin
 
     train_arm(arm, training_client=training_client, env=env, renderer=renderer, order=order,
               steps=range(first_step, arm.steps), window=window, on_step=on_step, critic_client=critic_client,
-              nonfinite_dir=RunLayout(run_dir).nonfinite_dir(arm.unit))
+              nonfinite_dir=layout.nonfinite_dir(arm.unit))
     rollouts_path, metrics_path = merge_step_logs(arm_dir)
-    costs_path = record_costs(arm, arm_dir, RunLayout(run_dir).costs_path(arm.unit))
-    sampler_path = training_client.save_weights_for_sampler(f"{Path(run_dir).name}-{arm.unit}-final").result().path
+    costs_path = record_costs(arm, arm_dir, layout.costs_path(arm.unit))
+    sampler_path = training_client.save_weights_for_sampler(f"{layout.root.name}-{arm.unit}-final").result().path
     record_output(sampler_path)  # the local engine's adapter files: verified before a cache hit
     # eval keys on the weights themselves: a retrained arm with other weights is evaluated again
     final = TrainedArm(arm=arm.unit, sampler_path=sampler_path, rollouts=str(rollouts_path), metrics=str(metrics_path),
                        sampler_digest=digest_paths(sampler_path), costs=str(costs_path))
-    write_json_atomic(arm_dir / "final.json", final.model_dump())
+    write_json_atomic(layout.final_json(arm.unit), final.model_dump())
     return final
 
 
@@ -355,13 +357,12 @@ def record_costs(arm: ArmConfig, arm_dir: Path, out: Path) -> Path:
     return path
 
 
-def unit_results(arm: ArmConfig, run_dir: str) -> tuple[TrainedArm, EvalResult]:
+def unit_results(arm: ArmConfig, layout: RunLayout) -> tuple[TrainedArm, EvalResult]:
     """What a unit that ran elsewhere (a dispatched flow run) left in the shared run directory."""
-    layout = RunLayout(run_dir)
-    trained = TrainedArm.model_validate_json((layout.train_arm_dir(arm.unit) / "final.json").read_text())
-    out = layout.eval_arm_dir(arm.unit)
-    items = read_eval_items(out / "eval.jsonl")
-    return trained, EvalResult(arm=arm.unit, jsonl=str(out / "eval.jsonl"), parquet=str(out / "eval.parquet"),
+    trained = TrainedArm.model_validate_json(layout.final_json(arm.unit).read_text())
+    jsonl = layout.eval_jsonl(arm.unit)
+    items = read_eval_items(jsonl)
+    return trained, EvalResult(arm=arm.unit, jsonl=str(jsonl), parquet=str(layout.eval_parquet(arm.unit)),
                                accuracy=sum(items.values()) / len(items))
 
 
@@ -377,8 +378,8 @@ def _resume_point(arm: ArmConfig, arm_dir: Path, checkpoints_path: Path):
 # Eval
 
 
-@task(name="eval", task_run_name="eval {arm.unit}", **stage_end_hooks(), cache_policy=stage_cache(), persist_result=True)
-def eval_items(trained: TrainedArm, arm: ArmConfig, run: RunContext, n_eval: int, run_dir: str, backend: str,
+@task(name=stage_info("eval").name, task_run_name=arm_stage_name("eval", "{arm.unit}"), **stage_end_hooks(), cache_policy=stage_cache(), persist_result=True)
+def eval_items(trained: TrainedArm, arm: ArmConfig, run: RunContext, n_eval: int, layout: RunLayout, backend: str,
                data_dir: str | None) -> EvalResult:
     """Greedy-decode every eval item with the arm's final weights; write eval.jsonl + Parquet."""
     env = env_for(run, data_dir)
@@ -393,9 +394,8 @@ def eval_items(trained: TrainedArm, arm: ArmConfig, run: RunContext, n_eval: int
         raise
     except Exception as exc:
         raise ArmFailed.of("eval", arm.unit, exc) from exc
-    out = RunLayout(run_dir).eval_arm_dir(arm.unit)
-    jsonl = write_jsonl_atomic(out / "eval.jsonl", [{"item_id": r["item_id"], "correct": r["correct"]} for r in rows])
-    parquet = write_artifact("eval_items", rows, out / "eval.parquet")
+    jsonl = write_jsonl_atomic(layout.eval_jsonl(arm.unit), [{"item_id": r["item_id"], "correct": r["correct"]} for r in rows])
+    parquet = write_artifact("eval_items", rows, layout.eval_parquet(arm.unit))
     accuracy = sum(r["correct"] for r in rows) / len(rows)
     create_table_artifact(
         key=artifact_key(arm_stage_name("eval", arm.unit)),

@@ -10,7 +10,9 @@ from prefect.artifacts import create_markdown_artifact
 
 from rl.hillclimb.collect import CollectSettings, run_collection
 from schemas.io import write_parquet_atomic
-from tasks.common import service_client, stage_cache, stage_end_hooks
+from tasks.cache import stage_cache
+from tasks.running import stage_end_hooks
+from tasks.services import service_client
 
 
 @task(name="rollout-log", **stage_end_hooks(), cache_policy=stage_cache(), persist_result=True)

@@ -19,16 +19,21 @@ from rl.feasibility import PilotTimings, project_full_run
 from rl.gates import NotApplicable, compute_gate_metrics, evaluate_checks
 from rl.stats import family_decision, paired_decision
 from schemas.arm import ArmConfig
+from schemas.errors import GateFailed
 from schemas.artifacts import COMPARISONS, DECISION, read_artifact, write_artifact
 from schemas.gate_text import GateRow, failing_text, fmt
 from schemas.layout import DECISION as DECISION_STAGE
 from schemas.layout import (
-    FEASIBILITY, UNIT_CHECKS, AuditStage, PilotStage, RunLayout, artifact_key, audit_name, gate_name,
+    AUDIT, FAMILY_DECISION, FAMILY_DECISION_RUN, FEASIBILITY, MISMATCHES_FILE, UNIT_CHECKS, AuditStage, DecisionFiles,
+    PilotStage, RunLayout, artifact_key, audit_name, gate_name, gate_report_path,
 )
 from schemas.plan import DecisionPlan
 from schemas.spec import Budget, GateCheck
 from schemas.io import write_json_atomic, write_text_atomic
-from tasks.common import GateFailed, judging_task, publish_markdown, publish_table, stage_cache, stage_end_hooks
+from tasks.artifacts import publish_markdown, publish_table
+from tasks.cache import stage_cache
+from tasks.judging import judging_task
+from tasks.running import stage_end_hooks
 
 
 def _gate_rows(gate: str, results) -> list[dict]:
@@ -48,7 +53,7 @@ def record_gate(name: str, rows: list[dict], out_dir: Path, table: list[dict] | 
     gate tables do: metric, value, what it needs, PASS/FAIL -- or `table`, when the gate has a
     better one. Each row's `gate` column is that name too."""
     rows = [{"observed": None, **r, "gate": name} for r in rows]
-    write_artifact("gate_report", rows, out_dir / "gate_report.parquet")
+    write_artifact("gate_report", rows, gate_report_path(out_dir))
     checks = [GateRow.from_row(r) for r in rows]
     failing = failing_text(checks)
     publish_table(
@@ -58,11 +63,11 @@ def record_gate(name: str, rows: list[dict], out_dir: Path, table: list[dict] | 
         on_deployment_run=bool(failing),  # a failed gate is what the run page must show
     )
     if failing:
-        raise GateFailed(name, rows)
+        raise GateFailed(name, checks)
 
 
 @judging_task(name=UNIT_CHECKS, task_run_name=UNIT_CHECKS, **stage_end_hooks(), cache_policy=stage_cache(), persist_result=True)
-def offline_unit_checks(run_dir: str) -> list[dict]:
+def offline_unit_checks(layout: RunLayout) -> list[dict]:
     """The spec's offline checks of the estimator (forced (non)activation, fallback, GRPO)."""
     results = run_offline_checks(reference_fn=gs1_kernel_reference)
     rows = [
@@ -70,8 +75,8 @@ def offline_unit_checks(run_dir: str) -> list[dict]:
          "bound": "1", "passed": bool(r.passed)}
         for r in results
     ]
-    out = RunLayout(run_dir).unit_checks_dir
-    write_json_atomic(out / "details.json", [{"name": r.name, **r.details} for r in results])
+    out = layout.unit_checks_dir
+    write_json_atomic(layout.unit_checks_details, [{"name": r.name, **r.details} for r in results])
     record_gate(UNIT_CHECKS, rows, out)
     return rows
 
@@ -83,10 +88,10 @@ def _stage_parameter() -> str:
     return task_run.parameters.get("stage", "pilot")
 
 
-@judging_task(name="activation gate", task_run_name=lambda: gate_name(_stage_parameter()),
+@judging_task(name=gate_name("pilot"), task_run_name=lambda: gate_name(_stage_parameter()),
               **stage_end_hooks(), cache_policy=stage_cache("treatment_path", "baseline_path", "heldout_path"), persist_result=True)
 def activation_gate(checks: tuple[GateCheck, ...], treatment_path: str, baseline_path: str, heldout_path: str,
-                    n_pilot_steps: int, run_dir: str, stage: PilotStage = "pilot",
+                    n_pilot_steps: int, layout: RunLayout, stage: PilotStage = "pilot",
                     treatment_estimator: str | None = None) -> dict:
     """Every check of the spec's activation_gate on the logs of the pilot stage `stage`. A check of
     a metric that means nothing for the treatment's estimator passes as not applicable (rl.gates)."""
@@ -98,21 +103,21 @@ def activation_gate(checks: tuple[GateCheck, ...], treatment_path: str, baseline
         treatment_estimator=treatment_estimator,
     )
     rows = _gate_rows("activation_gate", evaluate_checks(checks, metrics))
-    record_gate(gate_name(stage), rows, RunLayout(run_dir).gate_dir(stage))
+    record_gate(gate_name(stage), rows, layout.gate_dir(stage))
     return {k: str(v) if isinstance(v, NotApplicable) else v for k, v in metrics.items()}
 
 
-@judging_task(name="audit", task_run_name=lambda: audit_name(_stage_parameter()),
+@judging_task(name=AUDIT, task_run_name=lambda: audit_name(_stage_parameter()),
               **stage_end_hooks(), cache_policy=stage_cache("rollout_paths"), persist_result=True)
-def audit_gate(arms: tuple[ArmConfig, ...], rollout_paths: list[str], run_dir: str, stage: AuditStage) -> list[dict]:
+def audit_gate(arms: tuple[ArmConfig, ...], rollout_paths: list[str], layout: RunLayout, stage: AuditStage) -> list[dict]:
     """Recompute every logged advantage of each arm from its own rollout log with the independent
     reference (rl.audit); a row beyond tolerance fails the run before its logs are used."""
     # an arm at several seeds is audited once per seed, named by its unit
     results = [replace(audit_log(arm, RolloutLog.from_table(read_artifact("rollouts", path))), arm=arm.unit)
                for arm, path in zip(arms, rollout_paths)]
-    out = RunLayout(run_dir).audit_dir(stage)
+    out = layout.audit_dir(stage)
     mismatches = [m.__dict__ for r in results for m in r.mismatches]
-    write_artifact("audit_mismatches", mismatches, out / "mismatches.parquet")
+    write_artifact("audit_mismatches", mismatches, out / MISMATCHES_FILE)
     rows = [
         {"gate": "audit", "metric": f"{r.arm}.max_abs_diff", "value": max(r.max_abs_diff.values(), default=float("nan")),
          "op": "max", "bound": r.tolerance, "passed": r.passed,
@@ -135,7 +140,7 @@ def audit_gate(arms: tuple[ArmConfig, ...], rollout_paths: list[str], run_dir: s
 
 
 @judging_task(name=FEASIBILITY, task_run_name=FEASIBILITY, **stage_end_hooks(), cache_policy=stage_cache("timings_path"), persist_result=True)
-def feasibility(timings_path: str, steps: int, n_eval: int, budget: Budget, backend: str, out_dir: str,
+def feasibility(timings_path: str, steps: int, n_eval: int, budget: Budget, backend: str, layout: RunLayout,
                 recovery_reserve: float = 0.25, units: dict[str, str] | None = None) -> dict:
     """Project the full run from the pilot's timings; over budget is a gate failure. `units`
     (unit -> arm) projects every arm x seed: an arm the pilot did not run is taken to step as
@@ -154,21 +159,21 @@ def feasibility(timings_path: str, steps: int, n_eval: int, budget: Budget, back
         budget_wall_minutes=budget.max_wall_minutes, arms_in_parallel=True, recovery_reserve=recovery_reserve,
     )
     record = {"source": str(timings_path), "measurements": timings, **projection.as_record()}
-    write_json_atomic(Path(out_dir) / "feasibility.json", record)
-    write_json_atomic(Path(out_dir) / "spec_with_feasibility.json", spec_with_feasibility(Path(out_dir).parent, record))
+    write_json_atomic(layout.feasibility_json, record)
+    write_json_atomic(layout.spec_with_feasibility_json, spec_with_feasibility(layout, record))
     rows = [
         {"gate": "feasibility", "metric": "projected_wall_minutes", "value": projection.wall_seconds / 60,
          "op": "max", "bound": str(budget.max_wall_minutes), "passed": projection.wall_seconds <= projection.budget_wall_seconds},
         {"gate": "feasibility", "metric": "projected_gpu_hours", "value": projection.gpu_hours,
          "op": "max", "bound": str(budget.gpu_hours), "passed": projection.gpu_hours <= budget.gpu_hours},
     ]
-    record_gate(FEASIBILITY, rows, Path(out_dir))
+    record_gate(FEASIBILITY, rows, layout.feasibility_dir)
     return record
 
 
-def spec_with_feasibility(run_dir: Path, record: dict) -> dict:
+def spec_with_feasibility(layout: RunLayout, record: dict) -> dict:
     """The run's spec with its `feasibility` and `feasibility_check` records filled from the pilot."""
-    spec = json.loads((run_dir / "spec" / "spec.json").read_text())
+    spec = json.loads(layout.spec_json.read_text())
     spec["feasibility"] = {
         **(spec.get("feasibility") or {}),
         "source": record["source"],
@@ -196,17 +201,18 @@ def _gpus(backend: str) -> int:
 
 @task(name=DECISION_STAGE, task_run_name=DECISION_STAGE, **stage_end_hooks(), cache_policy=stage_cache("treatment_eval", "baseline_eval"),
       persist_result=True)
-def paired_decision_record(treatment_eval: str, baseline_eval: str, decision: DecisionPlan, names: dict, out_dir: str) -> dict:
+def paired_decision_record(treatment_eval: str, baseline_eval: str, decision: DecisionPlan, names: dict,
+                           layout: RunLayout) -> dict:
     """Paired Hoeffding (+ McNemar, bootstrap) on the two arms' per-item correctness."""
     record = paired_decision(
         treatment_eval, baseline_eval, alpha=decision.alpha, margin=decision.margin, bounds=tuple(decision.bounds)
     )
     record = {**record, "criterion": decision.criterion, "treatment": names["treatment"], "baseline": names["baseline"]}
-    out = Path(out_dir)
-    write_json_atomic(out / "decision.json", record)
-    write_artifact("decision", [{c: record.get(c) for c in DECISION.names}], out / "decision.parquet")
+    out = layout.decision
+    write_json_atomic(out.json, record)
+    write_artifact("decision", [{c: record.get(c) for c in DECISION.names}], out.parquet)
     markdown = decision_markdown(record)
-    write_text_atomic(out / "decision.md", markdown)
+    write_text_atomic(out.markdown, markdown)
     publish_markdown(artifact_key(DECISION_STAGE), markdown, description=f"Decision: {record['verdict']}")
     return record
 
@@ -223,25 +229,25 @@ def decision_markdown(record: dict) -> str:
     )
 
 
-@task(name="paired decision", task_run_name="paired decision (Holm)",
+@task(name=FAMILY_DECISION, task_run_name=FAMILY_DECISION_RUN,
       **stage_end_hooks(), cache_policy=stage_cache("eval_files"), persist_result=True)
 def family_decision_record(eval_files: list[str], units: list[tuple[str, int]], decision: DecisionPlan, names: dict,
-                           out_dir: str) -> dict:
+                           layout: RunLayout) -> dict:
     """Every compared arm against the baseline on the same items, paired within each seed, with
     Holm's control of the family-wise error; `eval_files[i]` is the eval of `units[i]` = (arm, seed).
 
     decision.json holds the treatment's pair at the top level (the fields a two-arm decision has,
     its verdict Holm's), the family statement, and every pair under `comparisons`; the per-pair
     verdicts are one table in comparisons.parquet and decision.md."""
-    record, markdown = write_family_decision(eval_files, units, decision, names, out_dir)
+    record, markdown = write_family_decision(eval_files, units, decision, names, layout.decision)
     verdicts = ", ".join(f"{p['arm']} {p['verdict']}" for p in record["comparisons"])
     publish_markdown(artifact_key(DECISION_STAGE), markdown, description=f"Decision: {verdicts}")
     return record
 
 
 def write_family_decision(eval_files: list[str], units: list[tuple[str, int]], decision: DecisionPlan, names: dict,
-                          out_dir: str | Path) -> tuple[dict, str]:
-    """The family decision's files in `out_dir` (decision.json, decision.parquet,
+                          out: DecisionFiles) -> tuple[dict, str]:
+    """The family decision's files `out` (decision.json, decision.parquet,
     comparisons.parquet, decision.md): the decision stage's and `gs1 decide --units`' one writer.
     Returns the record and its markdown."""
     by_arm: dict[str, dict[int, str]] = {}
@@ -256,13 +262,12 @@ def write_family_decision(eval_files: list[str], units: list[tuple[str, int]], d
     primary = next(p for p in family["comparisons"] if p["arm"] == names["treatment"]) if names["treatment"] in compared \
         else family["comparisons"][0]
     record = {**{k: v for k, v in primary.items() if k != "arm"}, **family}
-    out = Path(out_dir)
-    write_json_atomic(out / "decision.json", record)
-    write_artifact("decision", [{c: record.get(c) for c in DECISION.names}], out / "decision.parquet")
+    write_json_atomic(out.json, record)
+    write_artifact("decision", [{c: record.get(c) for c in DECISION.names}], out.parquet)
     write_artifact("comparisons", [{c: p.get(c) for c in COMPARISONS.names}
-                                   for p in family["comparisons"]], out / "comparisons.parquet")
+                                   for p in family["comparisons"]], out.comparisons)
     markdown = family_markdown(record)
-    write_text_atomic(out / "decision.md", markdown)
+    write_text_atomic(out.markdown, markdown)
     return record, markdown
 
 

@@ -20,7 +20,9 @@ from schemas.layout import PREFLIGHT, RunLayout
 from schemas.plan import RunContext
 from schemas.spec import CorrectnessPreflight
 from tasks.arms import arm_client, critic_of, env_for
-from tasks.common import judging_task, stage_cache, stage_end_hooks
+from tasks.cache import stage_cache
+from tasks.judging import judging_task
+from tasks.running import stage_end_hooks
 from tasks.gates import record_gate
 
 FIXED_PROMPTS = 4
@@ -30,7 +32,7 @@ FIXED_MAX_TOKENS = 32  # the preflight checks code paths, not answers: short rol
 
 @judging_task(name=PREFLIGHT, task_run_name=PREFLIGHT, **stage_end_hooks(), cache_policy=stage_cache(unread=(("arms", "steps"),)),
               persist_result=True)
-def correctness_preflight(arms: tuple[ArmConfig, ...], run: RunContext, preflight: CorrectnessPreflight, run_dir: str,
+def correctness_preflight(arms: tuple[ArmConfig, ...], run: RunContext, preflight: CorrectnessPreflight, layout: RunLayout,
                           backend: str, data_dir: str | None) -> dict:
     env = env_for(run, data_dir)
     problems = env.train_order(seed=0)[:FIXED_PROMPTS]
@@ -53,20 +55,19 @@ def correctness_preflight(arms: tuple[ArmConfig, ...], run: RunContext, prefligh
             max_tokens=min(baseline.max_tokens, FIXED_MAX_TOKENS), tolerances=tolerances,
             fresh_critic=lambda arm: critic_of(run, arm, backend),
         )
-    out = RunLayout(run_dir).preflight_dir
     record = {
         "revisions": {"baseline_revision": cookbook_revision(), "reference_revision": module_revision(reference)},
         "backend": backend,
         "fixed_batch": outcome.fixed_batch,
         "checks": [{"name": c.name, "passed": c.passed, **c.details} for c in outcome.comparisons],
     }
-    write_json_atomic(out / "record.json", json.loads(json.dumps(record, default=float)))
+    write_json_atomic(layout.preflight_record, json.loads(json.dumps(record, default=float)))
     rows = [
         {"gate": "correctness_preflight", "metric": c.name, **_value_and_bound(c.details),
          "passed": bool(c.passed), "observed": json.dumps(c.details, default=float)}
         for c in outcome.comparisons
     ]
-    record_gate(PREFLIGHT, rows, out)
+    record_gate(PREFLIGHT, rows, layout.preflight_dir)
     return record
 
 

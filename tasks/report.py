@@ -6,8 +6,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from report import ReportFiles, write_report
-from schemas.layout import REPORT, artifact_key
-from tasks.common import publish_markdown
+from schemas.layout import REPORT, RunLayout, artifact_key
+from tasks.artifacts import publish_markdown
 
 
 def reused_stages() -> tuple[str, ...]:
@@ -29,11 +29,11 @@ def reused_stages() -> tuple[str, ...]:
 
 
 @task(name=REPORT, task_run_name=REPORT, cache_policy=NO_CACHE)
-def run_report(run_dir: str, stopped: str | None = None) -> ReportFiles:
+def run_report(layout: RunLayout, stopped: str | None = None) -> ReportFiles:
     """Plots + report.html + report.md under `<run_dir>/report/`; a markdown artifact (key
     "report", on this run and on the deployment's run that started it) with the plots embedded
     and the HTML page's path as text. Never cached: it shows whatever the run directory holds
     now, and which stages this run reused. `stopped`: why this flow run failed, for the headline."""
-    result = write_report(run_dir, stopped=stopped, reused=reused_stages())
+    result = write_report(layout, stopped=stopped, reused=reused_stages())
     publish_markdown(artifact_key(REPORT), result.artifact_markdown, description=result.headline[:500])
     return result

@@ -22,7 +22,9 @@ from schemas.plan import DecisionPlan, RunContext, RunPlan
 from schemas.revision import SpecRevision, experiment_hash, field_changes
 from schemas.spec import (ExperimentSpec, anchored, baseline_arm, compared_arms, load_spec, set_arm_kernel, spec_hash,
                           treatment_arm)
-from tasks.common import publish_markdown, stage_cache, stage_end_hooks, uncached_stage_hooks
+from tasks.artifacts import publish_markdown
+from tasks.cache import stage_cache
+from tasks.running import stage_end_hooks, uncached_stage_hooks
 
 
 def run_name(spec: ExperimentSpec) -> str:
@@ -93,13 +95,12 @@ def plan_from_spec(spec: ExperimentSpec) -> RunPlan:
 
 
 @task(name=VALIDATE_SPEC, task_run_name=VALIDATE_SPEC, cache_policy=NO_CACHE, **uncached_stage_hooks())
-def validated_plan(spec_path: str, run_dir: str) -> RunPlan:
+def validated_plan(spec_path: str, layout: RunLayout) -> RunPlan:
     """Validate the spec (SpecError stops the flow), record an edit of the spec this directory
     ran before (`spec/revisions/NNN.json`), and write `spec/{spec,plan}.json`. Never cached:
     it is cheap, and spec.json must be the spec of this run."""
     spec = load_spec(spec_path)
     plan = plan_from_spec(spec)
-    layout = RunLayout(run_dir)
     spec_json = json.loads(Path(spec_path).read_text())
     _record_revision(layout, spec_json)
     write_json_atomic(layout.spec_json, spec_json)
@@ -161,9 +162,9 @@ def _record_revision(layout: RunLayout, new: dict) -> SpecRevision | None:
 
 
 @task(name=CALIBRATED_SPEC, task_run_name=CALIBRATED_SPEC, **stage_end_hooks(), cache_policy=stage_cache("spec_path"), persist_result=True)
-def calibrated_plan(plan: RunPlan, spec_path: str, bandwidth: float, run_dir: str) -> RunPlan:
+def calibrated_plan(plan: RunPlan, spec_path: str, bandwidth: float, layout: RunLayout) -> RunPlan:
     """Record the revised spec (treatment bandwidth from the calibration) before any full run."""
-    spec_json = anchored(json.loads(Path(spec_path).read_text()), Path(spec_path).parent)  # written to run_dir
+    spec_json = anchored(json.loads(Path(spec_path).read_text()), Path(spec_path).parent)  # written to the run directory
     treatment = plan.run.treatment
     for arm in spec_json["arms"]:
         if arm["name"] == treatment:  # the revision holds the recipe itself
@@ -175,7 +176,7 @@ def calibrated_plan(plan: RunPlan, spec_path: str, bandwidth: float, run_dir: st
             "chosen_on": "pilot training prompts only",
         }
     )
-    revised = write_json_atomic(RunLayout(run_dir).revised_spec_json, spec_json)
+    revised = write_json_atomic(layout.revised_spec_json, spec_json)
     create_markdown_artifact(
         key="revised-spec",
         markdown=f"# Revised spec\n\nCalibration chose bandwidth **{bandwidth}** for `{treatment}`.\n\n"

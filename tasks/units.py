@@ -59,11 +59,12 @@ class UnitsStanding:
         return not self.missing
 
 
-def collect_units(spec: ExperimentSpec, run_dir: str | Path, units_dir: str | Path) -> list[str]:
-    """Copy every finished unit of `run_dir` (its eval file written) into `units_dir`; returns their
-    names. A unit's eval file is copied last: a unit folder with an eval file is complete. A run
-    directory of another experiment (another `experiment_hash`) is refused."""
-    ran = RunLayout(run_dir).spec_json
+def collect_units(spec: ExperimentSpec, run: RunLayout, out: UnitsLayout) -> list[str]:
+    """Copy every finished unit of the run directory `run` (its eval file written) into the units
+    folder `out`; returns their names. A unit's eval file is copied last: a unit folder with an eval
+    file is complete. A run directory of another experiment (another `experiment_hash`) is refused."""
+    run_dir = run.root
+    ran = run.spec_json
     if not ran.is_file():
         raise UserError(f"--collect {run_dir}: not a run directory (no {ran})")
     theirs, ours = experiment_hash(load_spec(ran)), experiment_hash(spec)
@@ -71,11 +72,10 @@ def collect_units(spec: ExperimentSpec, run_dir: str | Path, units_dir: str | Pa
         raise UserError(f"--collect {run_dir}: that run directory ran another experiment "
                         f"(identity {theirs}, this spec's is {ours})")
     plan = plan_from_spec(spec)
-    run, out = RunLayout(run_dir), UnitsLayout(units_dir)
     collected = []
     for unit in plan.units():
         evaluated = run.eval_arm_dir(unit.unit)
-        if not (evaluated / "eval.jsonl").is_file():
+        if not run.eval_jsonl(unit.unit).is_file():
             continue
         trained = run.train_arm_dir(unit.unit)
         lacking = [f for f in UNIT_TRAIN_FILES if not (trained / f).is_file()]
@@ -89,12 +89,11 @@ def collect_units(spec: ExperimentSpec, run_dir: str | Path, units_dir: str | Pa
     return collected
 
 
-def units_standing(plan: RunPlan, units_dir: str | Path) -> UnitsStanding:
+def units_standing(plan: RunPlan, folder: UnitsLayout) -> UnitsStanding:
     """Read the folder; decide (and write the decision's files) once every unit is in."""
     from rl.stats import paired_decision, read_eval_items, seed_averaged
     from schemas.artifacts import read_rows
 
-    folder = UnitsLayout(units_dir)
     every = plan.units()
     present = [u for u in every if folder.eval_jsonl(u.unit).is_file()]
     missing = tuple(u.unit for u in every if u not in present)
@@ -103,7 +102,7 @@ def units_standing(plan: RunPlan, units_dir: str | Path) -> UnitsStanding:
     if not missing:
         decision, _ = write_family_decision(
             [str(folder.eval_jsonl(u.unit)) for u in every], [(u.name, u.order_seed) for u in every], plan.decision,
-            {"treatment": treatment, "baseline": baseline}, folder.decision_dir)
+            {"treatment": treatment, "baseline": baseline}, folder.decision)
     final = {p["arm"]: p for p in decision["comparisons"]} if decision else {}
 
     evals = {u.unit: read_eval_items(folder.eval_jsonl(u.unit)) for u in present}
@@ -187,10 +186,9 @@ README_BEGIN = "<!-- gs1 decide --units: begin (written by the command; edits in
 README_END = "<!-- gs1 decide --units: end -->"
 
 
-def write_standing(plan: RunPlan, standing: UnitsStanding, units_dir: str | Path) -> Path:
+def write_standing(plan: RunPlan, standing: UnitsStanding, folder: UnitsLayout) -> Path:
     """comparison.md, and the same block in the folder's README.md (kept between markers, the
     rest of the README as its authors wrote it; a README is started when there is none)."""
-    folder = UnitsLayout(units_dir)
     markdown = standing_markdown(plan, standing)
     write_text_atomic(folder.comparison_md, markdown)
     readme = folder.root / "README.md"

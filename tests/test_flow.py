@@ -87,6 +87,23 @@ def test_clean_run_reaches_a_paired_decision(prefect_harness, tmp_path, repo_roo
         assert "compute_advantages" in json.loads(audit["grpo_gs8.max_abs_diff"]["observed"])["reference"]
     feasibility = json.loads((run_dir / "feasibility" / "feasibility.json").read_text())
     assert feasibility["status"] == "feasible" and feasibility["wall_seconds"] > 0
+    # The flow ran its stages in the order of the one stage table (schemas.layout.STAGES), every
+    # task run named by it; the same run's task runs, in the order they were started.
+    assert_stages_in_table_order(state, expected={"spec", "preflight", "unit_checks", "pilot", "audit_pilot",
+                                                  "activation_gate", "feasibility", "train", "audit_train", "eval",
+                                                  "decision", "report"})
+
+
+def assert_stages_in_table_order(state, expected: set[str]) -> None:
+    from fixtures import prefect_api as api
+    from schemas.layout import stage_of_run
+
+    names = [r.name for r in api.task_runs([state.state_details.flow_run_id])]
+    stages = [stage_of_run(name) for name in names]
+    assert None not in stages, f"task runs the stage table does not name: {[n for n, s in zip(names, stages) if s is None]}"
+    orders = [s.order for s in stages]
+    assert orders == sorted(orders), f"stages out of the table's order: {names}"
+    assert {s.id for s in stages} == expected, names
 
 
 def test_failing_gate_stops_the_flow_with_the_metric_in_the_state(prefect_harness, tmp_path, repo_root, tiny_model_dir):

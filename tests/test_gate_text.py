@@ -9,7 +9,7 @@ import pickle
 import pytest
 
 from schemas.gate_text import GateRow, failing_text, fmt, gate_failed_message, is_gate_failure, needs_text
-from tasks.common import GateFailed
+from schemas.errors import GateFailed
 
 
 @pytest.mark.parametrize(
@@ -49,7 +49,7 @@ def test_failing_text_names_each_failing_check_and_what_it_needs():
 
 
 def test_gate_failed_says_what_the_report_says_and_survives_pickling():
-    error = GateFailed("activation gate", _rows())
+    error = GateFailed("activation gate", [GateRow.from_row(r) for r in _rows()])
     expected = gate_failed_message("activation gate", [GateRow.from_row(r) for r in _rows()])
     assert str(error) == expected
     # metric, value and bound first: what the UI's state badge shows whole

@@ -365,13 +365,14 @@ def test_report_task_publishes_markdown_artifact(tmp_path, prefect_harness):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
+    from schemas.layout import RunLayout
     from tasks.report import run_report
 
     run = make_run(tmp_path)
 
     @flow
     def report_flow(run_dir: str) -> dict:
-        return run_report(run_dir)
+        return run_report(RunLayout(run_dir))
 
     state = report_flow(str(run), return_state=True)
     result = state.result()
@@ -431,7 +432,7 @@ def test_gate_artifact_reads_like_the_report(tmp_path, prefect_harness):
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     from schemas.layout import RunLayout, gate_name
-    from tasks.common import GateFailed
+    from schemas.errors import GateFailed
     from tasks.gates import record_gate
 
     rows = [

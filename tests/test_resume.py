@@ -28,8 +28,9 @@ import json, sys, time
 import fixtures.flow_env  # registers the test env
 import tasks.arms
 from schemas.arm import ArmConfig
+from schemas.layout import RunLayout
 from schemas.plan import RunContext
-arm, run, run_dir = ArmConfig.model_validate_json(sys.argv[1]), RunContext.model_validate_json(sys.argv[2]), sys.argv[3]
+arm, run, layout = ArmConfig.model_validate_json(sys.argv[1]), RunContext.model_validate_json(sys.argv[2]), RunLayout(sys.argv[3])
 park_after = int(sys.argv[4]) if len(sys.argv) > 4 else 0
 write_artifact = tasks.arms.write_artifact
 def write_then_park(kind, rows, path):
@@ -39,7 +40,7 @@ def write_then_park(kind, rows, path):
             time.sleep(1)
     return out
 tasks.arms.write_artifact = write_then_park
-tasks.arms.train_with_checkpoints(arm, run, run_dir, "local", None, checkpoint_every=1)
+tasks.arms.train_with_checkpoints(arm, run, layout, "local", None, checkpoint_every=1)
 """
 
 ARMS_STAGES = ("train gs1_kernel", "train grpo_gs8", "eval gs1_kernel", "eval grpo_gs8")

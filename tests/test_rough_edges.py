@@ -90,14 +90,18 @@ def test_a_failed_gate_is_not_named_among_the_running_stages(prefect_harness, tm
     stages a stop names come from what is running (issue 27, item 1 of the rough edges)."""
     from prefect import flow
 
-    from tasks.common import GateFailed, judging_task, running_stages, stage_cache, stage_end_hooks
+    from schemas.errors import GateFailed
+    from schemas.gate_text import GateRow
+    from tasks.cache import stage_cache
+    from tasks.judging import judging_task
+    from tasks.running import running_stages, stage_end_hooks
 
     seen = {}
 
     @judging_task(name="a gate", task_run_name="a gate", **stage_end_hooks(), cache_policy=stage_cache(),
                   persist_result=True)
     def a_gate(x: int):
-        raise GateFailed("a gate", [{"metric": "m", "value": 1.0, "op": "min", "bound": "2", "passed": False}])
+        raise GateFailed("a gate", [GateRow("a gate", "m", 1.0, "min", "2", False)])
 
     @judging_task(name="a stage", task_run_name="a stage", **stage_end_hooks(), cache_policy=stage_cache(),
                   persist_result=True)
@@ -122,7 +126,7 @@ def test_a_stored_result_and_its_manifest_prove_each_other(tmp_path):
     """The checks OutputsVerified makes before serving a stored stage result: the manifest names
     its own key and the record names its storage key; anything else is damage, said in words.
     (The whole path, a run resumed with each kind of separated proof: tests/test_faults.py.)"""
-    from tasks.common import manifest_problem, record_problem
+    from tasks.cache import manifest_problem, record_problem
 
     key, other = "a" * 32, "b" * 32
     record, manifest = tmp_path / key, tmp_path / f"{key}.outputs.json"

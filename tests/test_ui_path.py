@@ -33,9 +33,11 @@ def _run_by_runner(flow, flow_run_id):
 def test_a_crash_in_a_judging_stage_keeps_its_traceback_a_gate_stop_has_none(prefect_harness):
     from prefect import flow
 
-    from tasks.common import GateFailed, judging_task
+    from schemas.errors import GateFailed
+    from schemas.gate_text import GateRow
+    from tasks.judging import judging_task
 
-    row = {"gate": "toy", "metric": "toy_metric", "value": 0.25, "op": "min", "bound": "0.5", "passed": False}
+    row = GateRow(gate="toy", metric="toy_metric", value=0.25, op="min", bound="0.5", passed=False)
 
     @judging_task(name="toy gate", task_run_name="toy gate")
     def toy_gate(crash: bool) -> int:
@@ -163,9 +165,10 @@ def test_stages_before_training_do_not_key_on_the_training_length(repo_root):
     """Cache keys cover what a stage reads: the preflight and the pilot read every arm field but
     the number of training steps, so a `steps` edit keys only feasibility, training and later."""
     from tasks.arms import pilot_rollouts, trained_arm
-    from tasks.common import InputsRead
+    from tasks.cache import InputsRead
     from tasks.preflight import correctness_preflight
     from tasks.spec import plan_from_spec
+    from schemas.layout import RunLayout
     from schemas.spec import load_spec
 
     arms = plan_from_spec(load_spec(repo_root / "specs" / "demo_local.json")).arms
@@ -176,7 +179,7 @@ def test_stages_before_training_do_not_key_on_the_training_length(repo_root):
         return next(p for p in task.cache_policy.inner.policies if isinstance(p, InputsRead))
 
     for stage in (pilot_rollouts, correctness_preflight):
-        key = lambda arms: policy(stage).compute_key(None, {"arms": arms, "run_dir": "/runs/x"}, {})  # noqa: E731
+        key = lambda arms: policy(stage).compute_key(None, {"arms": arms, "layout": RunLayout("/runs/x")}, {})  # noqa: E731
         assert key(longer) == key(arms) != key(faster), stage.name
-    train_key = lambda arm: policy(trained_arm).compute_key(None, {"arm": arm, "run_dir": "/runs/x"}, {})  # noqa: E731
+    train_key = lambda arm: policy(trained_arm).compute_key(None, {"arm": arm, "layout": RunLayout("/runs/x")}, {})  # noqa: E731
     assert train_key(longer[0]) != train_key(arms[0])

@@ -124,6 +124,7 @@ def test_the_table_reads_what_the_folder_holds(tmp_path, repo_root, tiny_model_d
     the common seeds and costs relative to the baseline over those same seeds."""
     from schemas.artifacts import write_artifact
     from schemas.cost import ArmCost
+    from schemas.layout import UnitsLayout
     from schemas.spec import parse_spec
     from tasks.spec import plan_from_spec
     from tasks.units import units_standing
@@ -144,7 +145,7 @@ def test_the_table_reads_what_the_folder_holds(tmp_path, repo_root, tiny_model_d
                                              wall_seconds=10.0 + unit.order_seed, sample_seconds=5.0, train_seconds=5.0,
                                              sampler_tokens=tokens, trainer_tokens=tokens // 2,
                                              model_calls=8).model_dump()], folder / "costs.parquet")
-    standing = units_standing(plan, tmp_path)
+    standing = units_standing(plan, UnitsLayout(tmp_path))
     assert standing.missing == missing and standing.complete == (not missing)
     rows = {a.arm: a for a in standing.arms}
     kernel = rows["gs1_kernel"]

@@ -67,30 +67,31 @@ def run(args) -> int:
 def _decide_units(args) -> int:
     from pathlib import Path
 
-    from schemas.layout import UnitsLayout
+    from schemas.layout import RunLayout, UnitsLayout
     from schemas.spec import load_spec
     from tasks.spec import plan_from_spec
     from tasks.units import collect_units, units_standing, write_standing
 
     spec = load_spec(args.spec)  # a bad spec: its problems, exit 2
     plan = plan_from_spec(spec)
+    folder = UnitsLayout(args.units)
     for run_dir in args.collect:
-        got = collect_units(spec, run_dir, args.units)
+        got = collect_units(spec, RunLayout(run_dir), folder)
         print(f"gs1: collected {len(got)} unit(s) from {run_dir}: {', '.join(got) or 'none finished'}")
     if not Path(args.units).is_dir():
         raise UserError(f"--units {args.units}: no such folder")
     try:
-        standing = units_standing(plan, args.units)
+        standing = units_standing(plan, folder)
     except EvalDataError as e:
         raise UserError(str(e)) from None
-    table = write_standing(plan, standing, args.units)
+    table = write_standing(plan, standing, folder)
     for arm in standing.arms:
         if arm.pair is not None:
             p = arm.pair
             print(f"gs1: {arm.arm} - {plan.run.baseline} = {p['mean_diff']:+.4f} "
                   f"(Hoeffding [{p['lower']:+.4f}, {p['upper']:+.4f}], seeds {list(arm.common_seeds)}): {p['verdict']}")
     if standing.complete:
-        print(f"gs1: every unit is in; the decision at {UnitsLayout(args.units).decision_dir / 'decision.json'}; "
+        print(f"gs1: every unit is in; the decision at {folder.decision.json}; "
               f"table {table}")
     else:
         print(f"gs1: no decision yet: {len(standing.missing)} unit(s) missing: {', '.join(standing.missing)}; table {table}")

@@ -46,7 +46,7 @@ def _unit_list(text: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from gs1.run_control import StopOnSignal, TemporaryServer
-    from tasks.common import running_stages
+    from tasks.running import running_stages
 
     server = TemporaryServer()
     # First of all, so that Ctrl-C or SIGTERM at any point is one line and a prompt exit.
@@ -120,15 +120,15 @@ def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None
               units: list[str] | None = None) -> int:
     from flows.experiment import experiment_in
     from schemas.layout import RunLayout
-    from schemas.errors import BackendError
+    from schemas.errors import BackendError, GateFailed
     from schemas.redaction import one_line, redact_key
-    from tasks.common import GateFailed
 
     _quiet_tracebacks((GateFailed, UserError, ArmFailed, BackendError))
     _show_engine_log()
 
-    state = experiment_in(run_dir)(
-        spec_path=str(spec_path.resolve()), run_dir=str(run_dir.resolve()), backend=backend,
+    layout = RunLayout(run_dir)
+    state = experiment_in(layout)(
+        spec_path=str(spec_path.resolve()), run_dir=str(layout.resolved().root), backend=backend,
         data_dir=str(Path(data_dir).resolve()) if data_dir else None, dispatch=dispatch, units=units,
         return_state=True,
     )
@@ -148,7 +148,7 @@ def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None
             f"{decision['mean_diff']:+.4f} (Hoeffding lower {decision['lower']:+.4f}, margin {decision['margin']:+.4f}, "
             f"n={decision['n']})"
         )
-        print(f"gs1: decision at {RunLayout(run_dir).decision_dir / 'decision.json'}; artifacts under {run_dir}")
+        print(f"gs1: decision at {layout.decision.json}; artifacts under {run_dir}")
         return 0
     error = state.result(raise_on_failure=False)
     if isinstance(error, GateFailed):

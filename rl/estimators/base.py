@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from rl.kernels import prompt_features
+from schemas.errors import AuditInputMissing  # noqa: F401  (raised by the kinds' references)
 from schemas.kernel import FEATURE_NAMES
 
 # What an estimator may need from a step besides the sampled, graded rollouts.
@@ -209,11 +210,6 @@ class RolloutLog:
                    sampler_logprobs_R_T=present("sampler_logprobs"), learner_logprobs_R_T=present("learner_logprobs"),
                    critic_yes_logprob_R=None if yes is None else np.asarray(yes, dtype=np.float64),
                    critic_no_logprob_R=None if no is None else np.asarray(no, dtype=np.float64))
-
-
-class AuditInputMissing(ValueError):
-    """Raised by an estimator's reference when the log lacks an input it recomputes from (the
-    audit then fails with one mismatch naming it)."""
 
 
 # ---------------------------------------------------------------------------- the kind

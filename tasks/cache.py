@@ -1,6 +1,6 @@
-"""What every stage shares: the gate exception, the cache policy, and the per-process backend.
+"""Stage caching (resume): the cache policy of every cached stage, and the output manifests behind it.
 
-Caching (resume): a stage's key is its inputs + its own source + the source of the `rl/` and
+A stage's key is its inputs + its own source + the source of the `rl/` and
 `schemas/` library it calls + the path and content hash of every file it reads. A re-run of the
 same spec, or a Retry from the UI, is served from cache up to the first stage whose key changed.
 
@@ -18,7 +18,6 @@ what they read, so only those whose inputs came out different run again.
 from __future__ import annotations
 
 import errno
-import functools
 import hashlib
 import json
 import logging
@@ -32,125 +31,9 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
 
 import rl
 import schemas
-from rl.backends import make_service_client
 from schemas.errors import UserError
-from schemas.gate_text import GateRow, gate_failed_message
 from schemas.io import on_artifact_written
-
-# ---------------------------------------------------------------------------------------------
-# Gates
-
-
-class GateFailed(Exception):
-    """A gate check failed. Carries every metric of the gate so the flow's state shows them.
-
-    Picklable (`__reduce__`) so Prefect can persist the failed state and re-raise it.
-    """
-
-    def __init__(self, gate: str, results: list[dict]):
-        self.gate = gate
-        self.results = [dict(r) for r in results]
-        super().__init__(gate_failed_message(gate, [GateRow.from_row({"gate": gate, **r}) for r in self.results]))
-
-    def __reduce__(self):
-        return (GateFailed, (self.gate, self.results))
-
-    @property
-    def failing(self) -> list[dict]:
-        return [r for r in self.results if not r["passed"]]
-
-
-class _GateStopNotATraceback(logging.Filter):
-    """Prefect logs a task run that returned a Failed state twice: "Task run failed with state:
-    ..." (with exc_info, though nothing was raised) and "Finished in state Failed(...)". For a
-    gate's stop the second is the one ERROR line; the first is dropped. Only records that carry
-    a GateFailed: a crash keeps every line and its traceback."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = str(record.msg)
-        if message.startswith("Task run failed with state: ") and "GateFailed(" in record.getMessage():
-            return False
-        # A flow run a runner (`gs1 serve`) starts in its own process ends in `run_flow(...)` asking
-        # for the result, which raises the Failed state's GateFailed; the engine logs that with its
-        # traceback. The flow's own "Finished in state Failed(...)" line has said it already.
-        exception = record.exc_info[1] if record.exc_info else None
-        return not (message == "Engine execution exited with unexpected exception" and isinstance(exception, GateFailed))
-
-
-_GATE_STOP_FILTER = _GateStopNotATraceback()
-
-
-def judging_task(**options):
-    """`@task(**options)` for a stage that judges. A failed gate ends its task run Failed with the
-    gate's message, returned as a `Failed` state rather than raised, so Prefect logs one ERROR
-    line ("Finished in state Failed('pilot_mean_reward = ...')") and no traceback: the gate's
-    table artifact says the rest. Where the flow calls the stage, the GateFailed is raised as
-    before (calibration and the flow's end depend on it). Any other exception is a crash: raised
-    in the task, it keeps its traceback."""
-    from prefect import Task
-    from prefect.states import Failed, State
-
-    for name in ("prefect.task_runs", "prefect.flow_runs"):  # a logger's filter sees its records before any handler
-        if _GATE_STOP_FILTER not in logging.getLogger(name).filters:
-            logging.getLogger(name).addFilter(_GATE_STOP_FILTER)
-
-    class JudgingTask(Task):
-        def __call__(self, *args, return_state: bool = False, **kwargs):
-            result = super().__call__(*args, return_state=return_state, **kwargs)
-            if not return_state and isinstance(result, State) and result.is_failed():
-                raise result.result(raise_on_failure=False)  # the gate's GateFailed, into the flow
-            return result
-
-    def decorate(fn):
-        @functools.wraps(fn)
-        def judged(*args, **kwargs):
-            try:
-                return fn(*args, **kwargs)
-            except GateFailed as failed:
-                return Failed(message=str(failed), data=failed)
-
-        return JudgingTask(fn=judged, **options)
-
-    return decorate
-
-
-# ---------------------------------------------------------------------------------------------
-# Artifacts the deployment's run shows too
-
-
-def _deployment_run_id():
-    """The flow run a deployment (or a command) started, when the current run is a subflow of it."""
-    from prefect.runtime import flow_run
-
-    current, root = flow_run.get_id(), flow_run.get_root_flow_run_id()
-    return root if root and current and str(root) != str(current) else None
-
-
-def _publish(artifact, on_deployment_run: bool) -> None:
-    artifact.create()
-    root = _deployment_run_id() if on_deployment_run else None
-    if root is not None:
-        # the page `prefect deployment run` links to is the outer run's: the same artifact there
-        type(artifact)(**{**artifact.model_dump(exclude={"flow_run_id", "task_run_id"}), "flow_run_id": root}).create()
-
-
-def publish_markdown(key: str, markdown: str, description: str, on_deployment_run: bool = True) -> None:
-    """A markdown artifact on this run and, when it is a subflow, on the run that started it."""
-    from prefect.artifacts import MarkdownArtifact
-
-    _publish(MarkdownArtifact(key=key, markdown=markdown, description=description), on_deployment_run)
-
-
-def publish_table(key: str, table: list[dict], description: str, on_deployment_run: bool = False) -> None:
-    """A table artifact on this run (and on the run that started it, if asked)."""
-    from prefect.artifacts import TableArtifact
-
-    _publish(TableArtifact(key=key, table=table, description=description), on_deployment_run)
-
-
-# ---------------------------------------------------------------------------------------------
-# Caching
-
+from tasks.running import stage_started
 
 def _file_digest(path: Path) -> str:
     h = hashlib.sha256()
@@ -364,7 +247,7 @@ class OutputsVerified(CachePolicy):
     def compute_key(self, task_ctx, inputs, flow_parameters, **kwargs) -> str | None:
         key = self.inner.compute_key(task_ctx, inputs, flow_parameters, **kwargs)
         folder = _record_dir(getattr(task_ctx, "result_store", None)) if key else None
-        _started(task_ctx, inputs, folder / key if folder is not None else None)
+        stage_started(task_ctx.task_run, folder / key if folder is not None else None)
         if folder is None:
             return key
         record, manifest = folder / key, folder / f"{key}{OUTPUTS_SUFFIX}"
@@ -389,66 +272,6 @@ class OutputsVerified(CachePolicy):
         return key
 
 
-# Stages of this process that have started, with where their result will be stored: one whose
-# result is not there yet is still running (what `gs1 run` names when it is stopped).
-_STARTED: dict[str, tuple[str, Path | None]] = {}
-
-
-def _started(task_ctx, inputs: dict, record: Path | None) -> None:
-    # the task run's name is the stage's one name, with its arm (`train grpo_gs8`)
-    with _OUTPUTS_LOCK:
-        _STARTED[str(task_ctx.task_run.id)] = (task_ctx.task_run.name, record)
-
-
-def _stage_ended(task, task_run, state) -> None:
-    with _OUTPUTS_LOCK:
-        _STARTED.pop(str(task_run.id), None)
-
-
-def _stage_running(task, task_run, state) -> None:
-    with _OUTPUTS_LOCK:
-        _STARTED[str(task_run.id)] = (task_run.name, None)
-
-
-class _StageHookLines(logging.Filter):
-    """Prefect logs two INFO lines for every hook it runs ("Running hook ...", "Hook ... finished
-    running successfully"); the stage bookkeeping hooks are no news to the run's reader."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not (message.startswith(("Running hook '_stage_", "Hook '_stage_")))
-
-
-_STAGE_HOOK_LINES = _StageHookLines()
-
-
-def _bookkeeping(hooks: dict) -> dict:
-    logger = logging.getLogger("prefect.task_runs")  # a logger's filter sees its records before any handler
-    if _STAGE_HOOK_LINES not in logger.filters:
-        logger.addFilter(_STAGE_HOOK_LINES)
-    return hooks
-
-
-def stage_end_hooks() -> dict:
-    """Task hooks for a cached stage (its cache policy sees it start): it stops counting among the
-    running stages when it ends, Completed or Failed (a failed gate stores no result, and is not
-    running for that)."""
-    return _bookkeeping({"on_completion": [_stage_ended], "on_failure": [_stage_ended]})
-
-
-def uncached_stage_hooks() -> dict:
-    """Task hooks for a stage that is never cached (so no cache policy sees it start): it counts
-    among the running stages from its Running state until it ends."""
-    return _bookkeeping({"on_running": [_stage_running], **stage_end_hooks()})
-
-
-def running_stages() -> list[str]:
-    """The stages started in this process whose result is not stored yet."""
-    with _OUTPUTS_LOCK:
-        started = list(_STARTED.values())
-    return [label for label, record in started if record is None or not record.exists()]
-
-
 def _warn(task_ctx, message: str) -> None:
     try:
         from prefect import get_run_logger
@@ -459,21 +282,3 @@ def _warn(task_ctx, message: str) -> None:
 
 
 on_artifact_written(record_output)
-
-
-# ---------------------------------------------------------------------------------------------
-# One backend session per process (the local engine holds models in memory)
-
-_SERVICES: dict[str, Any] = {}
-_SERVICES_LOCK = threading.Lock()
-
-
-def service_client(backend: str):
-    """The process's service client for `backend` (created once, shared by the stages)."""
-    with _SERVICES_LOCK:
-        if backend not in _SERVICES:
-            # The local engine keeps checkpoints and sampler weights on disk; a fixed home lets a
-            # run resumed in a new process (after a crash) find the states its Parquet names.
-            kw = {"cache_dir": os.environ.get("GS1_LOCAL_CACHE") or str(Path.home() / ".cache" / "gs1" / "local")}
-            _SERVICES[backend] = make_service_client(backend, **(kw if backend == "local" else {}))
-        return _SERVICES[backend]
