@@ -17,7 +17,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 
 from rl.estimators.base import RolloutLog
 from schemas.arm import ArmConfig

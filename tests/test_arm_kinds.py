@@ -19,8 +19,6 @@ import pytest
 
 import fixtures.flow_env  # noqa: F401  (registers the token_threshold env)
 from fixtures.tiny_model import tiny_model_dir, tiny_service_client  # noqa: F401
-import rl.estimators.critic
-import rl.estimators.flash_reinforce
 from rl import estimators, reference
 from rl.audit import RolloutLog, audit_log
 from rl.gates import compute_gate_metrics, evaluate_checks
