@@ -39,24 +39,14 @@ from tinker.types.tensor_data import TensorData
 from rl.backends.responses import backend_of, loss_sum, prompt_mean_logprob_of, resolved
 from rl.envs.base import Env, Problem
 from rl.estimators import CRITIC, LEARNER_LOGPROBS, KernelWindow, StepAdvantages, StepBatch
-from rl.estimators.registry import step_metric_names
 from rl.step_inputs import critic_answer_tokens, critic_logprobs, learner_logprobs, train_critic
 from schemas.arm import ArmConfig
-from schemas.artifacts import RolloutRow, rollout_columns, write_artifact
+from schemas.artifacts import STEP_EXTRA_METRICS, RolloutRow, rollout_columns, write_artifact
 from schemas.cost import StepCost
 from schemas.errors import ArmFailed, NonFiniteStep, UserError
 from schemas.io import write_json_atomic
 from schemas.layout import NONFINITE_STEP_FILE as STEP_FILE
 
-# Step metrics that may be None: grad_norm and logprob_gap_max when the service does not report
-# them, a kind's own metrics in the other kinds' arms, and the cost of what a kind needs
-# (schemas/artifacts.py STEP_METRICS).
-NEED_METRICS = {
-    LEARNER_LOGPROBS: ("learner_forward_seconds", "learner_forward_tokens"),
-    CRITIC: ("critic_forward_seconds", "critic_forward_tokens", "critic_train_seconds", "critic_train_tokens", "critic_loss"),
-}
-STEP_EXTRA_METRICS = ("grad_norm", "logprob_gap_max", *step_metric_names(), *(m for ms in NEED_METRICS.values() for m in ms))
-ROLLOUT_COLUMNS = list(rollout_columns([]))
 
 
 @dataclass
@@ -574,8 +564,7 @@ def eval_rows(
 
 
 __all__ = [
-    "ArmConfig", "HeldoutRequest", "StepLog", "ROLLOUT_COLUMNS", "advance_window", "batch_of", "eval_rows",
+    "ArmConfig", "HeldoutRequest", "StepLog", "advance_window", "batch_of", "eval_rows",
     "new_window", "rollout_datum", "run_step", "sampling_seed", "step_advantages", "step_problems",
     "train_arm", "window_from_logs", "learner_logprobs", "critic_logprobs", "train_critic", "critic_answer_tokens",
-    "STEP_EXTRA_METRICS",
 ]

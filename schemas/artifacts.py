@@ -153,6 +153,11 @@ STEP_METRICS = _schema(
     _opt("critic_loss", pa.float64()),
 )
 
+# Step metrics that may be None besides loss and the kernel's p10: grad_norm and logprob_gap_max
+# when the service does not report them, a kind's own metrics (Estimator.step_metric_names) in
+# the other kinds' arms, the cost of what a kind needs (a learner forward, a critic).
+STEP_EXTRA_METRICS = tuple(f.name for f in STEP_METRICS if f.nullable and f.name not in ("loss", "effective_neighbors_p10"))
+
 # One row per eval item per arm.
 EVAL_ITEMS = _schema(
     "eval_items",

@@ -194,3 +194,22 @@ def test_module_exports_the_named_schemas():
     assert artifacts.GATE_REPORT is schema_for("gate_report")
     assert artifacts.DECISION is schema_for("decision")
     assert artifacts.HELDOUT is schema_for("heldout")
+
+
+def test_the_loops_rollout_record_is_the_schema_and_every_kinds_columns_are_in_it():
+    import dataclasses
+
+    from rl.estimators.registry import ESTIMATORS
+    from schemas.artifacts import ROLLOUTS, STEP_EXTRA_METRICS, STEP_METRICS, RolloutRow
+
+    assert [f.name for f in dataclasses.fields(RolloutRow)] == ROLLOUTS.names  # the loop's rows are the table's
+    row = RolloutRow.sampled(step=0, arm="a", seed=0, prompt_id="p", group_id=0, sample_idx=0, prompt_num_tokens=3,
+                             prompt_mean_logprob=-1.0, reward=1.0, num_tokens=2, stop_reason="stop", response="x")
+    assert row.baseline is None and row.with_columns(baseline=0.5).as_dict()["baseline"] == 0.5
+    for estimator in ESTIMATORS.values():  # a kind logs only what the tables hold, nullable for the others
+        for column in (*estimator.columns, *estimator.input_columns):
+            assert ROLLOUTS.field(column).nullable, (estimator.kind, column)
+        assert set(estimator.step_metric_names) <= set(STEP_EXTRA_METRICS), estimator.kind
+    assert {"grad_norm", "trust_admit_rate", "critic_loss"} <= set(STEP_EXTRA_METRICS)
+    assert not {"loss", "effective_neighbors_p10", "reward_mean"} & set(STEP_EXTRA_METRICS)
+    assert all(STEP_METRICS.field(m).nullable for m in STEP_EXTRA_METRICS)

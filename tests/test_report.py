@@ -16,8 +16,8 @@ from gs1.cli import main
 from schemas.errors import UserError
 from report import PLOTS, load_run, stage_statuses, write_report
 from rl.stats import paired_decision
-from rl.loop import ROLLOUT_COLUMNS, STEP_EXTRA_METRICS
-from schemas.artifacts import schema_for, write_artifact
+from schemas.artifacts import STEP_EXTRA_METRICS, RolloutRow
+from schemas.artifacts import write_artifact
 from schemas.io import write_json_atomic, write_jsonl_atomic
 
 TREATMENT, BASELINE = "gs1_kernel", "grpo_gs8"
@@ -64,16 +64,15 @@ def _rollouts(arm: str, steps: range, rng) -> list[dict]:
             for s in range(group_size):
                 reward = float(rng.random() < 0.4 + 0.05 * step)
                 baseline = float(rng.uniform(0.2, 0.6))
-                rows.append({
-                    "step": step, "arm": arm, "seed": 0, "prompt_id": f"arithmetic/train/{step * groups + g}",
-                    "group_id": g, "sample_idx": s, "prompt_num_tokens": int(rng.integers(20, 40)),
-                    "prompt_mean_logprob": float(rng.normal(-2.0, 0.3)), "reward": reward, "num_tokens": 8,
-                    "stop_reason": "stop", "baseline": baseline, "advantage": reward - baseline,
-                    "kernel_mass": float(rng.uniform(5, 20)) if kernel else None,
-                    "effective_neighbors": float(rng.uniform(5, 30)) if kernel else None,
-                    "fallback": False if kernel else None, "response": f"{step}-{g}-{s}",
-                    **{c: None for c in schema_for("rollouts").names if c not in ROLLOUT_COLUMNS},
-                })
+                rows.append(RolloutRow.sampled(
+                    step=step, arm=arm, seed=0, prompt_id=f"arithmetic/train/{step * groups + g}",
+                    group_id=g, sample_idx=s, prompt_num_tokens=int(rng.integers(20, 40)),
+                    prompt_mean_logprob=float(rng.normal(-2.0, 0.3)), reward=reward, num_tokens=8,
+                    stop_reason="stop", baseline=baseline, advantage=reward - baseline,
+                    kernel_mass=float(rng.uniform(5, 20)) if kernel else None,
+                    effective_neighbors=float(rng.uniform(5, 30)) if kernel else None,
+                    fallback=False if kernel else None, response=f"{step}-{g}-{s}",
+                ).as_dict())
     return rows
 
 

@@ -39,7 +39,3 @@ def input_columns() -> tuple[str, ...]:
     """Every kind's own logged input columns, each once."""
     return tuple(dict.fromkeys(c for e in ESTIMATORS.values() for c in e.input_columns))
 
-
-def step_metric_names() -> tuple[str, ...]:
-    """Every kind's extra step metrics, each once."""
-    return tuple(dict.fromkeys(m for e in ESTIMATORS.values() for m in e.step_metric_names))
