@@ -282,7 +282,7 @@ def decision_lines(d: Decision) -> list[tuple[str, str]]:
 
 
 def _kernel_text(data: RunData, arm: ArmConfig) -> str:
-    k = arm.kernel  # held by, and only by, a gs1_kernel arm
+    k = arm.kernel  # held by the recipe of a kind with a kernel
     if k is None:
         return "—"
     bw = fmt(k.bandwidth)

@@ -213,3 +213,20 @@ def test_the_loops_rollout_record_is_the_schema_and_every_kinds_columns_are_in_i
     assert {"grad_norm", "trust_admit_rate", "critic_loss"} <= set(STEP_EXTRA_METRICS)
     assert not {"loss", "effective_neighbors_p10", "reward_mean"} & set(STEP_EXTRA_METRICS)
     assert all(STEP_METRICS.field(m).nullable for m in STEP_EXTRA_METRICS)
+
+
+def test_a_plan_written_before_recipes_reads_back_with_each_arms_recipe(repo_root):
+    """The committed H200 run's plan.json holds `advantage`, `kernel`, `trust_delta`, `critic`
+    side by side, as every plan did before kinds were modules: it reads as recipes."""
+    import json
+
+    from schemas.plan import RunPlan
+
+    raw = json.loads((repo_root / "results" / "h200-gsm8k" / "run" / "spec" / "plan.json").read_text())
+    assert {"advantage", "kernel", "trust_delta", "critic"} <= set(raw["arms"][0])
+    plan = RunPlan.model_validate(raw)
+    kinds = {a.name: a.recipe for a in plan.arms}
+    assert kinds["grpo_gs8"].model_dump() == {"advantage": "group_mean"}
+    assert kinds["gs1_kernel"].advantage == "kernel_cross_prompt_baseline"
+    assert kinds["gs1_kernel"].kernel.model_dump(mode="json") == raw["arms"][1]["kernel"]
+    assert RunPlan.model_validate(plan.model_dump(mode="json")) == plan  # and a new plan round-trips

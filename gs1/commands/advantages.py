@@ -3,7 +3,7 @@
     gs1 advantages --estimator KIND --rollouts IN.parquet --out OUT.parquet [--bandwidth H] [--window N]
 
 KIND: an arm kind that needs nothing but the log (rl.estimators.registry; the spec's `advantage`
-names, or the short names grpo, gs1_kernel, rloo). Input columns: step, prompt_id, reward,
+names, or the short names the kinds still answer to here). Input columns: step, prompt_id, reward,
 prompt_num_tokens, prompt_mean_logprob; row order is rollout order. Output: the input columns
 plus float64 baseline and advantage (replacing any such columns in the input), and the kind's
 own columns (a kernel kind: kernel_mass, effective_neighbors, fallback). A group is a (step,
@@ -21,16 +21,16 @@ from gs1.commands.argtypes import positive_float, positive_int
 from schemas.errors import UserError
 
 REQUIRED_COLUMNS = ("step", "prompt_id", "reward", "prompt_num_tokens", "prompt_mean_logprob")
-# The names this command took before it asked the registry: still accepted.
-SHORT_NAMES = {"grpo": "group_mean", "gs1_kernel": "kernel_cross_prompt_baseline", "rloo": "leave_one_out"}
 
 
-def offline_kinds() -> tuple[str, ...]:
-    """The kinds whose advantages a rollout log alone determines (no learner forward, no critic)."""
+def offline_kinds() -> dict[str, str]:
+    """Name -> kind, for the kinds whose advantages a rollout log alone determines (no learner
+    forward, no critic), under their spec names and the short names this command took before."""
     from rl.estimators import WINDOW
     from rl.estimators.registry import ESTIMATORS
 
-    return tuple(k for k, e in ESTIMATORS.items() if e.needs <= {WINDOW} and not e.input_columns)
+    kinds = [e for e in ESTIMATORS.values() if e.needs <= {WINDOW} and not e.input_columns]
+    return {**{e.kind: e.kind for e in kinds}, **{alias: e.kind for e in kinds for alias in e.cli_aliases}}
 
 
 def register(subparsers) -> None:
@@ -39,8 +39,10 @@ def register(subparsers) -> None:
         help="compute baselines and advantages for a rollout log (Parquet)",
         description=__doc__.splitlines()[0],
     )
-    parser.add_argument("--estimator", required=True, choices=(*SHORT_NAMES, *offline_kinds()), metavar="KIND",
-                        help=f"one of {', '.join(offline_kinds())} (or {', '.join(SHORT_NAMES)})")
+    names = offline_kinds()
+    parser.add_argument("--estimator", required=True, choices=tuple(names), metavar="KIND",
+                        help=f"one of {', '.join(n for n, k in names.items() if n == k)} "
+                             f"(or {', '.join(n for n, k in names.items() if n != k)})")
     parser.add_argument("--rollouts", required=True, metavar="IN.parquet")
     parser.add_argument("--out", required=True, metavar="OUT.parquet")
     parser.add_argument("--bandwidth", type=positive_float, default=None, metavar="H", help="a kernel kind only (default 0.5)")
@@ -63,7 +65,7 @@ def recipe_for(kind: str, *, bandwidth: float | None = None, window: int | None 
     """The kind's default recipe, its kernel at the given bandwidth and window."""
     from rl.estimators.registry import estimator_for
 
-    estimator = estimator_for(SHORT_NAMES.get(kind, kind))
+    estimator = estimator_for(offline_kinds().get(kind, kind))
     recipe = estimator.recipe_type()
     kernel = estimator.kernel_of(recipe)
     if kernel is None:

@@ -220,6 +220,8 @@ class Estimator:
     `reference`; the rest has the defaults of a kind that reads only rewards and groups."""
 
     kind: ClassVar[str]  # the spec's `advantage` name
+    # Short names `gs1 advantages --estimator` took before kinds were modules (still accepted there)
+    cli_aliases: ClassVar[tuple[str, ...]] = ()
     recipe_type: ClassVar[type]  # its recipe model (field `advantage: Literal[kind]`)
     summary: ClassVar[str]  # one line: what b_i is
     rollouts_per_prompt: ClassVar[RolloutsPerPrompt] = "any"

@@ -36,6 +36,7 @@ class GroupMeanRecipe(BaseModel):
 
 class GroupMean(Estimator):
     kind = "group_mean"
+    cli_aliases = ("grpo",)
     recipe_type = GroupMeanRecipe
     summary = "b_i = mean reward of i's group (GRPO, no std division)"
     reference_name = "tinker_cookbook.rl.data_processing.compute_advantages"

@@ -143,6 +143,7 @@ class KernelBaselineRecipe(BaseModel):
 
 class KernelCrossPromptBaseline(Estimator):
     kind = "kernel_cross_prompt_baseline"
+    cli_aliases = ("gs1_kernel",)
     recipe_type = KernelBaselineRecipe
     summary = "b_i = kernel-weighted mean reward of the window's other rollouts (GS1)"
     rollouts_per_prompt = "one"

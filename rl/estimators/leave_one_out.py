@@ -30,6 +30,7 @@ class LeaveOneOutRecipe(BaseModel):
 
 class LeaveOneOut(Estimator):
     kind = "leave_one_out"
+    cli_aliases = ("rloo",)
     recipe_type = LeaveOneOutRecipe
     summary = "b_i = mean reward of the other rollouts of i's group"
     rollouts_per_prompt = "at least two"
