@@ -172,7 +172,7 @@ def record_output(path: str | Path) -> None:
         return
     manifest = folder / f"{txn.key}{OUTPUTS_SUFFIX}"
     with _OUTPUTS_LOCK:
-        outputs = _read_outputs(manifest, txn.key) or {}
+        outputs = read_manifest(manifest, txn.key)[0] or {}
         for f in files:
             outputs[str(f.resolve())] = _file_digest(f)
         _write_outputs(manifest, txn.key, outputs)
@@ -191,25 +191,26 @@ def _write_outputs(manifest: Path, key: str, outputs: dict[str, str]) -> None:
         raise
 
 
-def _read_outputs(manifest: Path, key: str) -> dict[str, str] | None:
-    """The outputs `manifest` records for `key`; None when it is missing, unreadable, of another
-    format or of another key (`manifest_problem` says which)."""
-    return None if manifest_problem(manifest, key) else json.loads(manifest.read_text())["outputs"]
+def read_manifest(manifest: Path, key: str) -> tuple[dict[str, str] | None, str | None]:
+    """(the outputs `manifest` records for `key`, None) from one read; (None, what makes it no
+    proof of the stored result of `key`) when it is missing, unreadable, of another format or of
+    another key."""
+    try:
+        data = json.loads(manifest.read_text())
+    except FileNotFoundError:
+        return None, "is missing"
+    except (OSError, ValueError) as e:
+        return None, f"cannot be read ({type(e).__name__})"
+    if not isinstance(data, dict) or not isinstance(data.get("outputs"), dict) or "key" not in data:
+        return None, "is stale (not this version's format)"
+    if data["key"] != key:
+        return None, f"belongs to another stage result ({data['key']})"
+    return data["outputs"], None
 
 
 def manifest_problem(manifest: Path, key: str) -> str | None:
     """What makes `manifest` no proof of the stored result of `key`, or None."""
-    try:
-        data = json.loads(manifest.read_text())
-    except FileNotFoundError:
-        return "is missing"
-    except (OSError, ValueError) as e:
-        return f"cannot be read ({type(e).__name__})"
-    if not isinstance(data, dict) or not isinstance(data.get("outputs"), dict) or "key" not in data:
-        return "is stale (not this version's format)"
-    if data["key"] != key:
-        return f"belongs to another stage result ({data['key']})"
-    return None
+    return read_manifest(manifest, key)[1]
 
 
 def record_problem(record: Path, key: str) -> str | None:
@@ -260,10 +261,8 @@ class OutputsVerified(CachePolicy):
         problem = record_problem(record, key)
         damaged = (str(record), problem) if problem else None
         if damaged is None:
-            problem = manifest_problem(manifest, key)
-            damaged = (f"{manifest} (the output manifest)", problem) if problem else None
-        if damaged is None:
-            damaged = damaged_output(json.loads(manifest.read_text())["outputs"])
+            outputs, problem = read_manifest(manifest, key)
+            damaged = (f"{manifest} (the output manifest)", problem) if problem else damaged_output(outputs)
         if damaged is not None:
             _warn(task_ctx, f"{damaged[0]} {damaged[1]}: running the stage '{task_ctx.task.name}' again")
             record.unlink(missing_ok=True)

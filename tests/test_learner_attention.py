@@ -37,12 +37,14 @@ def client(model_dir, tmp_path, dtype, mask: bool, tokens_per_microbatch: int):
 
 
 # (datum lengths, token budget): one microbatch padded to 192 (192 % 128 == 64); then mixed
-# lengths split over several microbatches, two of them padded to L % 128 == 64 (320, 192)
+# lengths split over several microbatches, two of them padded to L % 128 == 64 (320, 192); then
+# the user's step size, B = 64 rollouts (short ones: the tiny model on CPU), the longest 192 (fp32)
+USER_B64 = [*np.random.default_rng(64).integers(20, 192, 63).tolist(), 192]
 SHAPES = [([192, 150, 100, 37], 1024), ([320, 7, 64, 192, 191, 130, 5, 250], 700)]
+CASES = [(dtype, *shape) for dtype in (torch.float32, torch.float64) for shape in SHAPES] + [(torch.float32, USER_B64, 2048)]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
-@pytest.mark.parametrize("lengths,budget", SHAPES, ids=["L192", "mixed"])
+@pytest.mark.parametrize("dtype,lengths,budget", CASES, ids=["fp32-L192", "fp32-mixed", "fp64-L192", "fp64-mixed", "fp32-user_B64"])
 def test_the_unmasked_learner_matches_the_masked_path(tiny_model_dir, tmp_path, dtype, lengths, budget):
     data = [random_datum(n, seed) for seed, n in enumerate(lengths)]
     results = {}

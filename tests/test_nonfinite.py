@@ -106,8 +106,9 @@ def test_a_kernel_defect_at_one_shape_reads_as_the_kernel(tiny_model_dir, tmp_pa
     assert verdict(runs) == "verdict: finite under L+1, L-1: the attention kernel at this shape or backend, not the data"
 
 
+@pytest.mark.parametrize("group_size,groups", [(4, 2), (8, 8)], ids=["demo", "user_B64"])
 def test_the_loops_step_leaves_the_reproducer_in_the_run_directory(tiny_service_client, tiny_model_dir, tmp_path,
-                                                                    fake_defect, capsys):
+                                                                    fake_defect, capsys, group_size, groups):
     """Through `rl.loop.train_arm`: the failure line names the microbatch, the datum (its rollout
     and prompt), the token and the dump; the dump holds the step's rollouts beside the engine's part,
     and `gs1 replay DIR` reruns it."""
@@ -119,7 +120,8 @@ def test_the_loops_step_leaves_the_reproducer_in_the_run_directory(tiny_service_
 
     fake_defect["always"] = True
     arm, env, tc, renderer = three_step_grpo_arm(tiny_service_client, tiny_model_dir)
-    arm = arm.model_copy(update={"max_tokens": 140})  # rollouts longer than the fake's position
+    # rollouts longer than the fake's position; the demo's step, or the user's 64 rollouts
+    arm = arm.model_copy(update={"max_tokens": 140, "group_size": group_size, "groups_per_batch": groups})
     logs = []
     with pytest.raises(ArmFailed) as failed:
         train_arm(arm, training_client=tc, env=env, renderer=renderer, order=env.train_order(seed=0),
@@ -133,7 +135,7 @@ def test_the_loops_step_leaves_the_reproducer_in_the_run_directory(tiny_service_
     assert ", datum 0 (rollout " in text and ", prompt " in text
     assert logs == []  # the failed step is not logged as done: a resume runs it again
     rollouts = pq.read_table(dump / "rollouts.parquet")
-    assert rollouts.num_rows == 8 and set(rollouts.column("step").to_pylist()) == {0}
+    assert rollouts.num_rows == arm.batch_size and set(rollouts.column("step").to_pylist()) == {0}
     step = json.loads((dump / "step.json").read_text())
     assert step["arm"] == "grpo_gs8" and step["step"] == 0 and step["lr"] == arm.lr
     for name in ("adapter_model.safetensors", "optimizer.pt", "datums.pt", "layout.json", "settings.json"):

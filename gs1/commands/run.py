@@ -84,8 +84,7 @@ def _run(args: argparse.Namespace, server) -> int:
 
     # its data files, read and checked now: a bad line is one line naming file and line, before the flow
     env = get_env(spec.dataset.name, data_dir=data_dir, **dict(spec.dataset.options))
-    if hasattr(env, "check_data"):  # a file-backed env (CookbookProblemEnv.check_data); others have none
-        env.check_data()
+    env.check_data()
     if args.backend == "tinker":
         from rl.backends.tinker_backend import make_tinker_service_client  # lazy: start-up time
 

@@ -542,10 +542,12 @@ class _Engine:
             per_tok_N = -lp_N * coef_N
         loss = per_tok_N.sum()
         if check:
-            for what, values_N in (("logprob", lp_N), ("loss", per_tok_N)):
-                bad_N = ~torch.isfinite(values_N.detach())
-                if bool(bad_N.any()):
-                    raise _NonFinite(what, *mb.locate(int(bad_N.nonzero()[0, 0])))
+            finite_N = torch.isfinite(lp_N.detach()) & torch.isfinite(per_tok_N.detach())
+            if not bool(finite_N.all()):  # one sync on the clean path; which one, only when it fails
+                for what, values_N in (("logprob", lp_N), ("loss", per_tok_N)):
+                    bad_N = ~torch.isfinite(values_N.detach())
+                    if bool(bad_N.any()):
+                        raise _NonFinite(what, *mb.locate(int(bad_N.nonzero()[0, 0])))
             loss.backward()
             grads = [p.grad for p in self.params if p.grad is not None]
             if grads and not bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all()):

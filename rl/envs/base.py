@@ -38,6 +38,8 @@ class Problem:
 class Env(Protocol):
     name: str
 
+    def check_data(self) -> None: ...  # read and check its data files before a run (UserError naming file and line)
+
     def train_problems(self) -> list[Problem]: ...  # file order
 
     def test_problems(self) -> list[Problem]: ...
