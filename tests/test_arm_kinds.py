@@ -349,7 +349,7 @@ def test_a_two_arm_spec_runs_end_to_end_against_grpo(prefect_harness, tmp_path, 
             assert m["trust_admit_rate"] == pytest.approx(np.mean([r["admitted"] for r in step_rows]))
         assert all(m["critic_forward_seconds"] is None for m in metrics)
     else:
-        assert held["critic"]["lr"] == 1e-2
+        assert held["recipe"]["critic"]["lr"] == 1e-2
         for m in metrics:
             assert m["critic_forward_seconds"] > 0 and m["critic_train_seconds"] > 0
             assert m["critic_forward_tokens"] > 0 and m["critic_train_tokens"] > 0 and m["critic_loss"] > 0
