@@ -134,6 +134,7 @@ def test_a_flow_run_on_a_capped_service_uses_current_sdk_calls_and_at_most_3_cli
 def test_a_resumed_arm_comes_back_from_its_state_through_the_current_call(tmp_path, tiny_model_dir, use_fake,  # noqa: F811
                                                                            capfd):
     from schemas.arm import ArmConfig
+    from schemas.layout import RunLayout
     from schemas.plan import RunContext
     from tasks.arms import train_with_checkpoints
 
@@ -143,9 +144,9 @@ def test_a_resumed_arm_comes_back_from_its_state_through_the_current_call(tmp_pa
     run = RunContext(env="token_threshold", env_options={}, renderer="qwen3_instruct", base_model=str(tiny_model_dir),
                      treatment="gs1_kernel", baseline="grpo_gs8")
     with use_fake(max_adapters=1, seeded_first_token=True) as fake, no_deprecations(capfd):
-        first = train_with_checkpoints(arm, run, str(tmp_path / "run"), "tinker", None, checkpoint_every=1)
+        first = train_with_checkpoints(arm, run, RunLayout(tmp_path / "run"), "tinker", None, checkpoint_every=1)
         # As after a crash past the last checkpoint: the step logs after it are stale and redone.
-        again = train_with_checkpoints(arm, run, str(tmp_path / "run"), "tinker", None, checkpoint_every=1)
+        again = train_with_checkpoints(arm, run, RunLayout(tmp_path / "run"), "tinker", None, checkpoint_every=1)
         live_after = fake.live_models
     assert fake.calls["/api/v1/load_weights"] == 1  # the resumed client, created from the state
     assert fake.calls["/api/v1/create_model"] == 1
