@@ -265,8 +265,8 @@ def estimator_inputs(arm: ArmConfig, graded: Graded, prompts_P, *, training_clie
 
 def with_advantages(rows_B: list[RolloutRow], advantages: StepAdvantages) -> list[RolloutRow]:
     """The rows with the step's baselines, advantages and the kind's own columns."""
-    columns = {name: values for name, values in advantages.logged().items()}
-    return [row.with_columns(**{name: np.asarray(values)[b].item() for name, values in columns.items()})
+    columns = {name: np.asarray(values) for name, values in advantages.logged().items()}
+    return [row.with_columns(**{name: values[b].item() for name, values in columns.items()})
             for b, row in enumerate(rows_B)]
 
 

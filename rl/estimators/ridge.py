@@ -27,6 +27,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from rl import reference
 from rl.estimators.base import WINDOW, Estimator, KernelWindow, RolloutLog, StepAdvantages, StepBatch, finite_rewards
 from schemas.errors import FieldProblems, known_keys_only
 from schemas.kernel import FEATURE_NAMES
@@ -109,12 +110,7 @@ def ridge_log_reference(steps, rewards, features, *, penalty: float, history: in
     """The ridge baselines over a whole log in rollout order, in plain Python (the reference):
     each step's fit rows are the `history` rows of the log before the step's first row."""
     out = {"baseline": [], "advantage": []}
-    runs, start = [], 0
-    for i in range(1, len(steps) + 1):
-        if i == len(steps) or steps[i] != steps[start]:
-            runs.append((start, i))
-            start = i
-    for start, stop in runs:
+    for start, stop in reference._step_runs(steps):  # the references' own split of a log into steps
         lo = max(0, start - history)
         fit = list(range(lo, start))
         n = len(fit)
