@@ -271,3 +271,24 @@ def test_the_converted_folder_is_keyed_by_file_dtype_and_versions(tiny_gguf, cac
     assert models.converted_gguf_dir(src, torch.float32) != f32
     monkeypatch.delenv("GS1_MODEL_CACHE")
     assert models.converted_gguf_dir(src, torch.float32) is None  # unset: nothing is written
+
+
+def test_each_load_is_an_event_and_one_engine_line(tiny_gguf, cache, monkeypatch, caplog):
+    """How each base load was served (for the stage table, benchmarks/stage_timings.py): the GGUF
+    dequantised, this process's tensors reused, the converted folder of an earlier process; and the
+    tokenizer once per source."""
+    monkeypatch.setattr(models, "MODEL_LOAD_EVENTS", [])
+    monkeypatch.setattr(models, "_TOKENIZERS", {})
+    src = resolve_model(str(tiny_gguf))
+    with caplog.at_level(logging.INFO, logger="gs1.engine"):
+        load_causal_lm(src, torch.float32, CPU)
+        load_causal_lm(src, torch.float32, CPU)
+        _reload(src, torch.float32)
+        load_tokenizer(src)
+        load_tokenizer(src)
+    events = models.MODEL_LOAD_EVENTS
+    assert [e.how for e in events] == ["gguf", "reused", "converted", "tokenizer"]
+    assert {e.spec for e in events} == {str(tiny_gguf)} and [e.device for e in events][:3] == ["cpu"] * 3
+    assert all(e.seconds >= 0 for e in events)
+    lines = [r.getMessage() for r in caplog.records if r.name == "gs1.engine"]
+    assert lines == [f"model {e.spec} loaded ({e.how}) in {e.seconds:.1f} s on {e.device}" for e in events]

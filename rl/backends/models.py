@@ -24,6 +24,7 @@ import importlib.util
 import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from schemas.errors import UserError
 
 logger = logging.getLogger(__name__)
+_log = logging.getLogger("gs1.engine")  # the engine's timing lines (decode-graph compiles, model loads)
 
 # Python package -> the pip requirement that ships it (installed without deps).
 KNOWN_MODEL_PACKAGES = {
@@ -101,6 +103,26 @@ def resolve_model(base_model: str) -> ModelSource:
     return ModelSource(base_model, base_model, None, is_local=False)
 
 
+@dataclass(frozen=True)
+class ModelLoadEvent:
+    """One base model or tokenizer made ready in this process, and how (for the stage table)."""
+
+    spec: str  # the base_model string as written
+    how: str  # "gguf" (dequantised), "converted" ($GS1_MODEL_CACHE), "weights" (a model folder or
+    # hub id), "reused" (this process's tensors), or "tokenizer"
+    seconds: float
+    device: str
+
+
+MODEL_LOAD_EVENTS: list[ModelLoadEvent] = []  # this process's, in order
+
+
+def _record_load(src: ModelSource, how: str, t0: float, device) -> None:
+    event = ModelLoadEvent(src.spec, how, time.perf_counter() - t0, str(device))
+    MODEL_LOAD_EVENTS.append(event)
+    _log.info(f"model {event.spec} loaded ({event.how}) in {event.seconds:.1f} s on {event.device}")
+
+
 def _kw(src: ModelSource) -> dict:
     kw: dict = {}
     if src.gguf_file:
@@ -117,7 +139,9 @@ def load_tokenizer(src: ModelSource):
     """The model's tokenizer (cached per source: loading Qwen's 151k vocabulary takes seconds)."""
     key = (src.path, src.gguf_file)
     if key not in _TOKENIZERS:
+        t0 = time.perf_counter()
         _TOKENIZERS[key] = _load_tokenizer(src)
+        _record_load(src, "tokenizer", t0, "cpu")
     # Each engine gets its own copy: a fast tokenizer used from two threads at once fails
     # ("Already borrowed"), and engines of parallel arms run in parallel threads.
     return copy.deepcopy(_TOKENIZERS[key])
@@ -142,6 +166,7 @@ def load_causal_lm(src: ModelSource, dtype, device):
     Only LoRA adapters are trained, so sharing the base tensors is safe.
     """
     key = (src.path, src.gguf_file, str(dtype), str(device))
+    t0 = time.perf_counter()
     if key in _BASE_WEIGHTS:
         config, state, buffers = _BASE_WEIGHTS[key]
         with torch.device("meta"):
@@ -152,16 +177,21 @@ def load_causal_lm(src: ModelSource, dtype, device):
             model.get_submodule(module_name)._buffers[attr] = buffer
         model.tie_weights()
         model.eval()
+        _record_load(src, "reused", t0, device)
         return model
-    model = _load_causal_lm(src, dtype, device)
+    model, how = _load_causal_lm(src, dtype, device)
     _BASE_WEIGHTS[key] = (model.config, model.state_dict(), dict(model.named_buffers()))
+    _record_load(src, how, t0, device)
     return model
 
 
 def _load_causal_lm(src: ModelSource, dtype, device):
+    """The model, and how it was read (a ModelLoadEvent's `how`)."""
     converted = converted_gguf_dir(src, dtype)
     model = _load_converted(converted, dtype) if converted is not None else None
+    how = "converted"
     if model is None:
+        how = "gguf" if src.gguf_file else "weights"
         try:
             model = AutoModelForCausalLM.from_pretrained(
                 src.path, dtype=dtype if not src.gguf_file else torch.float32, **_kw(src)
@@ -173,7 +203,7 @@ def _load_causal_lm(src: ModelSource, dtype, device):
             _save_converted(model, converted, dtype)
     model.to(device=device, dtype=dtype)
     model.eval()
-    return model
+    return model, how
 
 
 def _package_version(name: str) -> str:
