@@ -1,0 +1,113 @@
+"""benchmarks/stage_timings.py: a `gs1 run` terminal log read into one row per stage, with the
+engine's decode-graph compiles and model loads counted in the stage they happened in. The load
+lines come from rl/backends/models.py's own logger, in `gs1 run`'s console format, so the parser is
+checked against what the engine writes."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from rl.backends import models
+
+_spec = importlib.util.spec_from_file_location(
+    "stage_timings", Path(__file__).resolve().parents[1] / "benchmarks" / "stage_timings.py")
+stage_timings = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(stage_timings)
+
+CONSOLE = logging.Formatter("%(asctime)s.%(msecs)03d | %(levelname)-7s | %(name)s - %(message)s", "%H:%M:%S")
+
+
+@pytest.fixture
+def engine_lines(monkeypatch):
+    """The gs1.engine logger's lines in gs1 run's console format (gs1/commands/run.py)."""
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(CONSOLE)
+    log = logging.getLogger("gs1.engine")
+    monkeypatch.setattr(log, "level", logging.INFO)
+    log.addHandler(handler)
+    monkeypatch.setattr(models, "MODEL_LOAD_EVENTS", [])
+    yield out
+    log.removeHandler(handler)
+
+
+def _load(spec, how, seconds, device="cuda:0"):
+    """One load as the engine logs it, `seconds` long."""
+    src = models.ModelSource(spec, "/models/x", "x.gguf")
+    models._record_load(src, how, time.perf_counter() - seconds, device)
+
+
+def _at(clock, lines):
+    """`lines` re-stamped at `clock` (they carry the time they were logged)."""
+    return [clock + line[len(clock):] for line in lines]
+
+
+def _compile(clock, what):
+    """A decode-graph line as rl/backends/local_sampler.py logs it."""
+    return (f"{clock} | INFO    | gs1.engine - decode graph 64 rows x 1024 positions on cuda:0: {what} "
+            "(1 shapes compiled in this process)")
+
+
+def _finished(clock, name):
+    return f"{clock} | INFO    | Task run '{name}-1a2' - Finished in state Completed()"
+
+
+def test_loads_and_compiles_are_counted_in_their_stage(engine_lines):
+    spec = "pkg:llm_qwen/Qwen2.5-1.5B-Instruct.Q4_K_M.gguf"
+    _load(spec, "tokenizer", 3.0, "cpu")
+    _load(spec, "gguf", 50.0)
+    preflight_loads = engine_lines.getvalue().splitlines()
+    _load(spec, "reused", 0.2)
+    pilot_loads = engine_lines.getvalue().splitlines()[len(preflight_loads):]
+    log = "\n".join([
+        _finished("10:00:00.000", "validate spec"),
+        *_at("10:00:30.000", preflight_loads),
+        _compile("10:01:40.000", "compiled and captured in 40.5 s"),
+        _finished("10:02:00.000", "correctness preflight"),
+        *_at("10:02:10.000", pilot_loads),
+        _compile("10:02:20.000", "captured in 0.4 s"),
+        _finished("10:03:00.000", "pilot"),
+    ])
+    rows = {r["stage"]: r for r in stage_timings.stage_table(log)}
+    assert list(rows) == ["validate spec", "correctness preflight", "pilot"]
+    preflight, pilot = rows["correctness preflight"], rows["pilot"]
+    assert preflight["seconds"] == 120.0 and pilot["seconds"] == 60.0
+    assert (preflight["compiled"], preflight["captured"], preflight["compile_seconds"]) == (1, 1, 40.5)
+    assert (pilot["compiled"], pilot["captured"], pilot["compile_seconds"]) == (0, 1, 0.0)
+    # the events' seconds, as logged (one decimal): the tokenizer and the dequantised GGUF
+    logged = [round(e.seconds, 1) for e in models.MODEL_LOAD_EVENTS]
+    assert preflight["loads"] == 2 and preflight["load_seconds"] == pytest.approx(sum(logged[:2]))
+    assert pilot["loads"] == 0 and pilot["load_seconds"] == pytest.approx(logged[2])  # a reuse: no load
+    assert rows["validate spec"]["loads"] == 0 and rows["validate spec"]["load_seconds"] == 0.0
+
+
+def test_the_load_line_names_the_model_how_and_device(engine_lines):
+    _load("/models/tiny dir/m.gguf", "converted", 1.25, "cpu")  # a path with a space
+    event = models.MODEL_LOAD_EVENTS[-1]
+    assert (event.spec, event.how, event.device) == ("/models/tiny dir/m.gguf", "converted", "cpu")
+    line = engine_lines.getvalue().splitlines()[-1]
+    m = stage_timings.LOAD.search(line)
+    assert m and m.group(1) == event.spec and m.group(2) == "converted" and m.group(4) == "cpu"
+    assert float(m.group(3)) == pytest.approx(event.seconds, abs=0.05)
+
+
+def test_the_printed_table_shows_compiles_compile_and_load_seconds(tmp_path, capsys):
+    log = "\n".join([
+        "09:59:00.000 | INFO    | gs1.engine - model m loaded (gguf) in 12.5 s on cuda:0",
+        _compile("09:59:30.000", "compiled and captured in 7.0 s"),
+        _finished("10:00:00.000", "correctness preflight"),
+    ])
+    (tmp_path / "flow.log").write_text(log)
+    assert stage_timings.main([str(tmp_path / "flow.log")]) == 0
+    header, _, row, total = capsys.readouterr().out.strip().splitlines()
+    cells = dict(zip([c.strip() for c in header.strip("|").split("|")], [c.strip() for c in row.strip("|").split("|")]))
+    assert cells["stage"] == "correctness preflight"
+    assert (cells["decode graphs compiled"], cells["compile s"]) == ("1", "7.0")
+    assert (cells["model loads"], cells["model load s"]) == ("1", "12.5")
+    assert total.startswith("| total |")
