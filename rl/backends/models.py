@@ -10,9 +10,10 @@ Accepted forms:
 Bad input raises `schemas.errors.UserError` with one line naming what is wrong.
 With `$GS1_MODEL_CACHE` set, a GGUF model's dequantised weights are kept there for the next
 process (`converted_gguf_dir`) as a plain model folder: `config.json` without any quantisation
-entry, `generation_config.json` and safetensors weights in the load's dtype. Later processes load
-that folder instead of dequantising again (the tokenizer is still read from the GGUF); a damaged
-folder is replaced by a fresh conversion, with a warning.
+entry, `generation_config.json` and safetensors weights in the load's dtype; and its tokenizer, in
+a folder of its own (`converted_tokenizer_dir`: it does not depend on the dtype). Later processes
+load those folders instead of dequantising again and converting the GGUF's vocabulary again; a
+damaged folder is replaced by a fresh conversion, with a warning.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import copy
 import hashlib
 import importlib.metadata
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from schemas.errors import UserError
@@ -109,7 +112,8 @@ class ModelLoadEvent:
 
     spec: str  # the base_model string as written
     how: str  # "gguf" (dequantised), "converted" ($GS1_MODEL_CACHE), "weights" (a model folder or
-    # hub id), "reused" (this process's tensors), or "tokenizer"
+    # hub id), "reused" (this process's tensors), "tokenizer" (read from the source: a GGUF's is
+    # converted from its vocabulary) or "tokenizer-cached" ($GS1_MODEL_CACHE)
     seconds: float
     device: str
 
@@ -140,18 +144,26 @@ def load_tokenizer(src: ModelSource):
     key = (src.path, src.gguf_file)
     if key not in _TOKENIZERS:
         t0 = time.perf_counter()
-        _TOKENIZERS[key] = _load_tokenizer(src)
-        _record_load(src, "tokenizer", t0, "cpu")
+        _TOKENIZERS[key], how = _load_tokenizer(src)
+        _record_load(src, how, t0, "cpu")
     # Each engine gets its own copy: a fast tokenizer used from two threads at once fails
     # ("Already borrowed"), and engines of parallel arms run in parallel threads.
     return copy.deepcopy(_TOKENIZERS[key])
 
 
 def _load_tokenizer(src: ModelSource):
+    """The tokenizer, and how it was read (a ModelLoadEvent's `how`)."""
+    cached = converted_tokenizer_dir(src)
+    tok = _load_cached_tokenizer(cached) if cached is not None else None
+    if tok is not None:
+        return tok, "tokenizer-cached"
     try:
-        return AutoTokenizer.from_pretrained(src.path, **_kw(src))
+        tok = AutoTokenizer.from_pretrained(src.path, **_kw(src))
     except (OSError, ValueError) as e:
         raise UserError(f"cannot load the tokenizer of base_model {src.spec!r}: {e}") from e
+    if cached is not None:
+        _keep_folder(cached, lambda tmp: _save_tokenizer(tok, tmp), "the GGUF's tokenizer")
+    return tok, "tokenizer"
 
 
 _BASE_WEIGHTS: dict[tuple, tuple] = {}
@@ -219,6 +231,18 @@ def converted_gguf_dir(src: ModelSource, dtype) -> Path | None:
     the file's path, size, modification time, the dtype and the versions of transformers and gguf
     (which do the dequantising and the config mapping). None when the variable is unset (the
     default: nothing is written outside the run's own folders) or the source is not GGUF."""
+    return _gguf_cache_dir(src, str(dtype))
+
+
+def converted_tokenizer_dir(src: ModelSource) -> Path | None:
+    """Where a GGUF model's tokenizer is kept between processes (converting Qwen2.5's 151k
+    vocabulary from the GGUF takes ~17 s; loading the result, ~2.5): beside the converted weights,
+    under the same key less the dtype, which the tokenizer does not depend on."""
+    return _gguf_cache_dir(src, "tokenizer", "tokenizer-")
+
+
+def _gguf_cache_dir(src: ModelSource, variant: str, label: str = "") -> Path | None:
+    """The one key of what is kept from a GGUF (converted_gguf_dir, converted_tokenizer_dir)."""
     root = os.environ.get("GS1_MODEL_CACHE")
     if not root or not src.gguf_file:
         return None
@@ -226,9 +250,9 @@ def converted_gguf_dir(src: ModelSource, dtype) -> Path | None:
     st = f.stat()
     versions = f"transformers={_package_version('transformers')}:gguf={_package_version('gguf')}"
     key = hashlib.sha256(
-        f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}:{dtype}:{versions}".encode()
+        f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}:{variant}:{versions}".encode()
     ).hexdigest()[:16]
-    return Path(root) / f"{f.stem}-{key}"
+    return Path(root) / f"{f.stem}-{label}{key}"
 
 
 def _load_converted(converted: Path, dtype):
@@ -252,10 +276,69 @@ def _load_converted(converted: Path, dtype):
     except MemoryError:
         raise
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for a damaged file
-        logger.warning("the converted GGUF model in %s does not load (%s: %s); converting the GGUF again",
-                       converted, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-        _remove_dir(converted)
+        _discard(converted, "the converted GGUF model", e, "converting the GGUF again")
         return None
+
+
+def _discard(folder: Path, what: str, e: Exception, then: str) -> None:
+    """A kept folder that does not load: one warning, and it goes, for a fresh one to replace it."""
+    logger.warning("%s in %s does not load (%s: %s); %s", what, folder, type(e).__name__,
+                   str(e).splitlines()[0] if str(e) else "", then)
+    _remove_dir(folder)
+
+
+_TOKENIZER_DIGESTS = "gs1-digests.json"  # {file name: sha256} of the other files in the folder
+
+
+def _load_cached_tokenizer(folder: Path):
+    """The tokenizer saved in `folder` by an earlier process, or None when there is none yet. Its
+    files are checked against the digests saved with them: a folder that lost a file still loads
+    (without chat_template.jinja, with no chat template), so loading is no test of being whole."""
+    if not folder.is_dir():
+        return None
+    try:
+        kept = json.loads((folder / _TOKENIZER_DIGESTS).read_text())
+        found = _digests(folder)
+        if found != kept:
+            changed = sorted(n for n in found.keys() | kept.keys() if found.get(n) != kept.get(n))
+            raise ValueError(f"its files differ from those saved: {changed}")
+        return _read_tokenizer_folder(folder)
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - tokenizers raises its own error type for a damaged file
+        _discard(folder, "the kept GGUF tokenizer", e, "converting the GGUF's again")
+        return None
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.iterdir()) if p.name != _TOKENIZER_DIGESTS}
+
+
+def _read_tokenizer_folder(folder: Path):
+    # The backend as saved: from the folder alone some classes (the llama one, which a SmolLM2
+    # GGUF gets) rebuild it from the vocabulary with their own pre-tokenizer, and encode otherwise.
+    # The GGUF load builds the class the same way, then sets the converted backend.
+    backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, tokenizer_object=backend)
+
+
+def _tokenizer_fingerprint(tok) -> tuple:
+    """What encoding, decoding and the engine's stop and pad tokens and prompts depend on."""
+    attrs = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "all_special_ids",
+             "chat_template", "padding_side", "truncation_side", "model_max_length",
+             "clean_up_tokenization_spaces", "add_bos_token", "add_eos_token")
+    return (type(tok).__name__, len(tok), tok.backend_tokenizer.to_str(),
+            tuple((a, getattr(tok, a, None)) for a in attrs))
+
+
+def _save_tokenizer(tok, out: Path) -> None:
+    tok.save_pretrained(str(out))
+    # Read back before it is kept: a transformers version that saves or reads differently costs a
+    # warning and the GGUF's conversion in each process, never a tokenizer that encodes otherwise.
+    if _tokenizer_fingerprint(_read_tokenizer_folder(out)) != _tokenizer_fingerprint(tok):
+        raise ValueError("the saved tokenizer reads back different from the GGUF's")
+    (out / _TOKENIZER_DIGESTS).write_text(json.dumps(_digests(out), indent=1))
 
 
 def _remove_dir(path: Path) -> None:
@@ -286,16 +369,22 @@ def _plain_model(model, dtype):
 
 
 def _save_converted(model, out: Path, dtype) -> None:
-    """Write the dequantised weights as a plain model folder, atomically (a folder renamed into
-    place); best effort: a failure (a full disk) costs the next load's time, nothing else."""
+    """Write the dequantised weights as a plain model folder (`_keep_folder`)."""
+    _keep_folder(out, lambda tmp: _plain_model(model, dtype).save_pretrained(str(tmp)),
+                 "the converted GGUF model")
+
+
+def _keep_folder(out: Path, write, what: str) -> None:
+    """`write(tmp)` fills a fresh folder, kept as `out` atomically (renamed into place); best
+    effort: a failure (a full disk) costs the next load's time and one warning, nothing else."""
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)  # a killed process with this pid may have left one
-        _plain_model(model, dtype).save_pretrained(str(tmp))
+        write(tmp)  # save_pretrained makes the folder
         os.replace(tmp, out)
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error type on a full disk
         shutil.rmtree(tmp, ignore_errors=True)
         if not out.is_dir():  # else another process renamed its copy into place first: fine
-            logger.warning("could not keep the converted GGUF model in %s (%s: %s); the next load "
-                           "converts the GGUF again", out, type(e).__name__, e)
+            logger.warning("could not keep %s in %s (%s: %s); the next process converts the GGUF "
+                           "again", what, out, type(e).__name__, e)
