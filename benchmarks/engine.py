@@ -16,6 +16,14 @@ timed rounds; then `forward_backward(importance_sampling)` + `optim_step` over `
 datums of prompt+new tokens, with the peak GPU memory (torch.cuda.max_memory_allocated) of each
 forward_backward. `--skip-sample` trains on random completions instead of sampled ones.
 Prints one table row per measurement.
+
+`--adapters 1,2,6,12`: one base, N training clients (arms) on it, N = each value in turn. Per N:
+one RL step of all N arms as the pipeline runs it -- every arm's `--batch` sample rows submitted,
+then awaited (one batched decode across the adapters), then every arm's forward_backward and
+optim_step submitted back to back -- a warm-up step (compiles the batch's decode shape), then
+`--repeats` timed ones. Prints ms per decode step, train seconds per adapter step, the step's
+seconds, each against one adapter's, and the GPU memory held per added arm (its adapter, AdamW
+state) and at the step's peak.
 """
 
 from __future__ import annotations
@@ -76,8 +84,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-cuda-graphs", action="store_true")
-    ap.add_argument("--merge", action="store_true",
-                    help="sample on LoRA merged into the bf16 base weights (lossy; comparison only)")
+    ap.add_argument("--adapters", default=None, help="e.g. 1,2,6,12: the multi-adapter table (see above)")
     ap.add_argument("--no-compile", action="store_true", help="capture the eager decode step (no torch.compile)")
     ap.add_argument("--tokenizer-dir", default=None, help="a saved Qwen tokenizer to reuse")
     ap.add_argument("--skip-train", action="store_true")
@@ -101,8 +108,11 @@ def main(argv=None) -> int:
     extra = {"gradient_checkpointing": False} if args.no_gradient_checkpointing else {}
     svc = make_service_client("local", device=device, dtype=args.dtype, cache_dir=work / "cache",
                               use_cuda_graphs=False if args.no_cuda_graphs else None,
-                              max_batch_rows=max(args.batch, 1),
-                              merge_lora=args.merge, compile_decode=not args.no_compile, **extra)
+                              max_batch_rows=max(args.batch, 1) * max(_counts(args.adapters) or [1]),
+                              compile_decode=not args.no_compile,
+                              batch_across_clients=True if args.adapters else None, **extra)
+    if args.adapters:
+        return adapters_table(args, svc, model_dir, device)
     t0 = time.perf_counter()
     tc = svc.create_lora_training_client(str(model_dir), rank=args.rank, seed=0).result()
     t_load = time.perf_counter() - t0
@@ -176,7 +186,7 @@ def main(argv=None) -> int:
         if args.skip_sample:
             agree = agree_trained = (float("nan"), float("nan"))
         # After the optimizer steps the adapters are non-zero: agreement now also shows whether
-        # the sampler carries the learner's update (a lossy --merge would not, in full).
+        # the sampler carries the learner's update.
         else:
             *_, res2 = sample_round()
             fwd = tc.forward([_datum(p, r.sequences[0], 0.0) for p, r in zip(prompts, res2)],
@@ -229,7 +239,7 @@ def main(argv=None) -> int:
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
     print(f"\nconfig={args.config} device={device} ({name}) dtype={dtype} batch={args.batch} "
           f"prompt={args.prompt_tokens} new={args.new_tokens} rank={args.rank} "
-          f"cuda_graphs={gen.use_cuda_graphs} merged_lora={gen.merge is not None} "
+          f"cuda_graphs={gen.use_cuda_graphs} "
           f"compiled={gen.compile_decode} build={t_build:.1f}s load={t_load:.1f}s "
           f"torch={torch.__version__}")
     if gen.stats.extra:
@@ -255,6 +265,86 @@ def main(argv=None) -> int:
         for ph, t_fb, t_all, n_tok, m0, m1 in train_rows:
             print(f"| {ph} | {t_fb:.3f} | {t_all:.3f} | {n_tok} | {n_tok / t_all:.0f} "
                   f"| {m0:.2f} | {m1:.2f} |")
+    return 0
+
+
+def _counts(spec: str | None) -> list[int]:
+    return [int(x) for x in spec.split(",")] if spec else []
+
+
+def adapters_table(args, svc, model_dir: Path, device: str) -> int:
+    from tinker import types
+
+    from schemas.optimizer import ADAM
+
+    cuda = device.startswith("cuda")
+    gib = 2.0**30
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    mem = (lambda: torch.cuda.memory_allocated() / gib) if cuda else (lambda: float("nan"))
+    rng = random.Random(0)
+    sp = types.SamplingParams(max_tokens=args.new_tokens, temperature=1.0, stop=[])
+    adam = types.AdamParams(learning_rate=args.lr, **ADAM.model_dump())
+    arms: list = []
+    prompts_A: list[list[types.ModelInput]] = []
+    table = []
+    t0 = time.perf_counter()
+    mem_before = None
+
+    def datum(p, s, adv):
+        ob = p.length - 1
+        return types.Datum(model_input=p.append(types.EncodedTextChunk(tokens=s.tokens[:-1])),
+                           loss_fn_inputs={"target_tokens": [0] * ob + s.tokens,
+                                           "logprobs": [0.0] * ob + s.logprobs,
+                                           "advantages": [0.0] * ob + [adv] * len(s.tokens)})
+
+    def rl_step(n: int) -> dict:
+        gen = arms[0]._engine.generator
+        before = (gen.stats.decode_s, gen.stats.decode_steps, gen.stats.batches)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        t = time.perf_counter()
+        samplers = [tc.save_weights_and_get_sampling_client().result() for tc in arms[:n]]
+        futures_A = [[sc.sample(p, 1, sp) for p in prompts] for sc, prompts in zip(samplers, prompts_A)]
+        results_A = [[f.result() for f in fs] for fs in futures_A]
+        t_sample = time.perf_counter() - t
+        steps = [(tc.forward_backward([datum(p, r.sequences[0], 1.0 if i % 2 else -1.0)
+                                       for i, (p, r) in enumerate(zip(prompts, results))], "importance_sampling"),
+                  tc.optim_step(adam)) for tc, prompts, results in zip(arms[:n], prompts_A, results_A)]
+        for fb, opt in steps:
+            fb.result(), opt.result()
+        sync()
+        t_step = time.perf_counter() - t
+        decode_s, decode_steps = gen.stats.decode_s - before[0], gen.stats.decode_steps - before[1]
+        return {"sample_s": t_sample, "step_s": t_step, "train_s": (t_step - t_sample) / n,
+                "decode_ms": 1000 * decode_s / max(decode_steps, 1), "batches": gen.stats.batches - before[2],
+                "peak": torch.cuda.max_memory_allocated() / gib if cuda else float("nan")}
+
+    for n in _counts(args.adapters):
+        while len(arms) < n:
+            if mem_before is None:
+                mem_before = mem()
+            arms.append(svc.create_lora_training_client(str(model_dir), rank=args.rank, seed=len(arms)).result())
+            prompts_A.append([types.ModelInput.from_ints([rng.randrange(1000, 150000) for _ in range(args.prompt_tokens)])
+                              for _ in range(args.batch)])
+        rl_step(n)  # warm-up: this many rows' decode shape, and every new arm's AdamW state
+        held = mem()
+        timed = [rl_step(n) for _ in range(args.repeats)]
+        row = {k: sum(t[k] for t in timed) / len(timed) for k in timed[0]}
+        row.update(adapters=n, rows=n * args.batch, held=held, per_arm=(held - mem_before) / n)
+        table.append(row)
+        print(f"[{time.perf_counter() - t0:.0f} s] {n} adapters: {row}", flush=True)
+    one = table[0]
+    name = torch.cuda.get_device_name() if cuda else "cpu"
+    print(f"\nconfig={args.config} device={device} ({name}) batch={args.batch} per adapter, prompt={args.prompt_tokens} "
+          f"new={args.new_tokens} rank={args.rank} compiled={arms[0]._engine.generator.compile_decode} "
+          f"torch={torch.__version__}; x: against the first row")
+    print("| adapters | rows | batches | ms / decode step | x | sample s | train s per adapter | RL step s | x "
+          "| GiB held | GiB per arm | peak GiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in table:
+        print(f"| {r['adapters']} | {r['rows']} | {r['batches']:.0f} | {r['decode_ms']:.2f} | {r['decode_ms'] / one['decode_ms']:.2f} "
+              f"| {r['sample_s']:.2f} | {r['train_s']:.2f} | {r['step_s']:.2f} | {r['step_s'] / one['step_s']:.2f} "
+              f"| {r['held']:.2f} | {r['per_arm']:.2f} | {r['peak']:.2f} |")
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 
 import pytest
@@ -216,7 +217,7 @@ def test_saving_never_looks_the_base_model_up_on_the_hub(tiny_service_client, ti
     lookups = []
     monkeypatch.setattr(peft_save, "check_file_exists_on_hf_hub", lambda *a, **k: lookups.append(a))
     tc = tiny_service_client.create_lora_training_client(str(tiny_model_dir), rank=RANK, seed=5).result()
-    tc._engine.model.peft_config["default"].base_model_name_or_path = "Qwen/Qwen3-0.6B"
+    tc._engine.model.peft_config[tc._engine.name].base_model_name_or_path = "Qwen/Qwen3-0.6B"
     before = _lora_params(tc)
     path = tc.save_state("hub-id").result().path
     tc.save_weights_for_sampler("hub-id").result()
@@ -449,6 +450,12 @@ def _gen(eng, **kw):
     return Generator(eng.model, eng.pad_id, eng.tokenizer, **kw)
 
 
+def _bank_generate(eng, rows):
+    """The engine's own generator (rows carry their adapters), outside its queue."""
+    with eng.base.bank.serving():
+        return eng.generator.generate(rows)
+
+
 def _same_rows(got, want, tol=1e-5):
     assert len(got) == len(want)
     for a, b in zip(got, want):
@@ -477,7 +484,7 @@ def test_num_samples_shares_one_prefill_and_matches_separate_rows(tc, tiny_token
     # every row: the same key, alone in its own batch (so prefilled on its own)
     key = splitmix64(21)
     rows = [Row(prompt=p.to_ints(), max_tokens=9, temperature=1.0, key=row_key(key, s)) for s in range(8)]
-    alone = eng.run_with(sc._snapshot, lambda: [_gen(eng).generate([r])[0] for r in rows])
+    alone = [_bank_generate(eng, [dataclasses.replace(r, adapter=sc._snapshot)])[0] for r in rows]
     _same_rows(resp.sequences, alone)
 
 
@@ -579,51 +586,13 @@ def test_prompt_logprobs_on_the_static_path_and_the_fallback(tc, tiny_tokenizer,
     assert max(abs(x - y) for x, y in zip(out[2].prompt_logprobs[1:], want[1][1:])) < 1e-5
 
 
-def test_merged_lora_generation_matches_adapters_and_restores_the_base(tiny_service_client, tiny_model_dir,
-                                                                        tiny_tokenizer):
-    """CUDA samples on LoRA folded into the base weights (`MergedLora`); run here in fp32 on the
-    CPU with non-zero adapters, it gives the unmerged path's tokens and logprobs, and afterwards
-    every base weight is bit-identical, the adapters are live again and still trainable."""
-    from rl.backends.local_sampler import Row
-
-    tc = tiny_service_client.create_lora_training_client(str(tiny_model_dir), rank=4, seed=3).result()
-    eng = tc._engine
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for n, p in eng.model.named_parameters():
-            if "lora_B" in n:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
-    base_before = {n: p.detach().clone() for n, p in eng.model.named_parameters() if "lora_" not in n}
-    rows = [Row(prompt=tiny_tokenizer.encode(t), max_tokens=8, temperature=1.0, key=k)
-            for t, k in (("Hello there", 1), ("A longer prompt than the first one", 2))]
-    merged_gen = _gen(eng, merge_lora=True)
-    assert len(merged_gen.merge.layers) > 0
-    plain = _gen(eng, merge_lora=False).generate(rows)
-    merged = merged_gen.generate(rows)
-    with merged_gen.merge.merged():  # inside, the base weights carry the adapters' delta
-        w = merged_gen.merge.layers[0].get_base_layer().weight
-        n0 = next(n for n, p in eng.model.named_parameters() if p is w)
-        assert not torch.equal(w, base_before[n0])
-    _same_rows(merged, plain, tol=1e-4)
-    # the adapters matter here: the base model alone samples something else
-    with eng.model.disable_adapter():
-        base_only = _gen(eng, merge_lora=False).generate(rows)
-    assert any(a.logprobs != b.logprobs for a, b in zip(base_only, plain))
-    after = {n: p for n, p in eng.model.named_parameters() if "lora_" not in n}
-    assert all(torch.equal(base_before[n], after[n]) for n in base_before)
-    assert not any(m.disable_adapters for m in merged_gen.merge.layers)
-    assert all(p.requires_grad for n, p in eng.model.named_parameters() if "lora_" in n)
-    again = _gen(eng, merge_lora=False).generate(rows)
-    assert [(r.tokens, r.logprobs) for r in again] == [(r.tokens, r.logprobs) for r in plain]
-
-
 def test_compile_decode_defaults_on_and_only_applies_to_cuda(tmp_path, monkeypatch, tc):
     monkeypatch.delenv("GS1_COMPILE_DECODE", raising=False)
-    assert make_service_client("local", device="cpu", cache_dir=tmp_path).compile_decode is True
+    assert make_service_client("local", device="cpu", cache_dir=tmp_path).settings.compile_decode is True
     monkeypatch.setenv("GS1_COMPILE_DECODE", "0")
-    assert make_service_client("local", device="cpu", cache_dir=tmp_path).compile_decode is False
+    assert make_service_client("local", device="cpu", cache_dir=tmp_path).settings.compile_decode is False
     assert make_service_client("local", device="cpu", cache_dir=tmp_path,
-                               compile_decode=True).compile_decode is True
+                               compile_decode=True).settings.compile_decode is True
     eng = tc._engine
     assert _gen(eng, compile_decode=True).compile_decode is False  # CPU: nothing is captured
 
@@ -712,24 +681,26 @@ def test_a_wait_flushes_only_its_own_clients_requests(tc, tiny_tokenizer):
     assert len(ra) == len(rb) == 3
 
 
-def test_engines_go_to_the_gpu_with_the_fewest_live_engines(tmp_path, monkeypatch):
-    """With two GPUs and `device="cuda"`, arms created together get one GPU each; a GPU whose
-    engines are gone counts as free again; an explicit `cuda:N` is kept. (Stand-in engines: this
-    machine has no GPU, and `place` only reads their devices.)"""
+def test_clients_go_to_the_gpu_with_the_fewest_live_adapters(tmp_path, monkeypatch):
+    """With two GPUs and `device="cuda"`, arms created together get one GPU each (one base on
+    each); a GPU whose adapters are gone counts as free again; an explicit `cuda:N` is kept.
+    (Stand-in bases: this machine has no GPU, and `place` only reads their devices and adapters.)"""
     from rl.backends.local import LocalServiceClient
 
-    class EngineStandIn:
+    class BaseStandIn:
         def __init__(self, device):
-            self.device = device
+            self.device, self.adapters = device, {}
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     svc = LocalServiceClient(device="cuda", cache_dir=tmp_path, compile_decode=False)
-    first = EngineStandIn(svc.place())
-    svc._live.add(first)
-    second = EngineStandIn(svc.place())
-    svc._live.add(second)
+    first = svc._bases["m", None, "cuda:0"] = BaseStandIn(svc.place())
+    first.adapters["c0000"] = object()
+    second = svc._bases["m", None, "cuda:1"] = BaseStandIn(svc.place())
+    second.adapters["c0001"] = object()
     assert (first.device, second.device) == (torch.device("cuda", 0), torch.device("cuda", 1))
-    del first  # its stage is done with it
+    first.adapters["c0002"] = object()
+    assert svc.place() == torch.device("cuda", 1)
+    first.adapters.clear()  # its stage is done with them
     assert svc.place() == torch.device("cuda", 0)
     pinned = LocalServiceClient(device="cuda:1", cache_dir=tmp_path, compile_decode=False)
     assert pinned.place() == torch.device("cuda", 1)

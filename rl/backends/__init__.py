@@ -4,17 +4,19 @@
 the loop uses (see docs/contracts.md, "Backend surface"):
 - `"local"`: `rl.backends.local.LocalServiceClient(device=None, dtype=None, cache_dir=None,
   max_batch_rows=None, batch_window_s=0.0, tokens_per_microbatch=None, use_cuda_graphs=None,
-  merge_lora=False, compile_decode=None, gradient_checkpointing=True)`; compile_decode None: on
-  unless GS1_COMPILE_DECODE=0 (CUDA only).
+  compile_decode=None, gradient_checkpointing=True, batch_across_clients=None, gather_s=0.25)`;
+  compile_decode None: on unless GS1_COMPILE_DECODE=0 (CUDA only); batch_across_clients None:
+  on CUDA only (one decode batch across every client's queued requests).
 - `"tinker"`: `rl.backends.tinker_backend.make_tinker_service_client(base_url=None,
   api_key=None, **kw)` (imported lazily, so the local path never needs the hosted pieces).
 
 `release_training_client(tc)` gives back what the service holds for a training client the
-caller is done with (hosted: its LoRA adapter; local: nothing beyond the client's memory).
+caller is done with (hosted: its LoRA adapter; local: its adapter on the shared base).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from schemas.errors import UserError
@@ -43,7 +45,10 @@ def release_training_client(training_client) -> None:
         from rl.backends.tinker_backend import unload_training_client
 
         unload_training_client(training_client)
-    # A local training client owns only memory, freed with its last reference.
+        return
+    local = sys.modules.get("rl.backends.local")  # loaded if a local client exists at all
+    if local is not None and isinstance(training_client, local.LocalTrainingClient):
+        training_client.release()  # its adapter leaves the shared base now
 
 
 __all__ = ["BACKENDS", "make_service_client", "release_training_client"]

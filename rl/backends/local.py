@@ -9,29 +9,37 @@ Every call returns a future (`LocalFuture`: `.result()`, `await`, `.future()`); 
 out are real `tinker.types`. Client-creating calls return a `LocalClientFuture`, usable as the
 client too, as tinker 0.38's are.
 
-Execution: each training client owns an *engine* (its model with a peft LoRA adapter, its
-tokenizer, and one worker thread that runs every device job in submission order: forward,
-forward_backward, optim_step, save/load, and sample batches). Sampling clients are snapshots of
-the LoRA weights (copied at save time; the base weights are shared); a sample batch copies its
-snapshot into the adapter, runs, and copies the live weights back, so later optim steps never
-change an existing sampling client.
-
-Concurrency: arms run in parallel threads, each with its own engine; on CUDA each engine works
-on its own stream, so one arm's sampling and another's training share a GPU kernel by kernel.
-With several GPUs and `device="cuda"`, each new engine goes to the GPU holding the fewest live
-engines (`LocalServiceClient.place`), so two arms created together train on two GPUs. The
-compiled decode step is one per process, shared by every engine (`local_sampler`), and its
-kernels are kept on disk between processes (`compile_cache_dir`).
+Execution: one *base* per (model, device) (`_Base`): the model loaded once, its tokenizer, and
+one worker thread that runs every device job of every client in submission order (forward,
+forward_backward, optim_step, save/load, sample batches). Each training client is a LoRA adapter
+on that base (`_Adapter`: a named peft adapter with its own float32 weights; the client's AdamW
+state is over those alone), so each added arm costs its adapter, optimizer state and
+activations, never another model. Training stays per adapter: a client's forward_backward makes
+its adapter peft's active one, and the others get no gradient. Sampling clients are snapshots
+of an adapter's weights (`lora_bank.AdapterWeights`, copied at save time), so later optim steps
+never change an existing sampling client.
 
 Batching: `sample` and `compute_logprobs` only queue a request. The queue is flushed into
-batched generation (left-padded rows, one prefill per distinct prompt shared by its samples,
-which also gives `include_prompt_logprobs`, then one decode step per token with a KV cache)
-when a caller first waits on any queued future (`.result()`, `await`, `.future()`), or when
-`max_batch_rows` rows are queued. A loop that submits every request of a step before awaiting
-any (as the cookbook's does) gets one batch per step, and the batch composition depends only on
-the submission order, so seeded runs are bit-identical on CPU. `batch_window_s > 0` also waits
-that long for more requests after a flush is asked for (useful for thread-per-rollout callers,
-at the price of timing-dependent batches).
+batched generation (left-padded rows, one prefill per distinct (adapter, prompt) shared by its
+samples, which also gives `include_prompt_logprobs`, then one decode step per token with a KV
+cache) when a caller first waits on any queued future (`.result()`, `await`, `.future()`), or
+when `max_batch_rows` rows are queued. A batch may hold rows of many adapters: each row carries
+its adapter and the adapter bank (`rl/backends/lora_bank.py`) adds every row's own LoRA addon
+in two matmuls per projection, inside the one (captured, compiled) decode step. On CUDA
+(`batch_across_clients`) a batch takes every client's requests queued when it starts -- every
+arm's and seed's step samples, held-out and eval requests -- and a flush first waits, briefly,
+for the other sampling training clients to queue theirs (`_Base._gather`: at most `gather_s` for
+one idle on the engine, longer for one whose training jobs are still running), so arms in
+parallel threads step together. On the CPU a batch holds one sampling client's requests alone:
+its composition depends only on that client's submission order, so seeded runs are bit-identical
+whatever the other threads do. A loop that submits every request of a step before awaiting any
+(as the cookbook's does) gets one batch per step. `batch_window_s > 0` also waits that long
+after a flush is asked for (thread-per-rollout callers).
+
+Devices: with several GPUs and `device="cuda"`, each new client goes to the GPU holding the
+fewest live adapters (`LocalServiceClient.place`), one base on each GPU it uses. The compiled
+decode step is one per process (`local_sampler`), its kernels kept on disk between processes
+(`compile_cache_dir`).
 
 Numerics: fp32 on CPU, bf16 on CUDA (LoRA weights and AdamW state stay fp32); override with
 `dtype=`. Loss "importance_sampling" is exactly `-sum_t exp(lp_t - sampler_lp_t) * A_t` over
@@ -66,6 +74,7 @@ Sampled logprobs are those of the distribution sampled from (temperature-scaled;
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import functools
 import gc
@@ -98,6 +107,7 @@ from rl.backends.attention import (
     versions,
 )
 from rl.backends.futures import LocalClientFuture, LocalFuture, SerialWorker
+from rl.backends.lora_bank import AdapterBank, AdapterWeights
 from rl.backends.local_sampler import (
     Generator,
     Row,
@@ -192,112 +202,102 @@ class LoraSpec:
         return mods
 
 
-@dataclass
-class _Snapshot:
-    id: int
-    tensors: list[torch.Tensor]
+@dataclass(frozen=True)
+class EngineSettings:
+    """How a base's engine batches and trains (one per service; `LocalServiceClient` owns the defaults)."""
+    max_batch_rows: int
+    batch_window_s: float
+    tokens_per_microbatch: int
+    use_cuda_graphs: bool | None
+    compile_decode: bool
+    gradient_checkpointing: bool
+    learner_attention_mask: bool
+    # one batch takes the queued requests of every client (else each sampling client's alone)
+    batch_across_clients: bool
+    # how long a flush waits for another sampling client that is not busy on the engine
+    gather_s: float = 0.25
+    # ... and at most, for one whose jobs are still running (its training before its sampling)
+    gather_busy_s: float = 60.0
 
 
 @dataclass
 class _Request:
     kind: str  # "sample" | "score"
-    snapshot: _Snapshot
+    adapter: AdapterWeights | None  # the sampling client's snapshot; None: the bare base model
     prompt: list[int]
     num_samples: int = 1
     params: types.SamplingParams | None = None
     include_prompt_logprobs: bool = False
     key: int = 0
     seq_prefix: str = ""
+    owner: "_Adapter | None" = None  # the training client that sampled it, if any
     future: Future = field(default_factory=Future)
 
 
-class _Engine:
-    """One model + LoRA adapter + tokenizer + the worker thread that owns them."""
+class _Base:
+    """One base model on one device, shared by every client of the service on that (model,
+    device): each training client is a LoRA adapter on it (`_Adapter`), each sampling client a
+    snapshot of one (`AdapterWeights`, read through the `AdapterBank`). Owns the tokenizer, the
+    sample queue, the generator (its compiled decode graphs) and the one worker thread that runs
+    every device job of every client in submission order."""
 
-    def __init__(self, src: ModelSource, lora: LoraSpec, seed: int | None, device, dtype,
-                 max_batch_rows: int, batch_window_s: float, tokens_per_microbatch: int,
-                 use_cuda_graphs: bool | None, merge_lora: bool = False,
-                 compile_decode: bool = False, gradient_checkpointing: bool = True,
-                 learner_attention_mask: bool = False):
-        from peft import LoraConfig, get_peft_model
+    def __init__(self, src: ModelSource, device: torch.device, dtype, settings: EngineSettings):
         from transformers.modeling_layers import GradientCheckpointingLayer
 
-        self.src, self.lora, self.device, self.dtype = src, lora, device, dtype
+        self.src, self.device, self.dtype, self.settings = src, device, dtype, settings
         if device.type == "cuda":  # before any forward picks a kernel (rl/backends/attention.py)
             configure_cuda_attention()
             check_training_attention(device, dtype)
         self.tokenizer = load_tokenizer(src)
-        base = load_causal_lm(src, dtype, device)
-        install_gqa_decode_attention(base)
-        cfg = LoraConfig(r=lora.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
-                         target_modules=lora.target_modules(), bias="none")
-        self.model = get_peft_model(base, cfg)
-        self._init_adapters(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
-        self.model.eval()
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.lm = load_causal_lm(src, dtype, device)
+        install_gqa_decode_attention(self.lm)
+        self.peft = None  # the PeftModel around `lm`, made with the first adapter
+        self.bank = AdapterBank()
+        self.adapters: dict[str, _Adapter] = {}
+        self._names = itertools.count()
         self.pad_id = self._pad_id()
         self.eos_ids = self._eos_ids()
-        self.generator = Generator(self.model, self.pad_id, self.tokenizer, use_cuda_graphs,
-                                   merge_lora=merge_lora, compile_decode=compile_decode)
+        self.generator = Generator(self.lm, self.pad_id, self.tokenizer, settings.use_cuda_graphs,
+                                   compile_decode=settings.compile_decode, bank=self.bank)
         # The learner runs the decoder, then the LM head a chunk of tokens at a time
         # (`target_logprobs`), each chunk's logits as large as the sampler's prompt-logprob chunks.
-        self.decoder = self.model.get_decoder()
-        self.learner_attention_mask = learner_attention_mask  # True: the masked path before the fix (replay)
-        self.gradient_checkpointing = gradient_checkpointing
+        self.decoder = self.lm.get_decoder()
+        self.learner_attention_mask = settings.learner_attention_mask  # True: the masked path before the fix (replay)
+        self.gradient_checkpointing = settings.gradient_checkpointing
+        self.tokens_per_microbatch = settings.tokens_per_microbatch
         self.hidden_grads = HiddenStateGradients(self.decoder)
-        self.head_fn = lm_head_fn(self.model)
-        self.head_params = [p for p in self.model.get_output_embeddings().parameters() if p.requires_grad]
-        self.logit_chunk_rows = max(1, self.generator.max_logit_elems // self.model.config.vocab_size)
+        self.logit_chunk_rows = max(1, self.generator.max_logit_elems // self.lm.config.vocab_size)
         # Checkpointed decoder layers keep one hidden state per layer for backward and recompute
         # the rest: the 1.5B model's forward_backward at the spec's shape peaks at 7.9 instead of
         # 66 GiB, for one more decoder forward (results/issue13-memory).
         # transformers checkpoints a layer whose own `training` flag is set: forward_backward sets
         # it on those layers alone (not model.train()), so no dropout anywhere switches on.
         self.checkpointed_layers: list[torch.nn.Module] = []
-        if gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            self.checkpointed_layers = [m for m in self.model.modules()
-                                        if isinstance(m, GradientCheckpointingLayer)]
-        # On CUDA each engine works on a stream of its own, so two arms' engines on one GPU
-        # interleave kernels (one samples while the other trains) instead of queueing behind
-        # each other's whole jobs; the base weights, loaded on the default stream, are ready first.
+        if settings.gradient_checkpointing:
+            self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.checkpointed_layers = [m for m in self.lm.modules() if isinstance(m, GradientCheckpointingLayer)]
+        # On CUDA the base works on a stream of its own; the weights, loaded on the default
+        # stream, are ready first.
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         if self.stream is not None:
             torch.cuda.current_stream(device).synchronize()
         self.worker = SerialWorker("gs1-local", initializer=functools.partial(_use_stream, device, self.stream))
-        self.max_batch_rows = max_batch_rows
-        self.batch_window_s = batch_window_s
-        self.tokens_per_microbatch = tokens_per_microbatch
-        self._pending: dict[int, list[_Request]] = {}
-        self._lock = threading.Lock()
-        self._snap_ids = itertools.count()
-        self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 1 << 16))
-
-    def _init_adapters(self, seed: int) -> None:
-        """peft's init (A kaiming-uniform with a = sqrt(5), B zero) redrawn from a generator of
-        this engine's own: the same seed gives the same adapters whatever else runs in the process.
-        (Seeding torch's global RNG raced when two arms created clients in parallel threads.)"""
-        g = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, p in sorted(self.model.named_parameters()):
-                if "lora_A" in name:
-                    w = torch.empty(p.shape, dtype=torch.float32)
-                    torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5), generator=g)
-                    p.copy_(w)
-                elif "lora_B" in name:
-                    p.zero_()
+        self.max_batch_rows = settings.max_batch_rows
+        self._pending: list[_Request] = []
+        self._cv = threading.Condition()
+        self.max_positions = int(getattr(self.lm.config, "max_position_embeddings", 1 << 16))
 
     # --- helpers ---------------------------------------------------------------------------
     def _pad_id(self) -> int:
         tok = self.tokenizer
-        for cand in (tok.pad_token_id, tok.eos_token_id, getattr(self.model.config, "pad_token_id", None)):
+        for cand in (tok.pad_token_id, tok.eos_token_id, getattr(self.lm.config, "pad_token_id", None)):
             if isinstance(cand, int):
                 return cand
         return 0
 
     def _eos_ids(self) -> tuple[int, ...]:
         ids: list[int] = []
-        gen_cfg = getattr(self.model, "generation_config", None)
+        gen_cfg = getattr(self.lm, "generation_config", None)
         for src in (getattr(gen_cfg, "eos_token_id", None), self.tokenizer.eos_token_id):
             if isinstance(src, int):
                 ids.append(src)
@@ -305,32 +305,56 @@ class _Engine:
                 ids += [int(x) for x in src]
         return tuple(dict.fromkeys(ids))
 
-    def snapshot_live(self) -> _Snapshot:
-        return _Snapshot(next(self._snap_ids), [p.detach().clone() for p in self.params])
+    # --- adapters (worker jobs: they change the model's modules) ---------------------------
+    def _add_peft_adapter(self, name: str, lora: LoraSpec) -> None:
+        from peft import LoraConfig, get_peft_model
 
-    def zero_snapshot(self) -> _Snapshot:
-        """The base model: every LoRA B matrix zero."""
-        from peft.tuners.lora import LoraLayer  # noqa: F401
+        cfg = LoraConfig(r=lora.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
+                         target_modules=lora.target_modules(), bias="none")
+        if self.peft is None:
+            self.peft = get_peft_model(self.lm, cfg, adapter_name=name)
+        else:
+            self.peft.add_adapter(name, cfg)
+        self.peft.eval()  # new modules start in training mode; no dropout anywhere, ever
+        self.bank.refresh(self.lm)
+        with torch.no_grad():  # LoRA weights (and so AdamW state) stay float32 on a bf16/fp16 base
+            for p in self._peft_params(name):
+                if p.dtype in (torch.float16, torch.bfloat16):
+                    p.data = p.data.float()
 
-        names = [n for n, p in self.model.named_parameters() if p.requires_grad]
-        t = [torch.zeros_like(p) if "lora_B" in n else p.detach().clone()
-             for n, p in zip(names, self.params)]
-        return _Snapshot(next(self._snap_ids), t)
+    def _peft_params(self, name: str) -> list[torch.nn.Parameter]:
+        """Adapter `name`'s parameters in name order (each A before its B)."""
+        return [p for n, p in sorted(self.peft.named_parameters()) if f".{name}." in n]
 
-    def run_with(self, snap: _Snapshot, fn):
-        live = [p.detach().clone() for p in self.params]
-        with torch.no_grad():
-            for p, s in zip(self.params, snap.tensors):
-                p.copy_(s)
-        try:
-            return fn()
-        finally:
-            with torch.no_grad():
-                for p, s in zip(self.params, live):
-                    p.copy_(s)
+    def add_adapter(self, lora: LoraSpec, seed: int | None) -> "_Adapter":
+        name = f"c{next(self._names):04d}"
+        self._add_peft_adapter(name, lora)
+        adapter = _Adapter(self, name, lora, self._peft_params(name))
+        adapter.init_weights(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
+        self.adapters[name] = adapter
+        self.bank.live = max(self.bank.live, len(self.adapters))
+        return adapter
 
-    def load_adapter_into_live(self, path: Path) -> None:
-        from peft import set_peft_model_state_dict
+    def remove_adapter(self, name: str) -> None:
+        if self.adapters.pop(name, None) is not None and self.peft is not None:
+            with warnings.catch_warnings():  # peft says which adapter it makes active instead: none is
+                warnings.simplefilter("ignore", UserWarning)
+                self.peft.delete_adapter(name)
+        with self._cv:
+            self._cv.notify_all()
+
+    def activate(self, name: str) -> None:
+        """Make adapter `name` the one peft trains (the others get no gradient)."""
+        if self.peft.active_adapters != [name]:
+            self.peft.set_adapter(name)
+
+    def head_params(self) -> list[torch.Tensor]:
+        return [p for p in self.lm.get_output_embeddings().parameters() if p.requires_grad]
+
+    def weights_from_path(self, path: Path) -> AdapterWeights:
+        """A saved adapter directory as sampler weights. Read straight onto the bank's
+        projections; one that targets projections no live adapter has is loaded through a
+        passing peft adapter (a worker job)."""
         from safetensors.torch import load_file
 
         f = path / "adapter_model.safetensors"
@@ -340,76 +364,124 @@ class _Engine:
             sd = load_file(str(f), device=str(self.device))
         except Exception as e:  # safetensors raises its own SafetensorError for a damaged file
             raise UserError(f"{f}: damaged LoRA weights file ({type(e).__name__}: {e})") from None
-        res = set_peft_model_state_dict(self.model, sd)
-        missing = [k for k in getattr(res, "missing_keys", []) if "lora_" in k]
-        if missing:
-            raise UserError(f"LoRA weights at {path} do not match this model ({missing[0]} missing)")
+        config = _adapter_config(path)  # a worker job: the fallback below changes the model
+        if config is None:
+            raise UserError(f"no adapter_config.json at {path}")
+        rank, alpha = int(config["r"]), float(config.get("lora_alpha", LORA_ALPHA))
+        layers: list = [None] * len(self.bank.names)
+        for key, a in sd.items():
+            if not key.endswith(".lora_A.weight"):
+                continue
+            module = key[: -len(".lora_A.weight")].removeprefix("base_model.model.")
+            b = sd.get(key.replace(".lora_A.", ".lora_B."))
+            i = self.bank.index.get(module)
+            if i is None:
+                return self._weights_via_peft(path, config)
+            m = self.bank.layers[i]
+            if b is None or a.shape != (rank, m.in_features) or b.shape != (m.out_features, rank):
+                raise UserError(f"LoRA weights at {path} do not match this model ({key})")
+            layers[i] = (a.float(), b.float())
+        if not any(w is not None for w in layers):
+            raise UserError(f"LoRA weights at {path} do not match this model (no LoRA layer found)")
+        return AdapterWeights.of(self.bank.names, layers, rank, alpha / rank)
 
-    def snapshot_from_path(self, path: Path) -> _Snapshot:
-        live = [p.detach().clone() for p in self.params]
+    def _weights_via_peft(self, path: Path, config: dict) -> AdapterWeights:
+        name = f"load{next(self._names):04d}"
+        modules = set(config.get("target_modules") or [])
+        lora = LoraSpec(int(config["r"]), train_mlp=bool(modules & set(MLP_MODULES)),
+                        train_attn=bool(modules & set(ATTN_MODULES)),
+                        train_unembed=bool(modules & set(UNEMBED_MODULES)))
+        self._add_peft_adapter(name, lora)
         try:
-            self.load_adapter_into_live(path)
-            return self.snapshot_live()
+            _load_peft_weights(self.peft, path, name, self.device)
+            return self.bank.weights_of(name)
         finally:
-            with torch.no_grad():
-                for p, s in zip(self.params, live):
-                    p.copy_(s)
+            self.peft.delete_adapter(name)
 
     # --- the sample queue -------------------------------------------------------------------
-    # Requests queue per snapshot (one sampling client): a batch holds only its own client's
-    # requests, so its composition, and every float of its logits, never depends on what
-    # another thread's client (another arm sampling on a shared engine) submitted meanwhile.
+    # Without `batch_across_clients` a batch holds one sampling client's requests only, so its
+    # composition (and every float of its logits) never depends on what another thread's client
+    # submitted meanwhile: seeded CPU runs are bit-identical. With it (the CUDA default), a batch
+    # holds every client's requests queued when it starts, in submission order: the arms' and
+    # seeds' step samples, eval, as one decode.
     def enqueue(self, req: _Request) -> LocalFuture:
-        sid = req.snapshot.id
-        with self._lock:
-            queue = self._pending.setdefault(sid, [])
-            queue.append(req)
-            rows = sum(r.num_samples for r in queue)
+        with self._cv:
+            self._pending.append(req)
+            across = self.settings.batch_across_clients
+            rows = sum(r.num_samples for r in self._pending if across or r.adapter is req.adapter)
+            if req.owner is not None:
+                req.owner.samples += 1
+            self._cv.notify_all()
         if rows >= self.max_batch_rows:
-            self.flush(sid)
-        return LocalFuture(req.future, on_wait=lambda: self.flush(sid))
+            self.flush(req)
+        return LocalFuture(req.future, on_wait=lambda: self.flush(req))
 
-    def flush(self, snapshot_id: int) -> None:
-        if self.batch_window_s > 0:
-            time.sleep(self.batch_window_s)
-        with self._lock:
-            jobs = self._pending.pop(snapshot_id, [])
+    def flush(self, req: _Request) -> None:
+        if self.settings.batch_window_s > 0:
+            time.sleep(self.settings.batch_window_s)
+        if not self.settings.batch_across_clients:
+            with self._cv:
+                jobs = [r for r in self._pending if r.adapter is req.adapter]
+                self._pending = [r for r in self._pending if r.adapter is not req.adapter]
+            if jobs:
+                self.worker.submit_raw(self._run_requests, jobs)
+            return
+        self._gather(req.owner)
+        self.worker.submit_raw(self._run_pending)
+
+    def _gather(self, owner: "_Adapter | None") -> None:
+        """Wait until every other training client that samples has requests queued too: at most
+        `gather_s` for one that is idle on the engine (grading, say), `gather_busy_s` for one
+        whose jobs (its forward_backward and optim_step) are still queued or running."""
+        s = self.settings
+        start = time.monotonic()
+        with self._cv:
+            while True:
+                queued = {id(r.owner) for r in self._pending}
+                late = [a for a in self.adapters.values()
+                        if a is not owner and a.samples and id(a) not in queued]
+                if not late:
+                    return
+                waited = time.monotonic() - start
+                limit = s.gather_busy_s if any(a.jobs for a in late) else s.gather_s
+                if waited >= limit:
+                    return
+                self._cv.wait(timeout=min(0.05, limit - waited))
+
+    def _run_pending(self) -> None:
+        with self._cv:
+            jobs, self._pending = self._pending, []
         if jobs:
-            self.worker.submit_raw(self._run_requests, jobs)
+            self._run_requests(jobs)
+
+    def job_done(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
 
     def _run_requests(self, jobs: list[_Request]) -> None:
         try:
-            by_snap: dict[int, list[_Request]] = {}
-            snaps: dict[int, _Snapshot] = {}
-            for j in jobs:
-                by_snap.setdefault(j.snapshot.id, []).append(j)
-                snaps[j.snapshot.id] = j.snapshot
-            for sid, group in by_snap.items():
-                self.run_with(snaps[sid], lambda g=group: self._run_group(g))
+            with self.bank.serving():
+                # compute_logprobs: one padded forward per chunk of requests. (A sample request's
+                # prompt logprobs come from its own prefill, in `_generate`.)
+                scored = [j for j in jobs if j.kind == "score"]
+                if scored:
+                    lps = score_tokens(self.lm, [j.prompt for j in scored], self.pad_id,
+                                       self.generator.max_logit_elems, self.bank, [j.adapter for j in scored])
+                    for j, lp in zip(scored, lps):
+                        j.future.set_result(lp)
+                # Generation: consecutive requests packed into batches of at most max_batch_rows rows.
+                batch: list[_Request] = []
+                for j in (j for j in jobs if j.kind == "sample"):
+                    if batch and sum(b.num_samples for b in batch) + j.num_samples > self.max_batch_rows:
+                        self._generate(batch)
+                        batch = []
+                    batch.append(j)
+                if batch:
+                    self._generate(batch)
         except BaseException as e:  # never leave a caller waiting
             for j in jobs:
                 if not j.future.done():
                     j.future.set_exception(e)
-
-    def _run_group(self, group: list[_Request]) -> None:
-        # compute_logprobs: one padded forward per chunk of requests. (A sample request's
-        # prompt logprobs come from its own prefill, in `_generate`.)
-        scored = [j for j in group if j.kind == "score"]
-        if scored:
-            lps = score_tokens(self.model, [j.prompt for j in scored], self.pad_id,
-                               self.generator.max_logit_elems)
-            for j, lp in zip(scored, lps):
-                j.future.set_result(lp)
-        # Generation: consecutive requests packed into batches of at most max_batch_rows rows.
-        samples = [j for j in group if j.kind == "sample"]
-        batch: list[_Request] = []
-        for j in samples:
-            if batch and sum(b.num_samples for b in batch) + j.num_samples > self.max_batch_rows:
-                self._generate(batch)
-                batch = []
-            batch.append(j)
-        if batch:
-            self._generate(batch)
 
     def _rows(self, j: _Request) -> list[Row]:
         p = j.params
@@ -430,7 +502,7 @@ class _Engine:
             Row(prompt=j.prompt, max_tokens=max_tokens, temperature=float(p.temperature),
                 top_k=int(p.top_k), top_p=float(p.top_p), stop_ids=stop_ids,
                 stop_strs=stop_strs, key=row_key(j.key, s),
-                prompt_logprobs=j.include_prompt_logprobs)
+                prompt_logprobs=j.include_prompt_logprobs, adapter=j.adapter)
             for s in range(j.num_samples)
         ]
 
@@ -465,14 +537,16 @@ class _Engine:
             mbs.append(Microbatch.of(data, mb))
         return mbs
 
-    def forward_backward(self, data: Sequence[types.Datum], loss_fn: str, forward_only: bool,
-                         layout: Sequence[Microbatch] | None = None) -> types.ForwardBackwardOutput:
-        """`layout`: the microbatches (datum indices, padded length) to run, for `gs1 replay`;
-        by default `microbatches(data)`. Training checks each microbatch for a non-finite
-        logprob, loss or gradient (`_NonFinite`)."""
+    def forward_backward(self, adapter: "_Adapter", data: Sequence[types.Datum], loss_fn: str,
+                         forward_only: bool, layout: Sequence[Microbatch] | None = None
+                         ) -> types.ForwardBackwardOutput:
+        """`adapter`'s forward_backward (it alone gets gradients). `layout`: the microbatches
+        (datum indices, padded length) to run, for `gs1 replay`; by default `microbatches(data)`.
+        Training checks each microbatch for a non-finite logprob, loss or gradient (`_NonFinite`)."""
         if loss_fn not in ("importance_sampling", "cross_entropy"):
             raise ValueError(f"local backend: unsupported loss_fn {loss_fn!r} "
                              "(importance_sampling, cross_entropy)")
+        self.activate(adapter.name)
         outputs: list[dict[str, types.TensorData]] = [{} for _ in data]
         total = 0.0
         n_tokens = 0
@@ -484,7 +558,7 @@ class _Engine:
             with ctx:
                 for m, mb in enumerate(mbs):
                     try:
-                        total += self._microbatch(data, mb, loss_fn, forward_only, outputs)
+                        total += self._microbatch(adapter, data, mb, loss_fn, forward_only, outputs)
                     except _NonFinite as bad:
                         bad.microbatch, bad.layout = m, mbs
                         raise
@@ -496,7 +570,7 @@ class _Engine:
             loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs,
             metrics={"loss:sum": float(total), "num_tokens:sum": float(n_tokens)})
 
-    def _microbatch(self, data, mb: Microbatch, loss_fn, forward_only, outputs) -> float:
+    def _microbatch(self, adapter: "_Adapter", data, mb: Microbatch, loss_fn, forward_only, outputs) -> float:
         dev = self.device
         L = mb.padded_length
         ids = torch.full((mb.size, L), self.pad_id, dtype=torch.long)
@@ -534,7 +608,7 @@ class _Engine:
         with self.hidden_grads.watching() if check else contextlib.nullcontext():
             hidden = self.decoder(input_ids=ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         # the real tokens only, row after row: datum b's n tokens are lp_N's next n entries
-        lp_N = target_logprobs(hidden[valid], tgt[valid], self.head_fn, self.head_params,
+        lp_N = target_logprobs(hidden[valid], tgt[valid], lm_head_fn(self.lm), self.head_params(),
                                self.logit_chunk_rows, acc)
         if loss_fn == "importance_sampling":
             per_tok_N = -torch.exp(lp_N - old_lp_N) * coef_N
@@ -549,13 +623,127 @@ class _Engine:
                     if bool(bad_N.any()):
                         raise _NonFinite(what, *mb.locate(int(bad_N.nonzero()[0, 0])))
             loss.backward()
-            grads = [p.grad for p in self.params if p.grad is not None]
+            grads = [p.grad for p in adapter.params if p.grad is not None]
             if grads and not bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all()):
                 raise _NonFinite("gradient", *self.hidden_grads.origin(mask.bool(), mb))
         lp_cpu = lp_N.detach().float().cpu()  # tinker's TensorData is float32
         for i, lp_n in zip(mb.datums, lp_cpu.split(mb.lengths)):
             outputs[i] = {"logprobs": types.TensorData.from_torch(lp_n.clone())}
         return float(loss.detach())
+
+
+def _adapter_config(path: Path) -> dict | None:
+    f = path / "adapter_config.json"
+    return json.loads(f.read_text()) if f.is_file() else None
+
+
+def _load_peft_weights(peft_model, path: Path, name: str, device) -> None:
+    """Adapter directory `path` into peft adapter `name` (its keys must all match)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    f = path / "adapter_model.safetensors"
+    if not f.is_file():
+        raise UserError(f"no LoRA weights at {path} (expected adapter_model.safetensors)")
+    try:
+        sd = load_file(str(f), device=str(device))
+    except Exception as e:  # safetensors raises its own SafetensorError for a damaged file
+        raise UserError(f"{f}: damaged LoRA weights file ({type(e).__name__}: {e})") from None
+    try:
+        res = set_peft_model_state_dict(peft_model, sd, adapter_name=name)
+    except RuntimeError as e:  # a shape mismatch: another rank or model
+        raise UserError(f"LoRA weights at {path} do not match this model ({str(e).splitlines()[0]})") from None
+    missing = [k for k in getattr(res, "missing_keys", []) if "lora_" in k and f".{name}." in k]
+    if missing:
+        raise UserError(f"LoRA weights at {path} do not match this model ({missing[0]} missing)")
+
+
+class _Adapter:
+    """One training client's LoRA adapter on a shared base: its parameters (float32; the
+    client's AdamW state is over these alone), its jobs on the base's worker, and the views of
+    the base the client and the tests read (`model`, `params`, `generator`, ...)."""
+
+    def __init__(self, base: _Base, name: str, lora: LoraSpec, params: list[torch.nn.Parameter]):
+        self.base, self.name, self.lora, self.params = base, name, lora, params
+        self.jobs = 0  # submitted and not finished (the sample queue's gather reads it)
+        self.samples = 0  # sample requests made by its sampling clients
+
+    def __getattr__(self, name: str):
+        """The base's parts (device, dtype, tokenizer, generator, worker, settings), as each
+        of its clients sees them."""
+        if name.startswith("__") or name == "base":
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+    @property
+    def model(self):
+        """The PeftModel with this adapter active (what a reference forward should call)."""
+        self.base.activate(self.name)
+        return self.base.peft
+
+    @property
+    def learner_attention_mask(self) -> bool:
+        return self.base.learner_attention_mask
+
+    @learner_attention_mask.setter
+    def learner_attention_mask(self, on: bool) -> None:
+        self.base.learner_attention_mask = on
+
+    def submit(self, fn, *args) -> LocalFuture:
+        with self.base._cv:
+            self.jobs += 1
+
+        def run():
+            try:
+                return fn(*args)
+            finally:
+                with self.base._cv:
+                    self.jobs -= 1
+                    self.base._cv.notify_all()
+
+        return self.base.worker.submit(run)
+
+    def init_weights(self, seed: int) -> None:
+        """peft's init (A kaiming-uniform with a = sqrt(5), B zero) redrawn from a generator of
+        this adapter's own: the same seed gives the same adapter whatever else runs in the process."""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in sorted(self.base.peft.named_parameters()):
+                if f".{self.name}." not in name:
+                    continue
+                if "lora_A" in name:
+                    w = torch.empty(p.shape, dtype=torch.float32)
+                    torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5), generator=g)
+                    p.copy_(w)
+                elif "lora_B" in name:
+                    p.zero_()
+
+    def microbatches(self, data: Sequence[types.Datum]) -> list[Microbatch]:
+        return self.base.microbatches(data)
+
+    def forward_backward(self, data, loss_fn: str, forward_only: bool, layout=None) -> types.ForwardBackwardOutput:
+        return self.base.forward_backward(self, data, loss_fn, forward_only, layout)
+
+    def snapshot_live(self) -> AdapterWeights:
+        return self.base.bank.weights_of(self.name)
+
+    def load_adapter_into_live(self, path: Path) -> None:
+        _load_peft_weights(self.base.peft, path, self.name, self.device)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        from peft import get_peft_model_state_dict
+
+        return get_peft_model_state_dict(self.base.peft, adapter_name=self.name, save_embedding_layers=False)
+
+    def save(self, out: Path, base_model: str) -> None:
+        """A peft adapter directory (adapter_model.safetensors, adapter_config.json) of this adapter."""
+        from safetensors.torch import save_file
+
+        sd = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+        save_file(sd, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+        config = copy.deepcopy(self.base.peft.peft_config[self.name])
+        config.base_model_name_or_path = base_model
+        config.save_pretrained(str(out))
 
 
 @dataclass(frozen=True)
@@ -647,13 +835,22 @@ class HiddenStateGradients:
         return None, None
 
 
-class LocalSamplingClient:
-    """A snapshot of LoRA weights on an engine; `sample` / `compute_logprobs` queue requests."""
+def _release_adapter(base: _Base, name: str) -> None:
+    """Take adapter `name` off its base (a worker job; never waited on: a finalizer may run on
+    the worker itself)."""
+    with contextlib.suppress(RuntimeError):  # the worker is gone at interpreter exit
+        base.worker.submit_raw(base.remove_adapter, name)
 
-    def __init__(self, engine: _Engine, snapshot: _Snapshot, base_model: str, base_key: int,
-                 model_path: str | None = None):
+
+class LocalSamplingClient:
+    """A snapshot of LoRA weights on a shared base (None: the bare base model); `sample` /
+    `compute_logprobs` queue requests. `owner`: the training client it was taken from, if any."""
+
+    def __init__(self, engine: _Base, snapshot: AdapterWeights | None, base_model: str, base_key: int,
+                 model_path: str | None = None, owner: "_Adapter | None" = None):
         self._engine = engine
         self._snapshot = snapshot
+        self._owner = owner
         self._base_model = base_model
         self._base_key = base_key
         self._counter = itertools.count()
@@ -676,12 +873,16 @@ class LocalSamplingClient:
         if sampling_params.seed is not None:
             key = splitmix64(int(sampling_params.seed) & ((1 << 64) - 1))
         req = _Request("sample", self._snapshot, prompt.to_ints(), num_samples, sampling_params,
-                       include_prompt_logprobs, key, f"{self._snapshot.id}:{n}")
+                       include_prompt_logprobs, key, f"{self._snapshot_id}:{n}", self._owner)
         return self._engine.enqueue(req)
+
+    @property
+    def _snapshot_id(self) -> int:
+        return -1 if self._snapshot is None else self._snapshot.id
 
     def compute_logprobs(self, prompt: types.ModelInput) -> LocalFuture[list[float | None]]:
         n, key = self._next_key()
-        return self._engine.enqueue(_Request("score", self._snapshot, prompt.to_ints(), key=key))
+        return self._engine.enqueue(_Request("score", self._snapshot, prompt.to_ints(), key=key, owner=self._owner))
 
     def get_tokenizer(self):
         return self._engine.tokenizer
@@ -693,7 +894,7 @@ class LocalSamplingClient:
 class LocalTrainingClient:
     """tinker's TrainingClient surface for one LoRA model on the local engine."""
 
-    def __init__(self, service: "LocalServiceClient", engine: _Engine, base_model: str,
+    def __init__(self, service: "LocalServiceClient", engine: "_Adapter", base_model: str,
                  seed: int | None, model_id: str, run_dir: Path,
                  base_model_path: str | None = None):
         self._service = service
@@ -708,13 +909,19 @@ class LocalTrainingClient:
         self._refuse_optim = False
         self._samplers = itertools.count()
         self._key_root = splitmix64(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
+        # the adapter leaves the shared base with its client (or at `release`)
+        self._finalizer = weakref.finalize(self, _release_adapter, engine.base, engine.name)
+
+    def release(self) -> None:
+        """Give the adapter's memory back to the base now (the client is not used after)."""
+        self._finalizer()
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self._engine.params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12,
                                  weight_decay=0.0, foreach=False)
 
     def _submit(self, fn, *args) -> LocalFuture:
-        return self._engine.worker.submit(fn, *args)
+        return self._engine.submit(fn, *args)
 
     # --- learner ------------------------------------------------------------------------
     def lora_gradient(self):
@@ -738,7 +945,7 @@ class LocalTrainingClient:
 
     def set_learner_attention_mask(self, on: bool) -> None:
         """The learner's mask setting (`gs1 replay`; not tinker's surface)."""
-        self._submit(setattr, self._engine, "learner_attention_mask", bool(on)).result()
+        self._submit(setattr, self._engine.base, "learner_attention_mask", bool(on)).result()
 
     def discard_gradients(self) -> None:
         """Drop the accumulated gradients, and a refusal pending from a non-finite call (`gs1 replay`)."""
@@ -782,7 +989,7 @@ class LocalTrainingClient:
             "tokens_per_microbatch": engine.tokens_per_microbatch,
             "gradient_checkpointing": engine.gradient_checkpointing,
             "learner_attention_mask": engine.learner_attention_mask,
-            "attn_implementation": getattr(engine.model.config, "_attn_implementation", None),
+            "attn_implementation": getattr(engine.base.lm.config, "_attn_implementation", None),
             "sdpa_backends": sdpa_flags(), "versions": versions(),
         }, indent=1))
         return dump
@@ -843,7 +1050,7 @@ class LocalTrainingClient:
             tmp.mkdir(parents=True)
             # LoRA never touches the embeddings; saying so skips peft's vocabulary check, which looks
             # the base model up on the hub (and warns when it is a local directory).
-            self._engine.model.save_pretrained(str(tmp), save_embedding_layers=False)
+            self._engine.save(tmp, self._base_model_path or self._base_model)
             if with_optimizer:
                 torch.save(self._opt.state_dict(), tmp / "optimizer.pt")
             (tmp / META_FILE).write_text(json.dumps(self._meta(), indent=1))
@@ -907,17 +1114,18 @@ class LocalTrainingClient:
     def save_weights_and_get_sampling_client(self, name: str | None = None, **_: Any
                                              ) -> LocalClientFuture[LocalSamplingClient]:
         key = self._sampler_key()
-        fut = self._engine.worker.submit_raw(
-            lambda: LocalSamplingClient(self._engine, self._engine.snapshot_live(),
-                                        self._base_model, key))
+        engine = self._engine
+        fut = engine.worker.submit_raw(
+            lambda: LocalSamplingClient(engine.base, engine.snapshot_live(), self._base_model, key,
+                                        owner=engine))
         return LocalClientFuture(fut)
 
     def create_sampling_client(self, model_path: str, **_: Any) -> LocalClientFuture[LocalSamplingClient]:
         key = splitmix64(zlib.crc32(model_path.encode()))
-        fut = self._engine.worker.submit_raw(
-            lambda: LocalSamplingClient(
-                self._engine, self._engine.snapshot_from_path(_strip_scheme(model_path)),
-                self._base_model, key, model_path))
+        base = self._engine.base
+        fut = base.worker.submit_raw(
+            lambda: LocalSamplingClient(base, base.weights_from_path(_strip_scheme(model_path)),
+                                        self._base_model, key, model_path))
         return LocalClientFuture(fut)
 
     # --- info ---------------------------------------------------------------------------
@@ -925,7 +1133,7 @@ class LocalTrainingClient:
         return self._engine.tokenizer
 
     def get_info(self) -> types.GetInfoResponse:
-        arch = getattr(self._engine.model.config, "model_type", None)
+        arch = getattr(self._engine.base.lm.config, "model_type", None)
         return types.GetInfoResponse(
             model_data=types.ModelData(arch=arch, model_name=self._base_model,
                                        tokenizer_id=self._base_model),
@@ -937,63 +1145,72 @@ class LocalTrainingClient:
 
 
 class LocalServiceClient:
-    """tinker's ServiceClient surface for the in-process engine."""
+    """tinker's ServiceClient surface for the in-process engine: one base model per (model,
+    device), every client of it an adapter on that base (`_Base`)."""
 
     def __init__(self, device=None, dtype=None, cache_dir=None, *, max_batch_rows: int | None = None,
                  batch_window_s: float = 0.0, tokens_per_microbatch: int | None = None,
-                 use_cuda_graphs: bool | None = None, merge_lora: bool = False,
-                 compile_decode: bool | None = None, gradient_checkpointing: bool = True,
-                 learner_attention_mask: bool = False):
+                 use_cuda_graphs: bool | None = None, compile_decode: bool | None = None,
+                 gradient_checkpointing: bool = True, learner_attention_mask: bool = False,
+                 batch_across_clients: bool | None = None, gather_s: float = 0.25):
         self.device = _pick_device(device)
         self.dtype = _pick_dtype(dtype, self.device)
         cache = cache_dir or os.environ.get("GS1_LOCAL_CACHE")
         self.cache_dir = Path(cache) if cache else Path(tempfile.mkdtemp(prefix="gs1-local-"))
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         cuda = self.device.type == "cuda"
-        self.max_batch_rows = max_batch_rows or (512 if cuda else 64)
-        self.batch_window_s = batch_window_s
-        # bounds a microbatch's activations (the logits are chunked within it, `target_logprobs`)
-        self.tokens_per_microbatch = tokens_per_microbatch or (16384 if cuda else 1024)
-        self.use_cuda_graphs = use_cuda_graphs
-        self.merge_lora = bool(merge_lora)
-        self.gradient_checkpointing = bool(gradient_checkpointing)
-        self.learner_attention_mask = bool(learner_attention_mask)  # the masked path before the fix (replay)
         # On CUDA the decode step is compiled unless GS1_COMPILE_DECODE=0 (or compile_decode=False):
         # ~1 minute per batch shape, then 11.6 -> 7.0 ms per step on an H200 (results/issue4).
-        self.compile_decode = (os.environ.get("GS1_COMPILE_DECODE", "1") != "0"
-                               if compile_decode is None else compile_decode)
-        if cuda and self.compile_decode:
+        compile_decode = (os.environ.get("GS1_COMPILE_DECODE", "1") != "0"
+                          if compile_decode is None else compile_decode)
+        self.settings = EngineSettings(
+            # CUDA: twelve arms' 64-row steps, or an eval's 1024 prompts, in one batch (30 GB of KV
+            # cache for a 1.5B model); CPU: small batches keep a test's memory small
+            max_batch_rows=max_batch_rows or (1024 if cuda else 64),
+            batch_window_s=batch_window_s,
+            # bounds a microbatch's activations (the logits are chunked within it, `target_logprobs`)
+            tokens_per_microbatch=tokens_per_microbatch or (16384 if cuda else 1024),
+            use_cuda_graphs=use_cuda_graphs, compile_decode=bool(compile_decode),
+            gradient_checkpointing=bool(gradient_checkpointing),
+            learner_attention_mask=bool(learner_attention_mask),  # the masked path before the fix (replay)
+            # CPU: each client's batches alone, so seeded runs are bit-identical whatever the threads do
+            batch_across_clients=cuda if batch_across_clients is None else bool(batch_across_clients),
+            gather_s=gather_s)
+        if cuda and compile_decode:
             # inductor's on-disk caches: a later process finds every shape's kernels compiled
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))
         self._ids = itertools.count()
-        # eval's sampling engines, one per (model, adapter shape, GPU), alive while a client uses one
-        self._samplers: weakref.WeakValueDictionary[tuple, _Engine] = weakref.WeakValueDictionary()
-        self._live: weakref.WeakSet[_Engine] = weakref.WeakSet()
-        self._lock = threading.Lock()
+        self._bases: dict[tuple, _Base] = {}  # (model path, gguf file, device) -> its base
         self._placing = threading.Lock()
 
+    @property
+    def max_batch_rows(self) -> int:
+        return self.settings.max_batch_rows
+
     def place(self) -> torch.device:
-        """The device of the next engine. `device="cuda"` (or None) on a machine with several
-        GPUs: the GPU with the fewest live engines (lowest index first), so arms created together
-        each get their own; an explicit `cuda:N`, a single GPU, or the CPU: that device."""
+        """The device of the next client. `device="cuda"` (or None) on a machine with several
+        GPUs: the GPU with the fewest live adapters (lowest index first), so arms created together
+        spread over the GPUs, one base on each; an explicit `cuda:N`, a single GPU, or the CPU:
+        that device."""
         if self.device.type != "cuda" or self.device.index is not None:
             return self.device
         if torch.cuda.device_count() < 2:
             return torch.device("cuda", torch.cuda.current_device())  # an index: the worker sets it
-        gc.collect()  # engines of clients a stage is done with count no more
-        live = Counter(e.device.index for e in list(self._live))
+        gc.collect()  # adapters of clients a stage is done with count no more
+        live = Counter()
+        for base in list(self._bases.values()):
+            live[base.device.index] += len(base.adapters)
         return torch.device("cuda", min(range(torch.cuda.device_count()), key=lambda i: (live[i], i)))
 
-    def _engine(self, base_model: str, lora: LoraSpec, seed: int | None,
-                device: torch.device | None = None) -> _Engine:
-        # one engine placed at a time: two arms creating theirs at once see each other's
-        with self._placing:
-            engine = _Engine(resolve_model(base_model), lora, seed, device or self.place(), self.dtype,
-                             self.max_batch_rows, self.batch_window_s, self.tokens_per_microbatch,
-                             self.use_cuda_graphs, self.merge_lora, self.compile_decode,
-                             self.gradient_checkpointing, self.learner_attention_mask)
-            self._live.add(engine)
-        return engine
+    def base(self, base_model: str, device: torch.device | None = None) -> _Base:
+        """The base of `base_model` on `device` (placed by `place` when None), loaded once."""
+        src = resolve_model(base_model)
+        with self._placing:  # one placement at a time: two arms creating theirs at once see each other's
+            device = device or self.place()
+            key = (src.path, src.gguf_file, str(device))
+            if key not in self._bases:
+                self._bases[key] = _Base(src, device, self.dtype, self.settings)
+            return self._bases[key]
 
     def create_lora_training_client(self, base_model: str, rank: int = 32, seed: int | None = None,
                                     train_mlp: bool = True, train_attn: bool = True,
@@ -1002,11 +1219,13 @@ class LocalServiceClient:
                                     ) -> LocalClientFuture[LocalTrainingClient]:
         """`base_model` names the model; weights load from `base_model_path` when given."""
         lora = LoraSpec(int(rank), train_mlp, train_attn, train_unembed)
-        engine = self._engine(base_model_path or base_model, lora, seed)
+        lora.target_modules()  # a LoRA on nothing is refused here, not on the worker
+        base = self.base(base_model_path or base_model)
+        adapter = base.worker.submit(base.add_adapter, lora, seed).result()
         model_id = f"local-{next(self._ids):04d}-{uuid.uuid4().hex[:8]}"
         run_dir = self.cache_dir / "runs" / model_id
         run_dir.mkdir(parents=True, exist_ok=True)
-        tc = LocalTrainingClient(self, engine, base_model, seed, model_id, run_dir,
+        tc = LocalTrainingClient(self, adapter, base_model, seed, model_id, run_dir,
                                  base_model_path)
         f: Future = Future()
         f.set_result(tc)
@@ -1037,29 +1256,20 @@ class LocalServiceClient:
                                **_: Any) -> LocalClientFuture[LocalSamplingClient]:
         if model_path is None and base_model is None:
             raise ValueError("Either model_path or base_model must be provided")
-        lora = LoraSpec()
         if model_path is not None:
             meta_f = _strip_scheme(model_path) / META_FILE
             if not meta_f.is_file():
                 raise UserError(f"no local sampler weights at {model_path}")
             meta = json.loads(meta_f.read_text())
             base_model = meta.get("base_model_path") or meta["base_model"]
-            lora = LoraSpec(meta["rank"], meta["train_mlp"], meta["train_attn"], meta["train_unembed"])
         assert base_model is not None
-        with self._lock:
-            device = self.place()
-            key = (base_model, lora, str(device))
-            engine = self._samplers.get(key)
-            if engine is None:
-                engine = self._samplers[key] = self._engine(base_model, lora, 0, device)
+        base = self.base(base_model)
         base_key = splitmix64(zlib.crc32((model_path or base_model).encode()))
         if model_path is not None:
-            fut = engine.worker.submit_raw(lambda: LocalSamplingClient(
-                engine, engine.snapshot_from_path(_strip_scheme(model_path)), base_model,
-                base_key, model_path))
+            fut = base.worker.submit_raw(lambda: LocalSamplingClient(
+                base, base.weights_from_path(_strip_scheme(model_path)), base_model, base_key, model_path))
         else:
-            fut = engine.worker.submit_raw(lambda: LocalSamplingClient(
-                engine, engine.zero_snapshot(), base_model, base_key))
+            fut = base.worker.submit_raw(lambda: LocalSamplingClient(base, None, base_model, base_key))
         return LocalClientFuture(fut)
 
     def get_server_capabilities(self):

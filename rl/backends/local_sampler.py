@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -83,6 +82,7 @@ class Row:
     stop_strs: tuple[str, ...] = ()
     key: int = 0
     prompt_logprobs: bool = False  # also return the prompt's own logprobs (first entry None)
+    adapter: object = None  # its LoRA adapter's weights (`lora_bank.AdapterWeights`); None: the base
 
 
 @dataclass
@@ -356,14 +356,16 @@ def decode_step(model, ids_B, pos_B, mask_B, cache) -> torch.Tensor:
 
 
 # One compiled decode step per process. The model is an argument, not a closure or `self`:
-# dynamo then guards on its type and shapes, not its identity, so every engine of the process
+# dynamo then guards on its type and shapes, not its identity, so every client of the process
 # (preflight, pilot, each arm, eval) reuses the graph of a shape compiled once by any of them.
 # Shapes are bucketed so that a run makes few graphs: GSM8K's prompts plus 512 new tokens fit
-# 1024 positions, and a run's batches (16-row preflight, 64-row steps, 512-row held-out and eval
-# batches) take 64 or 512 rows: two compiles in all.
+# 1024 positions; a run's batches (the preflight's 16 rows, two arms' 128 rows of a step, six
+# arms' 384, the 1024-row held-out and eval batches) take 128, 512 or 1024 rows; and the adapter
+# bank's width only grows (`lora_bank`): two compiles for a run of two arms or of six. A lone arm's 64 rows decode as 128: at
+# these sizes a step costs the weights' reads, not the rows.
 _COMPILED_DECODE = None
 DECODE_LENGTH_BUCKET = 1024  # static caches hold a multiple of this many positions
-MIN_GRAPHED_ROWS = 64  # graphed batches hold a power of two rows, at least this many
+MIN_GRAPHED_ROWS = 128  # graphed batches hold a power of two rows, at least this many
 
 
 def compiled_decode_step():
@@ -407,7 +409,7 @@ def _bucket(n: int, q: int) -> int:
 
 def graphed_rows(n: int) -> int:
     """Rows of the graphed batch that holds n rows: the next power of two (at least
-    MIN_GRAPHED_ROWS), so a run's batches of 64, 39 and 512 rows replay three graphs, not one per
+    MIN_GRAPHED_ROWS), so a run's batches of 128, 39 and 1024 rows replay two graphs, not one per
     size. The padding rows decode one token, then idle."""
     return max(MIN_GRAPHED_ROWS, 1 << max(0, n - 1).bit_length())
 
@@ -420,6 +422,7 @@ class _Packed:
     rows: list[Row]
     src: list[int]
     prompts_U: list[list[int]]
+    adapters_U: list  # each prompt's adapter (`Row.adapter`)
     want_lp_U: list[bool]  # prompt logprobs asked for by any of the prompt's rows
     ids_U: torch.Tensor  # [U, Lp]
     pmask_U: torch.Tensor  # [U, Lp] bool, real tokens
@@ -449,12 +452,14 @@ class _Packed:
 def _pack(rows: list[Row], pad_id: int, share_prefill: bool, dev) -> _Packed:
     B = len(rows)
     if share_prefill:
-        first: dict[tuple[int, ...], int] = {}
-        src = [first.setdefault(tuple(r.prompt), len(first)) for r in rows]
-        prompts_U = [list(p) for p in first]
+        # equal prompts share a prefill only under the same adapter
+        first: dict[tuple, int] = {}
+        src = [first.setdefault((id(r.adapter), tuple(r.prompt)), len(first)) for r in rows]
+        prompts_U = [list(p) for _, p in first]
     else:
         src = list(range(B))
         prompts_U = [r.prompt for r in rows]
+    u_rows = {u: i for i, u in reversed(list(enumerate(src)))}  # each prompt's first row
     want_lp_U = [False] * len(prompts_U)
     for r, u in zip(rows, src):
         want_lp_U[u] |= r.prompt_logprobs
@@ -477,7 +482,7 @@ def _pack(rows: list[Row], pad_id: int, share_prefill: bool, dev) -> _Packed:
         if r.stop_ids:
             stop_tab[i, : len(r.stop_ids)] = torch.tensor(r.stop_ids, dtype=torch.long)
     return _Packed(
-        rows=rows, src=src, prompts_U=prompts_U, want_lp_U=want_lp_U, ids_U=ids, pmask_U=pmask,
+        rows=rows, src=src, prompts_U=prompts_U, adapters_U=[rows[u_rows[u]].adapter for u in range(len(prompts_U))], want_lp_U=want_lp_U, ids_U=ids, pmask_U=pmask,
         pos_U=pos, src_B=src_B, pmask_B=pmask.index_select(0, src_B),
         next_pos_B=pos[:, -1:].index_select(0, src_B) + 1,
         temps_B=torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=dev),
@@ -538,68 +543,19 @@ class _Progress:
                 for i, (r, n) in enumerate(zip(self.b.rows, n_list))]
 
 
-class MergedLora:
-    """Folds every LoRA adapter of a peft model into its base Linear weight for the length of a
-    `with merged():` block, and switches the adapter path off, so each projection is one matmul.
-
-    Unmerged, a decode step runs five kernels per adapted projection (base matmul, cast to the
-    adapter's fp32, A, B, scaled add): on an H200 that was most of a 0.6B model's ~1,700 kernels
-    per step. The base weights are put back by copying from a pristine copy taken once (the base
-    is frozen); subtracting the delta again would drift in bf16. Embedding adapters stay unmerged.
-    """
-
-    def __init__(self, model):
-        from peft.tuners.lora import LoraLayer
-
-        self.layers = [m for m in model.modules()
-                       if isinstance(m, LoraLayer) and isinstance(m.get_base_layer(), torch.nn.Linear)]
-        self._pristine: list[torch.Tensor] | None = None
-
-    def _delta(self, m, shape) -> torch.Tensor:
-        delta = torch.zeros(shape, dtype=torch.float32, device=m.get_base_layer().weight.device)
-        for name in m.active_adapters:
-            if name in m.lora_A:
-                a = m.lora_A[name].weight.float()
-                b = m.lora_B[name].weight.float()
-                d = (b @ a) * m.scaling[name]
-                delta += d.T if getattr(m, "fan_in_fan_out", False) else d
-        return delta
-
-    @contextmanager
-    def merged(self):
-        if not self.layers:
-            yield
-            return
-        if self._pristine is None:
-            self._pristine = [m.get_base_layer().weight.detach().clone() for m in self.layers]
-        flags = [m._disable_adapters for m in self.layers]
-        with torch.no_grad():
-            for m, w0 in zip(self.layers, self._pristine):
-                m.get_base_layer().weight.copy_(w0.float() + self._delta(m, w0.shape))
-                m._disable_adapters = True  # not enable_adapters(): that flips requires_grad
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for m, w0, f in zip(self.layers, self._pristine, flags):
-                    m.get_base_layer().weight.copy_(w0)
-                    m._disable_adapters = f
-
-
 class Generator:
     """Runs batches of rows on one model; keeps captured CUDA graphs between batches.
 
     `compile_decode` (CUDA only) runs the decode step through `torch.compile` before its CUDA
     graph is captured: the elementwise work around each matmul (norms, rotary, the adapters'
     casts and scaled adds) fuses into a few kernels; compile time is paid once per batch shape.
-    `merge_lora` (off by default, a benchmark comparison) samples on adapters folded into
-    bf16 base weights: faster, but a delta below half a bf16 ulp of its weight is rounded
-    away, so early in training the sampler would lag the learner's policy."""
+    `bank` (`lora_bank.AdapterBank`): rows carry their own adapter (`Row.adapter`) and a batch
+    may mix adapters; the caller holds `bank.serving()` around `generate`. Without a bank the
+    model runs as it is."""
 
     def __init__(self, model, pad_id: int, tokenizer=None, use_cuda_graphs: bool | None = None,
                  static_cache: bool | None = None, share_prefill: bool = True,
-                 max_logit_elems: int | None = None, merge_lora: bool = False,
-                 compile_decode: bool = False):
+                 max_logit_elems: int | None = None, compile_decode: bool = False, bank=None):
         self.model = model
         self.share_prefill = share_prefill  # False: one prefill row per row (for comparisons)
         self.pad_id = pad_id
@@ -611,16 +567,17 @@ class Generator:
         self.max_logit_elems = max_logit_elems or (1 << 27 if cuda else 1 << 24)
         self.use_cuda_graphs = cuda if use_cuda_graphs is None else (use_cuda_graphs and cuda)
         self.static_cache = (self.use_cuda_graphs or cuda) if static_cache is None else static_cache
-        self._graphs: dict[tuple[int, int], _GraphedDecoder] = {}
-        self.merge = MergedLora(model) if merge_lora else None
+        self._graphs: dict[tuple[int, int, int], _GraphedDecoder] = {}
+        self.bank = bank
         self.compile_decode = compile_decode and cuda  # only the captured CUDA step is compiled
         self.stats = GenStats()
 
     def generate(self, rows: list[Row]) -> list[RowResult]:
-        if self.merge is None:
-            return self._generate(rows)
-        with self.merge.merged():
-            return self._generate(rows)
+        return self._generate(rows)
+
+    def _use_rows(self, adapters: list, persistent: bool = False) -> None:
+        if self.bank is not None:
+            self.bank.use_rows(self.bank.load(adapters), persistent)
 
     @torch.no_grad()
     def _generate(self, rows: list[Row]) -> list[RowResult]:
@@ -632,11 +589,14 @@ class Generator:
         if self.static_cache and self.use_cuda_graphs:
             # Pad to the graphed batch size: copies of row 0's prompt share its prefill.
             first = rows[0]
-            pad = Row(prompt=first.prompt, max_tokens=1, temperature=first.temperature, key=first.key)
+            pad = Row(prompt=first.prompt, max_tokens=1, temperature=first.temperature, key=first.key,
+                      adapter=first.adapter)
             rows = rows + [pad] * (graphed_rows(n_rows) - n_rows)
         b = _pack(rows, self.pad_id, self.share_prefill, self.device)
         cache = DynamicCache(config=self.model.config)
+        self._use_rows(b.adapters_U)
         logits_U, prompt_lps_U = self._prefill(b, cache)
+        self._use_rows([r.adapter for r in rows], persistent=True)  # the decode graph reads these buffers
         dec = self._decoder(b, cache)
         del cache
         self._sync()
@@ -682,10 +642,11 @@ class Generator:
         if not self.static_cache:
             return _EagerDecoder(self.model, cache, b)
         total = _bucket(b.Lp + b.max_new, DECODE_LENGTH_BUCKET)
-        dec = self._graphs.get((b.B, total))
+        shape = (b.B, total, self.bank.K if self.bank is not None else 0)  # K: the bank's stacked ranks
+        dec = self._graphs.get(shape)
         if dec is None:
             self._graphs.clear()  # one live static cache at a time bounds memory
-            dec = self._graphs[(b.B, total)] = _GraphedDecoder(self.model, b.B, total, self.compile_decode)
+            dec = self._graphs[shape] = _GraphedDecoder(self.model, b.B, total, self.compile_decode)
         dec.start(cache, b)
         dec.capture_with = self._capture if self.use_cuda_graphs else None
         return dec
@@ -755,7 +716,8 @@ class Generator:
             self.stats.extra["prompt_logprobs_by_separate_forward"] = (
                 self.stats.extra.get("prompt_logprobs_by_separate_forward", 0) + 1)
             wanted = [u for u, w in enumerate(want_lp_U) if w]
-            for u, lp in zip(wanted, score_tokens(self.model, [prompts_U[u] for u in wanted], self.pad_id)):
+            for u, lp in zip(wanted, score_tokens(self.model, [prompts_U[u] for u in wanted], self.pad_id,
+                                                  bank=self.bank, adapters=[b.adapters_U[u] for u in wanted])):
                 prompt_lps_U[u] = lp
             return logits_U, prompt_lps_U
         # Left-padded: prompt u of length n sits at Lp-n..Lp-1; positions Lp-n..Lp-2 predict it.
@@ -782,8 +744,10 @@ class Generator:
 
 
 @torch.no_grad()
-def score_tokens(model, seqs: list[list[int]], pad_id: int, max_elems: int = 1 << 27) -> list[list[float | None]]:
-    """Per-position logprobs of each sequence's own tokens (first entry None)."""
+def score_tokens(model, seqs: list[list[int]], pad_id: int, max_elems: int = 1 << 27,
+                 bank=None, adapters: list | None = None) -> list[list[float | None]]:
+    """Per-position logprobs of each sequence's own tokens (first entry None); with a `bank`
+    (held serving), sequence k under adapter `adapters[k]`."""
     dev = next(model.parameters()).device
     V = model.config.vocab_size
     out: list[list[float | None]] = [[] for _ in seqs]
@@ -803,6 +767,8 @@ def score_tokens(model, seqs: list[list[int]], pad_id: int, max_elems: int = 1 <
             ids[b, : len(seqs[k])] = torch.tensor(seqs[k])
             mask[b, : len(seqs[k])] = 1
         ids, mask = ids.to(dev), mask.to(dev)
+        if bank is not None:
+            bank.use_rows(bank.load([adapters[k] for k in chunk] if adapters else [None] * len(chunk)))
         logits = model(input_ids=ids, attention_mask=mask).logits.float()
         lp = torch.log_softmax(logits[:, :-1], -1).gather(2, ids[:, 1:, None]).squeeze(2)
         lp_list = lp.tolist()

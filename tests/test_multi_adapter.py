@@ -1,0 +1,192 @@
+"""One base model, many adapters (issue 23): every training client of the local engine is a LoRA
+adapter on one shared base, and one batched decode serves the rows of every client queued when it
+runs, each row through its own adapter (`rl/backends/lora_bank.py`).
+
+Exactness on the CPU in fp32, against two independent paths: the same requests sampled per
+client (each in its own batch), and peft's own forward with the adapter active scoring what
+was sampled. Adapters of different ranks and target modules, with non-zero B matrices.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from tinker import types
+
+from fixtures.tiny_model import tiny_model_dir, tiny_tokenizer  # noqa: F401
+from rl.backends.local import LocalServiceClient
+
+PROMPTS = ("Hello there", "A longer prompt than the first one", "x y z", "Hello there")
+
+
+def _service(tmp_path, **kw) -> LocalServiceClient:
+    return LocalServiceClient(device="cpu", cache_dir=tmp_path, batch_across_clients=True, **kw)
+
+
+def _perturbed(service, model_dir, rank, seed, **lora):
+    """A training client whose adapter moves the model (B is zero at init)."""
+    tc = service.create_lora_training_client(str(model_dir), rank=rank, seed=seed, **lora).result()
+    g = torch.Generator().manual_seed(100 + seed)
+    with torch.no_grad():
+        for p in tc._engine.params:
+            if p.shape[1] == rank:  # B [out, r]
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return tc
+
+
+def _requests(tokenizer, n_samples=3, max_tokens=7):
+    params = types.SamplingParams(max_tokens=max_tokens, temperature=1.0, stop=[])
+    return [(types.ModelInput.from_ints(tokenizer.encode(t)), n_samples, params) for t in PROMPTS]
+
+
+def _submit(sc, requests, seed0):
+    return [sc.sample(p, n, params.model_copy(update={"seed": seed0 + i}), include_prompt_logprobs=True)
+            for i, (p, n, params) in enumerate(requests)]
+
+
+@pytest.fixture()
+def clients(tmp_path, tiny_model_dir):
+    service = _service(tmp_path)
+    tcs = [_perturbed(service, tiny_model_dir, 4, 1),
+           _perturbed(service, tiny_model_dir, 8, 2, train_mlp=False),  # attention only, another rank
+           _perturbed(service, tiny_model_dir, 4, 3, train_attn=False)]  # MLP only
+    return service, tcs
+
+
+def test_clients_share_one_base_and_an_added_arm_costs_its_adapter_only(clients, tiny_model_dir):
+    service, tcs = clients
+    bases = {id(tc._engine.base) for tc in tcs}
+    assert len(bases) == 1 and len(service._bases) == 1
+    base = tcs[0]._engine.base
+    base_params = [p for n, p in base.lm.named_parameters() if "lora_" not in n]
+    # each adapter's parameters are its own rank's LoRA matrices, nothing of the base
+    for tc, (rank, modules) in zip(tcs, ((4, 7), (8, 4), (4, 3))):
+        shapes = {tuple(p.shape) for p in tc._engine.params}
+        assert all(rank in s for s in shapes) and len(tc._engine.params) == 2 * modules * base.lm.config.num_hidden_layers
+        assert not {id(p) for p in tc._engine.params} & {id(p) for p in base_params}
+        assert all(p.dtype == torch.float32 for p in tc._engine.params)
+    # a fourth client loads nothing: the same base tensors
+    before = [p.data_ptr() for p in base_params]
+    tc4 = service.create_lora_training_client(str(tiny_model_dir), rank=4, seed=9).result()
+    assert tc4._engine.base is base and [p.data_ptr() for p in base_params] == before
+    # releasing a client takes its adapter off the base
+    name = tc4._engine.name
+    tc4.release()
+    base.worker.submit(lambda: None).result()
+    assert name not in base.adapters and name not in base.peft.peft_config
+
+
+def test_one_batch_across_adapters_matches_each_adapter_alone_and_peft(clients, tiny_tokenizer):
+    service, tcs = clients
+    base = tcs[0]._engine.base
+    samplers = [tc.save_weights_and_get_sampling_client().result() for tc in tcs]
+    samplers.append(service.create_sampling_client(base_model=str(base.src.spec)).result())  # the bare base
+    requests = _requests(tiny_tokenizer)
+    # each client alone: one batch per client
+    alone = [[f.result() for f in _submit(sc, requests, 10 * k)] for k, sc in enumerate(samplers)]
+    # every client's requests queued, then one wait: one batch
+    batches = base.generator.stats.batches
+    futures = [_submit(sc, requests, 10 * k) for k, sc in enumerate(samplers)]
+    mixed = [[f.result() for f in fs] for fs in futures]
+    assert base.generator.stats.batches == batches + 1
+    for got_k, want_k in zip(mixed, alone):
+        for got, want in zip(got_k, want_k):
+            for a, b in zip(got.sequences, want.sequences):
+                assert a.tokens == b.tokens and a.stop_reason == b.stop_reason
+                assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+            assert max(abs(x - y) for x, y in zip(got.prompt_logprobs[1:], want.prompt_logprobs[1:])) < 1e-5
+    # the adapters matter: the same seeds under another adapter sample something else
+    assert len({tuple(round(x, 5) for x in mixed[k][0].prompt_logprobs[1:]) for k in range(4)}) == 4
+    # peft's own path (the adapter active, nothing of the bank) scores the sampled tokens alike
+    for tc, got_k in zip(tcs, mixed):
+        for (prompt, _, _), resp in zip(requests, got_k):
+            for seq in resp.sequences:
+                ids = torch.tensor([prompt.to_ints() + seq.tokens])
+                with torch.no_grad():
+                    logits = tc._engine.model(input_ids=ids).logits[0].double()
+                lp = torch.log_softmax(logits, -1)
+                n = prompt.length
+                ref = [float(lp[n - 1 + t, tok]) for t, tok in enumerate(seq.tokens)]
+                assert max(abs(x - y) for x, y in zip(seq.logprobs, ref)) < 1e-4
+    # the batch's composition is its submission order: the same submissions give the same bits
+    again = [[f.result() for f in fs] for fs in [_submit(sc, requests, 10 * k) for k, sc in enumerate(samplers)]]
+    assert [[[s.logprobs for s in r.sequences] for r in k] for k in again] == \
+           [[[s.logprobs for s in r.sequences] for r in k] for k in mixed]
+
+
+def test_scoring_across_adapters_matches_scoring_alone(clients, tiny_tokenizer):
+    service, tcs = clients
+    samplers = [tc.save_weights_and_get_sampling_client().result() for tc in tcs]
+    prompts = [types.ModelInput.from_ints(tiny_tokenizer.encode(t)) for t in PROMPTS]
+    alone = [[sc.compute_logprobs(p).result() for p in prompts] for sc in samplers]
+    futures = [[sc.compute_logprobs(p) for p in prompts] for sc in samplers]
+    mixed = [[f.result() for f in fs] for fs in futures]
+    for got_k, want_k in zip(mixed, alone):
+        for got, want in zip(got_k, want_k):
+            assert got[0] is None and max(abs(x - y) for x, y in zip(got[1:], want[1:])) < 1e-5
+    assert mixed[0] != mixed[1]
+
+
+def _datums(tokenizer, n=4):
+    data = []
+    for i, t in enumerate(PROMPTS[:n]):
+        toks = tokenizer.encode(t) + [5, 6, 7]
+        data.append(types.Datum(model_input=types.ModelInput.from_ints(toks[:-1]), loss_fn_inputs={
+            "target_tokens": toks[1:], "logprobs": [0.0] * (len(toks) - 1),
+            "advantages": [0.5 - 0.3 * i] * (len(toks) - 1)}))
+    return data
+
+
+def test_training_stays_per_adapter_and_matches_an_adapter_alone(tmp_path, tiny_model_dir, tiny_tokenizer):
+    data = _datums(tiny_tokenizer)
+    adam = types.AdamParams(learning_rate=1e-2)
+    shared = _service(tmp_path / "shared")
+    a = shared.create_lora_training_client(str(tiny_model_dir), rank=4, seed=7).result()
+    b = shared.create_lora_training_client(str(tiny_model_dir), rank=8, seed=8).result()
+    b_before = [p.detach().clone() for p in b._engine.params]
+    # interleaved: a's forward_backward, b's, then a's optim_step; b's gradient never reaches a
+    fa = a.forward_backward(data, "importance_sampling")
+    fb = b.forward_backward(data[:2], "importance_sampling")
+    fa.result(), fb.result()
+    a.optim_step(adam).result()
+    assert all(torch.equal(x, y) for x, y in zip(b_before, b._engine.params))  # b's step not taken yet
+    b.optim_step(adam).result()
+    # a alone on a base of its own: the same update, to float32 rounding
+    alone = LocalServiceClient(device="cpu", cache_dir=tmp_path / "alone").create_lora_training_client(
+        str(tiny_model_dir), rank=4, seed=7).result()
+    out = alone.forward_backward(data, "importance_sampling").result()
+    alone.optim_step(adam).result()
+    for x, y in zip(a._engine.params, alone._engine.params):
+        assert torch.allclose(x, y, atol=1e-6, rtol=0)
+    assert out.metrics["loss:sum"] == pytest.approx(fa.result().metrics["loss:sum"], abs=1e-6)
+    assert any(not torch.equal(x, y) for x, y in zip(b_before, b._engine.params))
+
+
+def test_a_flush_waits_for_a_busy_client_and_batches_both(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """Arms in parallel threads: arm A waits on its samples while arm B's training job still
+    runs; the flush waits for B's samples and one batch serves both."""
+    service = _service(tmp_path, gather_s=0.05)
+    a = _perturbed(service, tiny_model_dir, 4, 1)
+    b = _perturbed(service, tiny_model_dir, 4, 2)
+    base = a._engine.base
+    sa, sb = a.save_weights_and_get_sampling_client().result(), b.save_weights_and_get_sampling_client().result()
+    requests = _requests(tiny_tokenizer, n_samples=1, max_tokens=3)
+    for sc in (sa, sb):  # both have sampled before: both take part in a flush
+        [f.result() for f in _submit(sc, requests, 0)]
+    release = threading.Event()
+    busy = b._engine.submit(release.wait, 30)  # B's "training" holds the worker
+    batches = base.generator.stats.batches
+    got: dict = {}
+    thread = threading.Thread(target=lambda: got.update(a=[f.result() for f in _submit(sa, requests, 1)]))
+    thread.start()
+    thread.join(0.5)
+    assert thread.is_alive()  # A waits: B is busy and has nothing queued
+    futures_b = _submit(sb, requests, 2)
+    release.set()
+    busy.result()
+    thread.join(30)
+    got["b"] = [f.result() for f in futures_b]
+    assert base.generator.stats.batches == batches + 1
+    assert len(got["a"]) == len(got["b"]) == len(requests)
