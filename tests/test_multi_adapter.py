@@ -190,3 +190,32 @@ def test_a_flush_waits_for_a_busy_client_and_batches_both(tmp_path, tiny_model_d
     got["b"] = [f.result() for f in futures_b]
     assert base.generator.stats.batches == batches + 1
     assert len(got["a"]) == len(got["b"]) == len(requests)
+
+
+def test_a_new_bank_layout_never_reuses_a_decoder_built_on_the_old_one(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """A captured decode graph reads the bank's stacks by address: when an adapter adds projections
+    (a new layout, new stacks), the static-cache decoder of the old layout is not used again."""
+    import dataclasses
+
+    from rl.backends.local_sampler import Generator, Row
+
+    service = _service(tmp_path)
+    a = _perturbed(service, tiny_model_dir, 4, 1, train_mlp=False)  # attention only
+    base = a._engine.base
+    gen = Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank)
+    rows = [Row(prompt=tiny_tokenizer.encode("Hello there"), max_tokens=5, key=3, adapter=a._engine.snapshot_live())]
+    with base.bank.serving():
+        first = gen.generate(rows)
+    (key_before,) = gen._graphs
+    version = base.bank.version
+    b = _perturbed(service, tiny_model_dir, 4, 2, train_attn=False)  # MLP only: peft wraps new projections
+    assert base.bank.version > version
+    rows_ab = rows + [dataclasses.replace(rows[0], adapter=b._engine.snapshot_live(), key=4)]
+    with base.bank.serving():
+        again = gen.generate(rows_ab)
+    (key_after,) = gen._graphs
+    assert key_after != key_before
+    fresh = Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank)
+    with base.bank.serving():
+        want = fresh.generate(rows_ab)
+    assert [r.tokens for r in again] == [r.tokens for r in want] and again[0].tokens == first[0].tokens

@@ -231,6 +231,7 @@ class _Request:
     key: int = 0
     seq_prefix: str = ""
     owner: "_Adapter | None" = None  # the training client that sampled it, if any
+    client: object = None  # the sampling client that made it
     future: Future = field(default_factory=Future)
 
 
@@ -331,17 +332,19 @@ class _Base:
         self._add_peft_adapter(name, lora)
         adapter = _Adapter(self, name, lora, self._peft_params(name))
         adapter.init_weights(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
-        self.adapters[name] = adapter
-        self.bank.live = max(self.bank.live, len(self.adapters))
+        with self._cv:  # the sample queue's gather reads the adapters from callers' threads
+            self.adapters[name] = adapter
+            self.bank.live = max(self.bank.live, len(self.adapters))
         return adapter
 
     def remove_adapter(self, name: str) -> None:
-        if self.adapters.pop(name, None) is not None and self.peft is not None:
+        with self._cv:
+            gone = self.adapters.pop(name, None)
+            self._cv.notify_all()
+        if gone is not None and self.peft is not None:
             with warnings.catch_warnings():  # peft says which adapter it makes active instead: none is
                 warnings.simplefilter("ignore", UserWarning)
                 self.peft.delete_adapter(name)
-        with self._cv:
-            self._cv.notify_all()
 
     def activate(self, name: str) -> None:
         """Make adapter `name` the one peft trains (the others get no gradient)."""
@@ -408,7 +411,7 @@ class _Base:
         with self._cv:
             self._pending.append(req)
             across = self.settings.batch_across_clients
-            rows = sum(r.num_samples for r in self._pending if across or r.adapter is req.adapter)
+            rows = sum(r.num_samples for r in self._pending if across or r.client is req.client)
             if req.owner is not None:
                 req.owner.samples += 1
             self._cv.notify_all()
@@ -421,8 +424,8 @@ class _Base:
             time.sleep(self.settings.batch_window_s)
         if not self.settings.batch_across_clients:
             with self._cv:
-                jobs = [r for r in self._pending if r.adapter is req.adapter]
-                self._pending = [r for r in self._pending if r.adapter is not req.adapter]
+                jobs = [r for r in self._pending if r.client is req.client]
+                self._pending = [r for r in self._pending if r.client is not req.client]
             if jobs:
                 self.worker.submit_raw(self._run_requests, jobs)
             return
@@ -873,7 +876,7 @@ class LocalSamplingClient:
         if sampling_params.seed is not None:
             key = splitmix64(int(sampling_params.seed) & ((1 << 64) - 1))
         req = _Request("sample", self._snapshot, prompt.to_ints(), num_samples, sampling_params,
-                       include_prompt_logprobs, key, f"{self._snapshot_id}:{n}", self._owner)
+                       include_prompt_logprobs, key, f"{self._snapshot_id}:{n}", self._owner, self)
         return self._engine.enqueue(req)
 
     @property
@@ -882,7 +885,8 @@ class LocalSamplingClient:
 
     def compute_logprobs(self, prompt: types.ModelInput) -> LocalFuture[list[float | None]]:
         n, key = self._next_key()
-        return self._engine.enqueue(_Request("score", self._snapshot, prompt.to_ints(), key=key, owner=self._owner))
+        return self._engine.enqueue(_Request("score", self._snapshot, prompt.to_ints(), key=key,
+                                             owner=self._owner, client=self))
 
     def get_tokenizer(self):
         return self._engine.tokenizer

@@ -642,7 +642,8 @@ class Generator:
         if not self.static_cache:
             return _EagerDecoder(self.model, cache, b)
         total = _bucket(b.Lp + b.max_new, DECODE_LENGTH_BUCKET)
-        shape = (b.B, total, self.bank.K if self.bank is not None else 0)  # K: the bank's stacked ranks
+        # the bank's tensors, read by address in a captured graph, are part of its shape
+        shape = (b.B, total, self.bank.version if self.bank is not None else 0)
         dec = self._graphs.get(shape)
         if dec is None:
             self._graphs.clear()  # one live static cache at a time bounds memory

@@ -60,6 +60,9 @@ class AdapterBank:
         self.index: dict[str, int] = {}
         self.on = False
         self.live = 0  # adapters on the base (its owner keeps this)
+        # bumped whenever the stacks or row buffers are new tensors: a captured decode graph
+        # reads them by address, so the generator keys its graphs by this
+        self.version = 0
         self.dtype = torch.float32
         self.A_K: list[torch.Tensor] = []  # per layer [K, in], the adapters' dtype
         self.B_K: list[torch.Tensor] = []  # per layer [out, K]
@@ -90,6 +93,7 @@ class AdapterBank:
         self.dtype = torch.promote_types(self.layers[0].base_layer.weight.dtype, torch.float32) if found else torch.float32
         self.A_K, self.B_K, self.K, self._loaded, self._stack_shape = [], [], 0, (), (0, 0)
         self._rows.clear()
+        self.version += 1
 
     def weights_of(self, adapter: str) -> AdapterWeights:
         """A copy of peft adapter `adapter`'s current weights."""
@@ -126,8 +130,7 @@ class AdapterBank:
             self.B_K = [torch.zeros(m.out_features, S * R, dtype=self.dtype, device=dev) for m in self.layers]
             self.K, self._stack_shape, self._loaded = S * R, (S, R), ()
             self._rows.clear()
-            for t in itertools.chain(self.A_K, self.B_K):  # one compiled decode step for any K
-                torch._dynamo.maybe_mark_dynamic(t, 0 if t.shape[0] == S * R else 1)
+            self.version += 1
         key = tuple(slots)
         if key != self._loaded:
             with torch.no_grad():
@@ -172,7 +175,6 @@ class AdapterBank:
             if buf is None:
                 buf = self._rows[(n, self.K)] = (torch.zeros(n, self.K, dtype=self.dtype, device=dev),
                                                  torch.zeros(n, 1, dtype=self.dtype, device=dev))
-                torch._dynamo.maybe_mark_dynamic(buf[0], 1)
             buf[0].copy_(onehot)
             buf[1].copy_(scale)
             self.onehot_N_K, self.scale_N = buf
