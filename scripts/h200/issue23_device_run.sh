@@ -15,6 +15,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 PREFECT_SERVE
 export GS1_LOCAL_CACHE=$W/cache GS1_COMPILE_CACHE=$W/compile GS1_MODEL_CACHE=$W/models
 now() { date +%s.%N; }
 echo assembling > "$W/status"
+mkdir -p /root/data && cp -r .data/gsm8k /root/data/ 2>/dev/null
 if [ ! -s /root/m/model.gguf ]; then cat /root/m/q.* > /root/m/model.gguf && rm -f /root/m/q.*; fi
 echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  /root/m/model.gguf" | sha256sum -c - > "$W/model_sha.txt" 2>&1 \
   || { echo "model checksum failed" > "$W/status"; exit 1; }
@@ -25,7 +26,7 @@ nvidia-smi --query-gpu=timestamp,index,memory.used,utilization.gpu --format=csv,
 SMI=$!
 echo "1 user spec" > "$W/status"
 start=$(now)
-python3 -m gs1 run results/h200-gsm8k/spec_revised.json --run-dir "$W/run" --data-dir .data/gsm8k > "$W/flow.log" 2>&1
+python3 -m gs1 run results/h200-gsm8k/spec_revised.json --run-dir "$W/run" --data-dir /root/data/gsm8k > "$W/flow.log" 2>&1
 echo "gs1 run: rc=$? start=$start end=$(now)" >> "$W/flow.log"
 echo "2 adapters benchmark" > "$W/status"
 python3 -c 'from transformers import AutoTokenizer; AutoTokenizer.from_pretrained("/root/m", gguf_file="model.gguf").save_pretrained("/root/tok")' > "$W/tok.log" 2>&1
@@ -34,10 +35,10 @@ python3 benchmarks/engine.py --config qwen2.5-1.5b --batch 64 --new-tokens 512 -
 echo "3 comparison, 6 arms x 4 steps" > "$W/status"
 start=$(now)
 python3 -m gs1 run results/h200-multi-adapter/spec_comparison_4steps.json --run-dir "$W/comparison" \
-  --data-dir .data/gsm8k --units grpo_gs8-s0,gs1_kernel-s0,gs1_kernel_hillclimbed-s0,batch_mean-s0,flash_reinforce-s0,critic-s0 \
+  --data-dir /root/data/gsm8k --units grpo_gs8-s0,gs1_kernel-s0,gs1_kernel_hillclimbed-s0,batch_mean-s0,flash_reinforce-s0,critic-s0 \
   > "$W/comparison.log" 2>&1
 echo "gs1 run: rc=$? start=$start end=$(now)" >> "$W/comparison.log"
 echo "4 peer" > "$W/status"
-python3 benchmarks/peer_trl.py --model /root/m/model.gguf --data-dir .data/gsm8k --steps 4 > "$W/peer.txt" 2>&1
+python3 benchmarks/peer_trl.py --model /root/m/model.gguf --data-dir /root/data/gsm8k --steps 4 > "$W/peer.txt" 2>&1
 kill $SMI
 echo "all-done" > "$W/status"
