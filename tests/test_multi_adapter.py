@@ -25,14 +25,14 @@ def _service(tmp_path, **kw) -> LocalServiceClient:
     return LocalServiceClient(device="cpu", cache_dir=tmp_path, batch_across_clients=True, **kw)
 
 
-def _perturbed(service, model_dir, rank, seed, **lora):
+def _perturbed(service, model_dir, rank, seed, scale=0.3, **lora):
     """A training client whose adapter moves the model (B is zero at init)."""
     tc = service.create_lora_training_client(str(model_dir), rank=rank, seed=seed, **lora).result()
     g = torch.Generator().manual_seed(100 + seed)
     with torch.no_grad():
         for p in tc._engine.params:
             if p.shape[1] == rank:  # B [out, r]
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
     return tc
 
 
@@ -219,3 +219,57 @@ def test_a_new_bank_layout_never_reuses_a_decoder_built_on_the_old_one(tmp_path,
     with base.bank.serving():
         want = fresh.generate(rows_ab)
     assert [r.tokens for r in again] == [r.tokens for r in want] and again[0].tokens == first[0].tokens
+
+
+def test_a_decode_shape_is_compiled_on_its_second_batch_only(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """A shape seen once (the preflight's, an eval's last partial batch) runs the eager step; the
+    second batch of a shape gets a compiled decoder, and later batches keep it. (Only which
+    decoder is built is checked: nothing compiles on this CPU.)"""
+    from transformers import DynamicCache
+
+    from rl.backends.local_sampler import Generator, Row, _pack
+
+    service = _service(tmp_path)
+    a = _perturbed(service, tiny_model_dir, 4, 1)
+    base = a._engine.base
+    gen = Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank)
+    gen.compile_decode = True  # as on CUDA
+
+    def decoder(n_rows):
+        rows = [Row(prompt=tiny_tokenizer.encode("Hello there"), max_tokens=4, key=k,
+                    adapter=a._engine.snapshot_live()) for k in range(n_rows)]
+        with base.bank.serving():
+            b = _pack(rows, base.pad_id, True, gen.device)
+            cache = DynamicCache(config=base.lm.config)
+            gen._use_rows(b.adapters_U)
+            gen._prefill(b, cache)
+            gen._use_rows([r.adapter for r in rows], persistent=True)
+            return gen._decoder(b, cache)
+
+    first = decoder(3)
+    assert not first.compiled
+    other = decoder(5)  # another shape, once: eager too
+    assert not other.compiled
+    second = decoder(3)
+    assert second.compiled and second is not first
+    assert decoder(3) is second
+
+
+def test_on_a_bf16_base_the_bank_stays_float32_and_matches_peft(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """On a half-precision base (CUDA's) the stacks stay float32, as peft keeps the adapters:
+    a batch across adapters samples the logprobs peft's own path gives, to float32 rounding."""
+    service = _service(tmp_path, dtype="bfloat16")
+    tcs = [_perturbed(service, tiny_model_dir, 4, 1, scale=0.03), _perturbed(service, tiny_model_dir, 8, 2, scale=0.03)]
+    base = tcs[0]._engine.base
+    samplers = [tc.save_weights_and_get_sampling_client().result() for tc in tcs]
+    futures = [_submit(sc, _requests(tiny_tokenizer, n_samples=1, max_tokens=5), 10 * k) for k, sc in enumerate(samplers)]
+    mixed = [[f.result() for f in fs] for fs in futures]
+    assert base.bank.dtype == torch.float32 and base.lm.get_input_embeddings().weight.dtype == torch.bfloat16
+    for tc, got_k in zip(tcs, mixed):
+        for (prompt, _, _), resp in zip(_requests(tiny_tokenizer), got_k):
+            seq = resp.sequences[0]
+            with torch.no_grad():
+                logits = tc._engine.model(input_ids=torch.tensor([prompt.to_ints() + seq.tokens])).logits[0].double()
+            lp = torch.log_softmax(logits, -1)
+            ref = [float(lp[prompt.length - 1 + t, tok]) for t, tok in enumerate(seq.tokens)]
+            assert max(abs(x - y) for x, y in zip(seq.logprobs, ref)) < 1e-3

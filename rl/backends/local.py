@@ -334,7 +334,6 @@ class _Base:
         adapter.init_weights(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
         with self._cv:  # the sample queue's gather reads the adapters from callers' threads
             self.adapters[name] = adapter
-            self.bank.live = max(self.bank.live, len(self.adapters))
         return adapter
 
     def remove_adapter(self, name: str) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -568,6 +569,7 @@ class Generator:
         self.use_cuda_graphs = cuda if use_cuda_graphs is None else (use_cuda_graphs and cuda)
         self.static_cache = (self.use_cuda_graphs or cuda) if static_cache is None else static_cache
         self._graphs: dict[tuple[int, int, int], _GraphedDecoder] = {}
+        self._batches_of: Counter[tuple[int, int]] = Counter()  # batches per (rows, positions)
         self.bank = bank
         self.compile_decode = compile_decode and cuda  # only the captured CUDA step is compiled
         self.stats = GenStats()
@@ -644,13 +646,21 @@ class Generator:
         total = _bucket(b.Lp + b.max_new, DECODE_LENGTH_BUCKET)
         # the bank's tensors, read by address in a captured graph, are part of its shape
         shape = (b.B, total, self.bank.version if self.bank is not None else 0)
+        self._batches_of[(b.B, total)] += 1
+        compile_now = self._compile_now((b.B, total))
         dec = self._graphs.get(shape)
-        if dec is None:
+        if dec is None or (compile_now and not dec.compiled):
             self._graphs.clear()  # one live static cache at a time bounds memory
-            dec = self._graphs[shape] = _GraphedDecoder(self.model, b.B, total, self.compile_decode)
+            dec = self._graphs[shape] = _GraphedDecoder(self.model, b.B, total, compile_now)
         dec.start(cache, b)
         dec.capture_with = self._capture if self.use_cuda_graphs else None
         return dec
+
+    def _compile_now(self, rows_positions: tuple[int, int]) -> bool:
+        """Compile a decode shape on its second batch, not its first: a shape seen once (the
+        preflight's, an eval's last partial batch) decodes on the eager step's CUDA graph, and
+        only a shape that recurs pays its 40-70 s of compiling (results/h200-multi-adapter)."""
+        return self.compile_decode and self._batches_of[rows_positions] >= 2
 
     def _capture(self, dec: "_GraphedDecoder", cur: int) -> None:
         """Capture `dec`'s step as a CUDA graph. A compiled step that fails to compile or capture

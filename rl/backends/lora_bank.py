@@ -9,9 +9,11 @@ over the K stacked ranks that selects its own slot:
     y_n = W x_n + s_n * ((x_n A_K^T) * onehot_n) B_K^T
 
 Two matmuls per projection whatever the number of adapters, and static shapes, so the decode
-step stays one CUDA graph (Punica's BGMV and S-LoRA gather the same rows in one kernel; at rank
-32 and a few slots the dense form costs well under a millisecond a step on a 1.5B model). The
-products of the other slots' columns are exact zeros, so a row's addon is its own adapter's.
+step stays one CUDA graph. The products of the other slots' columns are exact zeros, so a row's
+addon is its own adapter's. The price is FLOPs: rows x K instead of rows x rank (Punica's BGMV
+and S-LoRA gather each row's own adapter in one kernel instead). Measured on an H200 with the
+stacks in float32 (results/h200-multi-adapter): 8.4 ms per step at 2 adapters x 64 rows, 24.7 ms
+at 6 x 64, where the dense addon's float32 matmuls are a large part (`bank_dtype`).
 
 The bank serves inference only (`serving`): peft's own per-adapter path is switched off for its
 length and a forward hook on every peft `lora.Linear` adds the bank's addon. Training never sees
@@ -28,6 +30,16 @@ from dataclasses import dataclass
 import torch
 
 _ids = itertools.count()
+# Slots the stacks hold at least: a run's preflight and two arms share one bank width, so one
+# compiled decode graph per row count (a width change is a new graph to compile).
+MIN_SLOTS = 2
+
+
+def bank_dtype(base_dtype: torch.dtype) -> torch.dtype:
+    """The stacks' precision: float32 (float64 on a float64 base), as peft keeps the adapters.
+    Not the base's half precision: on a bf16 base that moved the sampled logprobs 0.025 from
+    peft's path on average, against 3e-6 in float32 (tests/test_multi_adapter.py's adapters)."""
+    return torch.promote_types(base_dtype, torch.float32)
 
 
 @dataclass(frozen=True, eq=False)
@@ -59,7 +71,6 @@ class AdapterBank:
         self.names: list[str] = []
         self.index: dict[str, int] = {}
         self.on = False
-        self.live = 0  # adapters on the base (its owner keeps this)
         # bumped whenever the stacks or row buffers are new tensors: a captured decode graph
         # reads them by address, so the generator keys its graphs by this
         self.version = 0
@@ -89,8 +100,7 @@ class AdapterBank:
         self.layers = [m for _, m in found]
         self.names = [n for n, _ in found]
         self.index = {n: i for i, n in enumerate(self.names)}
-        # the adapters' own precision: float32, or float64 on a float64 model
-        self.dtype = torch.promote_types(self.layers[0].base_layer.weight.dtype, torch.float32) if found else torch.float32
+        self.dtype = bank_dtype(self.layers[0].base_layer.weight.dtype) if found else torch.float32
         self.A_K, self.B_K, self.K, self._loaded, self._stack_shape = [], [], 0, (), (0, 0)
         self._rows.clear()
         self.version += 1
@@ -120,9 +130,9 @@ class AdapterBank:
         row_slots = [-1 if a is None else slots.index(a.id) for a in adapters]
         if not self.layers:
             return row_slots
-        # Slots and rank only grow (a power of two, at least the live adapters): a change of K is
-        # a new decode graph to compile, so a run settles on one K early and keeps it.
-        S = max(self._stack_shape[0], _pow2(max(1, len(slots), self.live)))
+        # Slots and rank only grow (powers of two): a change of K is a new decode graph to
+        # compile, so a run settles on one K early and keeps it.
+        S = max(self._stack_shape[0], _pow2(max(MIN_SLOTS, len(slots))))
         R = max(self._stack_shape[1], 8, _pow2(max((a.rank for a in distinct.values()), default=1)))
         if self._stack_shape != (S, R):
             dev = self.layers[0].base_layer.weight.device
@@ -198,11 +208,13 @@ class AdapterBank:
 
 def _add_bank(bank: AdapterBank, name: str, module, args, out):
     """The forward hook of one adapted projection: its rows' adapter addon, in peft's numerics
-    (input cast to the adapters' precision, the sum cast back to the output's dtype)."""
+    (input cast to the bank's precision, one rounding of the sum to the output's dtype)."""
     if not bank.on or bank.onehot_N_K is None:
         return None
     i = bank.index[name]
     x = args[0].to(bank.dtype)
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (-1,)
     h = (x @ bank.A_K[i].T) * bank.onehot_N_K.view(shape)
-    return (out + (h @ bank.B_K[i].T) * bank.scale_N.view(shape)).to(out.dtype)
+    addon = (h @ bank.B_K[i].T) * bank.scale_N.view(shape)
+    acc = torch.promote_types(out.dtype, torch.float32)
+    return (out.to(acc) + addon.to(acc)).to(out.dtype)
