@@ -22,8 +22,8 @@ one RL step of all N arms as the pipeline runs it -- every arm's `--batch` sampl
 then awaited (one batched decode across the adapters), then every arm's forward_backward and
 optim_step submitted back to back -- a warm-up step (compiles the batch's decode shape), then
 `--repeats` timed ones. Prints ms per decode step, train seconds per adapter step, the step's
-seconds, each against one adapter's, and the GPU memory held per added arm (its adapter, AdamW
-state) and at the step's peak.
+seconds, each against one adapter's, and GPU memory: held after the step (the static KV cache of
+the step's decode shape included), an arm's own adapter and AdamW state, and the step's peak.
 """
 
 from __future__ import annotations
@@ -272,6 +272,12 @@ def _counts(spec: str | None) -> list[int]:
     return [int(x) for x in spec.split(",")] if spec else []
 
 
+def own_bytes(tc) -> int:
+    """What one arm holds on the base: its adapter's weights and its AdamW state."""
+    state = [t for s in tc._opt.state.values() for t in s.values() if torch.is_tensor(t)]
+    return sum(t.numel() * t.element_size() for t in [*tc._engine.params, *state])
+
+
 def adapters_table(args, svc, model_dir: Path, device: str) -> int:
     from tinker import types
 
@@ -330,7 +336,8 @@ def adapters_table(args, svc, model_dir: Path, device: str) -> int:
         held = mem()
         timed = [rl_step(n) for _ in range(args.repeats)]
         row = {k: sum(t[k] for t in timed) / len(timed) for k in timed[0]}
-        row.update(adapters=n, rows=n * args.batch, held=held, per_arm=(held - mem_before) / n)
+        row.update(adapters=n, rows=n * args.batch, held=held, per_arm=(held - mem_before) / n,
+                   own=own_bytes(arms[-1]) / gib)
         table.append(row)
         print(f"[{time.perf_counter() - t0:.0f} s] {n} adapters: {row}", flush=True)
     one = table[0]
@@ -339,12 +346,12 @@ def adapters_table(args, svc, model_dir: Path, device: str) -> int:
           f"new={args.new_tokens} rank={args.rank} compiled={arms[0]._engine.generator.compile_decode} "
           f"torch={torch.__version__}; x: against the first row")
     print("| adapters | rows | batches | ms / decode step | x | sample s | train s per adapter | RL step s | x "
-          "| GiB held | GiB per arm | peak GiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| GiB held | GiB held per arm | GiB adapter + AdamW of an arm | peak GiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in table:
         print(f"| {r['adapters']} | {r['rows']} | {r['batches']:.0f} | {r['decode_ms']:.2f} | {r['decode_ms'] / one['decode_ms']:.2f} "
               f"| {r['sample_s']:.2f} | {r['train_s']:.2f} | {r['step_s']:.2f} | {r['step_s'] / one['step_s']:.2f} "
-              f"| {r['held']:.2f} | {r['per_arm']:.2f} | {r['peak']:.2f} |")
+              f"| {r['held']:.2f} | {r['per_arm']:.2f} | {r['own']:.3f} | {r['peak']:.2f} |")
     return 0
 
 

@@ -18,6 +18,9 @@ from tinker import types
 from fixtures.tiny_model import tiny_model_dir, tiny_tokenizer  # noqa: F401
 from rl.backends.local import LocalServiceClient
 
+# every test here loads the tiny model (the benchmark's test builds its own, without the fixture)
+pytestmark = pytest.mark.slow
+
 PROMPTS = ("Hello there", "A longer prompt than the first one", "x y z", "Hello there")
 
 
@@ -273,3 +276,20 @@ def test_on_a_bf16_base_the_bank_stays_float32_and_matches_peft(tmp_path, tiny_m
             lp = torch.log_softmax(logits, -1)
             ref = [float(lp[prompt.length - 1 + t, tok]) for t, tok in enumerate(seq.tokens)]
             assert max(abs(x - y) for x, y in zip(seq.logprobs, ref)) < 1e-3
+
+
+def test_the_adapters_benchmark_runs_one_rl_step_of_every_arm_per_row(capsys):
+    """`benchmarks/engine.py --adapters` on the tiny model: one row per adapter count, every arm's
+    step samples one batch."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "engine_benchmark", Path(__file__).resolve().parents[1] / "benchmarks" / "engine.py")
+    engine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(engine)
+    assert engine.main(["--config", "tiny", "--batch", "2", "--new-tokens", "3", "--prompt-tokens", "6",
+                        "--rank", "4", "--adapters", "1,3", "--repeats", "1", "--device", "cpu"]) == 0
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| 1 |") or line.startswith("| 3 |")]
+    assert [(int(r[0]), int(r[1]), float(r[2])) for r in rows] == [(1, 2, 1.0), (3, 6, 1.0)]  # one batch each
