@@ -357,15 +357,8 @@ class _Base:
         """A saved adapter directory as sampler weights. Read straight onto the bank's
         projections; one that targets projections no live adapter has is loaded through a
         passing peft adapter (a worker job)."""
-        from safetensors.torch import load_file
 
-        f = path / "adapter_model.safetensors"
-        if not f.is_file():
-            raise UserError(f"no LoRA weights at {path} (expected adapter_model.safetensors)")
-        try:
-            sd = load_file(str(f), device=str(self.device))
-        except Exception as e:  # safetensors raises its own SafetensorError for a damaged file
-            raise UserError(f"{f}: damaged LoRA weights file ({type(e).__name__}: {e})") from None
+        sd = _read_adapter_weights(path, self.device)
         config = _adapter_config(path)  # a worker job: the fallback below changes the model
         if config is None:
             raise UserError(f"no adapter_config.json at {path}")
@@ -639,18 +632,24 @@ def _adapter_config(path: Path) -> dict | None:
     return json.loads(f.read_text()) if f.is_file() else None
 
 
-def _load_peft_weights(peft_model, path: Path, name: str, device) -> None:
-    """Adapter directory `path` into peft adapter `name` (its keys must all match)."""
-    from peft import set_peft_model_state_dict
+def _read_adapter_weights(path: Path, device) -> dict[str, torch.Tensor]:
+    """A saved adapter directory's LoRA tensors on `device`; a missing or damaged file is the user's."""
     from safetensors.torch import load_file
 
     f = path / "adapter_model.safetensors"
     if not f.is_file():
         raise UserError(f"no LoRA weights at {path} (expected adapter_model.safetensors)")
     try:
-        sd = load_file(str(f), device=str(device))
+        return load_file(str(f), device=str(device))
     except Exception as e:  # safetensors raises its own SafetensorError for a damaged file
         raise UserError(f"{f}: damaged LoRA weights file ({type(e).__name__}: {e})") from None
+
+
+def _load_peft_weights(peft_model, path: Path, name: str, device) -> None:
+    """Adapter directory `path` into peft adapter `name` (its keys must all match)."""
+    from peft import set_peft_model_state_dict
+
+    sd = _read_adapter_weights(path, device)
     try:
         res = set_peft_model_state_dict(peft_model, sd, adapter_name=name)
     except RuntimeError as e:  # a shape mismatch: another rank or model
