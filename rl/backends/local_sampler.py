@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rl.backends.lora_bank import tile_layout
+
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -361,9 +363,9 @@ def decode_step(model, ids_B, pos_B, mask_B, cache) -> torch.Tensor:
 # (preflight, pilot, each arm, eval) reuses the graph of a shape compiled once by any of them.
 # Shapes are bucketed so that a run makes few graphs: GSM8K's prompts plus 512 new tokens fit
 # 1024 positions; a run's batches (the preflight's 16 rows, two arms' 128 rows of a step, six
-# arms' 384, the 1024-row held-out and eval batches) take 128, 512 or 1024 rows; and the adapter
-# bank's width only grows (`lora_bank`): two compiles for a run of two arms or of six. A lone arm's 64 rows decode as 128: at
-# these sizes a step costs the weights' reads, not the rows.
+# arms' 384, the 1024-row held-out and eval batches) take 128, 512 or 1024 rows; the adapter
+# bank's tile stacks follow the row count (`lora_bank`: rows / 64 tiles, a rank that only grows),
+# so one compile per row count. A lone arm's 64 rows decode as 128.
 _COMPILED_DECODE = None
 DECODE_LENGTH_BUCKET = 1024  # static caches hold a multiple of this many positions
 MIN_GRAPHED_ROWS = 128  # graphed batches hold a power of two rows, at least this many
@@ -577,9 +579,23 @@ class Generator:
     def generate(self, rows: list[Row]) -> list[RowResult]:
         return self._generate(rows)
 
-    def _use_rows(self, adapters: list, persistent: bool = False) -> None:
+    def _use_rows(self, adapters: list, tiled: bool = False) -> None:
         if self.bank is not None:
-            self.bank.use_rows(self.bank.load(adapters), persistent)
+            slots = self.bank.load(adapters)
+            self.bank.use_tiles(slots) if tiled else self.bank.use_rows(slots)
+
+    def _layout(self, rows: list[Row]) -> list[int | None]:
+        """The batch's row order (None: a pad row). On the static-cache decode with adapters, rows
+        in tiles of one adapter each (`lora_bank.tile_layout`); graphed, padded to `graphed_rows`.
+        Rows are independent (their own keys and KV), so the order changes none of their tokens."""
+        order: list[int | None] = list(range(len(rows)))
+        if self.static_cache and self.bank is not None and self.bank.layers:
+            ids: dict[int, int] = {}
+            slots = [-1 if r.adapter is None else ids.setdefault(r.adapter.id, len(ids)) for r in rows]
+            order = tile_layout(slots, self.bank.tile_rows)
+        if self.static_cache and self.use_cuda_graphs:
+            order += [None] * (graphed_rows(len(order)) - len(order))
+        return order
 
     @torch.no_grad()
     def _generate(self, rows: list[Row]) -> list[RowResult]:
@@ -588,17 +604,23 @@ class Generator:
 
         t_start = time.perf_counter()
         n_rows = len(rows)
-        if self.static_cache and self.use_cuda_graphs:
-            # Pad to the graphed batch size: copies of row 0's prompt share its prefill.
-            first = rows[0]
-            pad = Row(prompt=first.prompt, max_tokens=1, temperature=first.temperature, key=first.key,
-                      adapter=first.adapter)
-            rows = rows + [pad] * (graphed_rows(n_rows) - n_rows)
+        order = self._layout(rows)
+        rows = [rows[n] if n is not None else None for n in order]
+        # Pads (a tile's or the graphed batch size's) copy a neighbouring row's prompt and
+        # adapter, so they share its prefill and its tile; they decode one token, then idle.
+        for k in range(len(rows)):
+            if rows[k] is None:
+                src = rows[k - 1]
+                rows[k] = Row(prompt=src.prompt, max_tokens=1, temperature=src.temperature, key=src.key,
+                              adapter=src.adapter)
         b = _pack(rows, self.pad_id, self.share_prefill, self.device)
         cache = DynamicCache(config=self.model.config)
         self._use_rows(b.adapters_U)
         logits_U, prompt_lps_U = self._prefill(b, cache)
-        self._use_rows([r.adapter for r in rows], persistent=True)  # the decode graph reads these buffers
+        if self.static_cache:  # the decode step reads the bank's tile stacks (a captured graph: by address)
+            self._use_rows([r.adapter for r in rows], tiled=True)
+        else:
+            self._use_rows([r.adapter for r in rows])
         dec = self._decoder(b, cache)
         del cache
         self._sync()
@@ -608,7 +630,11 @@ class Generator:
         steps = self._decode(b, dec, logits_U.index_select(0, b.src_B), progress)
         self._sync()
         self.stats.decode_s += time.perf_counter() - t_decode
-        results = progress.results(prompt_lps_U)[:n_rows]
+        laid_out = progress.results(prompt_lps_U)
+        results: list[RowResult] = [None] * n_rows  # type: ignore[list-item]
+        for n, res in zip(order, laid_out):
+            if n is not None:
+                results[n] = res
         self.stats.batches += 1
         self.stats.graphed_batches += int(dec.graphed)
         self.stats.rows += n_rows

@@ -1,19 +1,21 @@
 """Rows of many LoRA adapters in one batch on one base model: the adapter bank.
 
 Each adapted projection computes, for a row n of adapter a(n), `y_n = W x_n + s_a B_a (A_a x_n)`
-(peft's LoRA: A [r, in], B [out, r], s = alpha / r). For one batch the bank stacks the adapters
-of its rows into slots, per projection `A_K = [A_0; A_1; ...]` [K, in] and `B_K = [B_0 B_1 ...]`
-[out, K] (K = slots x rank, each adapter's rank padded with zeros), and gives each row a one-hot
-over the K stacked ranks that selects its own slot:
+(peft's LoRA: A [r, in], B [out, r], s = alpha / r). The bank gives every row its own adapter's
+addon, at a row's own rank's FLOPs, in two forms:
 
-    y_n = W x_n + s_n * ((x_n A_K^T) * onehot_n) B_K^T
+- **Per slot** (eager forwards: prefill, scoring, CPU decode). A batch's distinct adapters are
+  its slots; per projection the addon of slot s is `F.linear(F.linear(x_s, A_s), B_s) * s_s` over
+  that slot's rows alone (`index_select` / `index_copy_`) -- peft's own calls on those rows.
+- **Tiled** (the static-cache decode step, captured as a CUDA graph). The generator lays the
+  batch's rows out in tiles of `tile_rows` rows that each hold one slot's rows (`tile_layout`:
+  rows grouped by slot, each group padded to whole tiles), and the bank copies each tile's adapter
+  into per-tile stacks, A_T [tiles, R, in] and B_T [tiles, out, R] (ranks padded with zeros to R).
+  The addon is then two batched matmuls over the tiles, `bmm(bmm(x_T, A_T^T), B_T^T)`: static
+  shapes (one graph per row count), and FLOPs of rows x R, not rows x (slots x R).
 
-Two matmuls per projection whatever the number of adapters, and static shapes, so the decode
-step stays one CUDA graph. The products of the other slots' columns are exact zeros, so a row's
-addon is its own adapter's. The price is FLOPs: rows x K instead of rows x rank (Punica's BGMV
-and S-LoRA gather each row's own adapter in one kernel instead). Measured on an H200 with the
-stacks in float32 (results/h200-multi-adapter): 8.4 ms per step at 2 adapters x 64 rows, 24.7 ms
-at 6 x 64, where the dense addon's float32 matmuls are a large part (`bank_dtype`).
+The dense form this replaces (one-hot over every slot's stacked ranks, rows x slots x R FLOPs)
+was half of a 12-adapter decode step on an H200 (results/h200-multi-adapter, step_profile.py).
 
 The bank serves inference only (`serving`): peft's own per-adapter path is switched off for its
 length and a forward hook on every peft `lora.Linear` adds the bank's addon. Training never sees
@@ -30,9 +32,6 @@ from dataclasses import dataclass
 import torch
 
 _ids = itertools.count()
-# Slots the stacks hold at least: a run's preflight and two arms share one bank width, so one
-# compiled decode graph per row count (a width change is a new graph to compile).
-MIN_SLOTS = 2
 
 
 def bank_dtype(base_dtype: torch.dtype) -> torch.dtype:
@@ -63,31 +62,56 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-class AdapterBank:
-    """The stacked adapters of the batch being served, and the hooks that add them."""
+TILE_ROWS = 64  # rows per tile of the tiled decode: an arm's 64 rollouts of a step fill one
 
-    def __init__(self) -> None:
+
+def tile_layout(slots_N: list[int], tile_rows: int) -> list[int | None]:
+    """The tiled decode's row order: row indices grouped by slot (first-appearance order, each
+    group in its own order), each group padded with None to a multiple of `tile_rows`."""
+    groups: dict[int, list[int | None]] = {}
+    for n, s in enumerate(slots_N):
+        groups.setdefault(s, []).append(n)
+    order: list[int | None] = []
+    for rows in groups.values():
+        order += rows + [None] * (-len(rows) % tile_rows)
+    return order
+
+
+@dataclass
+class _Tiles:
+    """The tiled decode's per-tile stacks (filled in place per batch: a captured graph reads
+    them by address) and each row's scale."""
+
+    A_T: list[torch.Tensor]  # per projection [tiles, R, in]
+    B_T: list[torch.Tensor]  # per projection [tiles, out, R]
+    scale_N: torch.Tensor  # [rows, 1]
+    loaded: tuple = ()
+
+
+class AdapterBank:
+    """The adapters of the batch being served, and the hooks that add them."""
+
+    def __init__(self, tile_rows: int = TILE_ROWS) -> None:
         self.layers: list[torch.nn.Module] = []  # peft lora.Linear modules, model order
         self.names: list[str] = []
         self.index: dict[str, int] = {}
         self.on = False
-        # bumped whenever the stacks or row buffers are new tensors: a captured decode graph
-        # reads them by address, so the generator keys its graphs by this
+        self.tile_rows = tile_rows
+        # bumped whenever the tile stacks are new tensors: a captured decode graph reads them by
+        # address, so the generator keys its graphs by this
         self.version = 0
         self.dtype = torch.float32
-        self.A_K: list[torch.Tensor] = []  # per layer [K, in], the adapters' dtype
-        self.B_K: list[torch.Tensor] = []  # per layer [out, K]
-        self.K = 0
-        self._loaded: tuple = ()
-        self._stack_shape: tuple[int, int] = (0, 0)
-        self.onehot_N_K: torch.Tensor | None = None
-        self.scale_N: torch.Tensor | None = None
-        self._rows: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.slots: list[AdapterWeights] = []  # the batch's distinct adapters
+        # per slot: its rows (None: every row of the forward), for the per-slot form
+        self.groups: list[tuple[int, torch.Tensor | None]] = []
+        self.tiles: _Tiles | None = None  # set: the forwards that follow are the tiled decode's
+        self._tiles_by_shape: dict[tuple[int, int, int], _Tiles] = {}
+        self._rank = 8  # the tile stacks' rank: only grows (a new rank is a new decode graph)
 
     # --- the model's adapted projections -------------------------------------------------
     def refresh(self, model) -> None:
         """Find the model's peft lora.Linear modules (peft adds some when an adapter targets new
-        ones) and hook the new ones; drops the stacks when the set changed."""
+        ones) and hook the new ones; drops the tile stacks when the set changed."""
         from peft.tuners.lora import Linear as LoraLinear
 
         found = [(n, m) for n, m in model.named_modules() if isinstance(m, LoraLinear)]
@@ -101,8 +125,8 @@ class AdapterBank:
         self.names = [n for n, _ in found]
         self.index = {n: i for i, n in enumerate(self.names)}
         self.dtype = bank_dtype(self.layers[0].base_layer.weight.dtype) if found else torch.float32
-        self.A_K, self.B_K, self.K, self._loaded, self._stack_shape = [], [], 0, (), (0, 0)
-        self._rows.clear()
+        self.slots, self.groups, self.tiles = [], [], None
+        self._tiles_by_shape.clear()
         self.version += 1
 
     def weights_of(self, adapter: str) -> AdapterWeights:
@@ -120,44 +144,15 @@ class AdapterBank:
 
     # --- one batch ------------------------------------------------------------------------
     def load(self, adapters: list[AdapterWeights | None]) -> list[int]:
-        """Stack the distinct adapters of a batch's rows (first appearance order) into slots;
-        each row's slot, -1 for the bare base model."""
+        """The distinct adapters of a batch's rows (first appearance order) become its slots;
+        returns each row's slot, -1 for the bare base model."""
         distinct: dict[int, AdapterWeights] = {}
         for a in adapters:
             if a is not None:
-                distinct.setdefault(a.id, a)
-        slots = list(distinct)
-        row_slots = [-1 if a is None else slots.index(a.id) for a in adapters]
-        if not self.layers:
-            return row_slots
-        # Slots and rank only grow (powers of two): a change of K is a new decode graph to
-        # compile, so a run settles on one K early and keeps it.
-        S = max(self._stack_shape[0], _pow2(max(MIN_SLOTS, len(slots))))
-        R = max(self._stack_shape[1], 8, _pow2(max((a.rank for a in distinct.values()), default=1)))
-        if self._stack_shape != (S, R):
-            dev = self.layers[0].base_layer.weight.device
-            self.A_K = [torch.zeros(S * R, m.in_features, dtype=self.dtype, device=dev) for m in self.layers]
-            self.B_K = [torch.zeros(m.out_features, S * R, dtype=self.dtype, device=dev) for m in self.layers]
-            self.K, self._stack_shape, self._loaded = S * R, (S, R), ()
-            self._rows.clear()
-            self.version += 1
-        key = tuple(slots)
-        if key != self._loaded:
-            with torch.no_grad():
-                for i in range(len(self.layers)):
-                    self.A_K[i].zero_()
-                    self.B_K[i].zero_()
-                for s, a in enumerate(distinct.values()):
-                    if a.names != tuple(self.names):
-                        a = self._realign(a)
-                    for i, w in enumerate(a.layers):
-                        if w is not None:
-                            r = w[0].shape[0]
-                            self.A_K[i][s * R : s * R + r].copy_(w[0])
-                            self.B_K[i][:, s * R : s * R + r].copy_(w[1])
-            self._loaded = key
-        self._scales = [a.scale for a in distinct.values()]
-        return row_slots
+                distinct.setdefault(a.id, a if a.names == tuple(self.names) else self._realign(a))
+        ids = list(distinct)
+        self.slots = list(distinct.values())
+        return [-1 if a is None else ids.index(a.id) for a in adapters]
 
     def _realign(self, a: AdapterWeights) -> AdapterWeights:
         """`a` laid out on this bank's projections (taken before peft wrapped more of them)."""
@@ -166,30 +161,62 @@ class AdapterBank:
             layers[self.index[name]] = w
         return AdapterWeights(tuple(self.names), tuple(layers), a.rank, a.scale, a.id)
 
-    def use_rows(self, row_slots: list[int], persistent: bool = False) -> None:
-        """Select each row's slot for the forwards that follow. `persistent`: in buffers kept per
-        row count and filled in place, which a captured CUDA graph reads."""
-        if not self.layers or self.K == 0:
-            self.onehot_N_K = self.scale_N = None
+    def use_rows(self, row_slots: list[int]) -> None:
+        """The per-slot form for the forwards that follow: each slot's rows."""
+        self.tiles = None
+        self.groups = []
+        if not self.layers:
             return
-        n, R = len(row_slots), self._stack_shape[1]
-        dev = self.A_K[0].device
-        onehot = torch.zeros(n, self.K, dtype=self.dtype)
-        scale = torch.zeros(n, 1, dtype=self.dtype)
-        for row, s in enumerate(row_slots):
-            if s >= 0:
-                onehot[row, s * R : (s + 1) * R] = 1.0
-                scale[row, 0] = self._scales[s]
-        if persistent:
-            buf = self._rows.get((n, self.K))
-            if buf is None:
-                buf = self._rows[(n, self.K)] = (torch.zeros(n, self.K, dtype=self.dtype, device=dev),
-                                                 torch.zeros(n, 1, dtype=self.dtype, device=dev))
-            buf[0].copy_(onehot)
-            buf[1].copy_(scale)
-            self.onehot_N_K, self.scale_N = buf
-        else:
-            self.onehot_N_K, self.scale_N = onehot.to(dev), scale.to(dev)
+        dev = self.layers[0].base_layer.weight.device
+        for s in range(len(self.slots)):
+            rows = [n for n, t in enumerate(row_slots) if t == s]
+            if rows:
+                every = len(rows) == len(row_slots)
+                self.groups.append((s, None if every else torch.tensor(rows, dtype=torch.long, device=dev)))
+
+    def use_tiles(self, row_slots: list[int]) -> None:
+        """The tiled form for the forwards that follow (the static-cache decode): the rows are
+        laid out in tiles of `tile_rows` rows of one slot each (`tile_layout`). Fills the tile
+        stacks of this row count in place; new tensors (a new version) only for a new shape."""
+        self.groups = []
+        if not self.layers:
+            self.tiles = None
+            return
+        T = self.tile_rows
+        if len(row_slots) % T:
+            raise ValueError(f"a tiled batch holds whole tiles of {T} rows, not {len(row_slots)}")
+        tile_slots = tuple(row_slots[t * T] for t in range(len(row_slots) // T))
+        for t, s in enumerate(tile_slots):
+            if any(x != s for x in row_slots[t * T:(t + 1) * T]):
+                raise ValueError(f"tile {t} mixes slots: rows must be laid out by `tile_layout`")
+        self._rank = max(self._rank, _pow2(max((a.rank for a in self.slots), default=1)))
+        shape = (len(tile_slots), self._rank, len(row_slots))
+        tiles = self._tiles_by_shape.get(shape)
+        if tiles is None:
+            self._tiles_by_shape.clear()  # one row count's stacks live at a time, as the decoder's cache
+            dev = self.layers[0].base_layer.weight.device
+            n, R = len(tile_slots), self._rank
+            tiles = self._tiles_by_shape[shape] = _Tiles(
+                A_T=[torch.zeros(n, R, m.in_features, dtype=self.dtype, device=dev) for m in self.layers],
+                B_T=[torch.zeros(n, m.out_features, R, dtype=self.dtype, device=dev) for m in self.layers],
+                scale_N=torch.zeros(len(row_slots), 1, dtype=self.dtype, device=dev))
+            self.version += 1
+        key = tuple((s, self.slots[s].id if s >= 0 else None) for s in tile_slots)
+        if key != tiles.loaded:
+            with torch.no_grad():
+                for i in range(len(self.layers)):
+                    tiles.A_T[i].zero_()
+                    tiles.B_T[i].zero_()
+                    for t, s in enumerate(tile_slots):
+                        w = self.slots[s].layers[i] if s >= 0 else None
+                        if w is not None:
+                            r = w[0].shape[0]
+                            tiles.A_T[i][t, :r].copy_(w[0])
+                            tiles.B_T[i][t, :, :r].copy_(w[1])
+                scale = torch.tensor([[self.slots[s].scale if s >= 0 else 0.0] for s in row_slots], dtype=self.dtype)
+                tiles.scale_N.copy_(scale)
+            tiles.loaded = key
+        self.tiles = tiles
 
     @contextmanager
     def serving(self):
@@ -209,12 +236,32 @@ class AdapterBank:
 def _add_bank(bank: AdapterBank, name: str, module, args, out):
     """The forward hook of one adapted projection: its rows' adapter addon, in peft's numerics
     (input cast to the bank's precision, one rounding of the sum to the output's dtype)."""
-    if not bank.on or bank.onehot_N_K is None:
+    if not bank.on or (bank.tiles is None and not bank.groups):
         return None
     i = bank.index[name]
     x = args[0].to(bank.dtype)
-    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (-1,)
-    h = (x @ bank.A_K[i].T) * bank.onehot_N_K.view(shape)
-    addon = (h @ bank.B_K[i].T) * bank.scale_N.view(shape)
+    F = torch.nn.functional
+    if bank.tiles is not None:
+        A_T, B_T = bank.tiles.A_T[i], bank.tiles.B_T[i]
+        x_T = x.reshape(A_T.shape[0], -1, x.shape[-1])  # rows are tile-contiguous
+        addon = torch.bmm(torch.bmm(x_T, A_T.transpose(1, 2)), B_T.transpose(1, 2)).reshape(out.shape)
+        addon = addon * bank.tiles.scale_N.view((x.shape[0],) + (1,) * (x.dim() - 1))
+    else:
+        addon = None
+        for s, rows in bank.groups:
+            a = bank.slots[s]
+            w = a.layers[i]
+            if w is None:
+                continue
+            x_s = x if rows is None else x.index_select(0, rows)
+            y_s = F.linear(F.linear(x_s, w[0]), w[1]) * a.scale
+            if rows is None:
+                addon = y_s
+            else:
+                if addon is None:
+                    addon = torch.zeros(out.shape, dtype=y_s.dtype, device=y_s.device)
+                addon.index_copy_(0, rows, y_s)
+        if addon is None:
+            return None
     acc = torch.promote_types(out.dtype, torch.float32)
     return (out.to(acc) + addon.to(acc)).to(out.dtype)

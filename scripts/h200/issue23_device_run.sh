@@ -1,18 +1,19 @@
 #!/bin/bash
 # Issue 23's H200 session, started by the device command with `setsid nohup` from the device
 # checkout's root once the wheels are in /tmp/site and the model pieces in /root/m
-# (results/h200-gsm8k/README.md, "Device call sequence"). In order, each part's output in its own file:
-# 1. `gs1 run` of the user's spec (results/h200-gsm8k/spec_revised.json), cold: empty compile and
-#    model caches, a fresh process, end to end (flow.log; stage table: benchmarks/stage_timings.py);
-# 2. `benchmarks/engine.py --adapters 1,2,6,12` on the 1.5B architecture (adapters.txt);
-# 3. the six arms of seed 0 of the card's comparison for 4 steps (results/h200-multi-adapter/
-#    spec_comparison_4steps.json; comparison.log);
-# 4. the TRL peer against our grpo_gs8 arm (peer.txt).
+# (results/h200-gsm8k/README.md, "Device call sequence"; carry [".data", ".tok"]). In order, each
+# part's output in its own file:
+# 1. `benchmarks/engine.py --adapters 1,2,6,12` on the 1.5B architecture (adapters.txt);
+# 2. the six arms of seed 0 of the card's comparison for 4 steps, cold (its own empty compile and
+#    model caches; results/h200-multi-adapter/spec_comparison_4steps.json; comparison.log);
+# 3. the TRL peer against our grpo_gs8 arm (peer.txt);
+# 4. `benchmarks/step_profile.py` at 6 and 12 adapters (profile.txt);
+# 5. `gs1 run` of the user's spec (results/h200-gsm8k/spec_revised.json), cold, end to end (flow.log).
 # Writes everything under /root/work; `status` there says how far it got.
 set -u
 W=/root/work; mkdir -p "$W"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1
-export GS1_LOCAL_CACHE=$W/cache GS1_COMPILE_CACHE=$W/compile GS1_MODEL_CACHE=$W/models
+export GS1_LOCAL_CACHE=$W/cache
 now() { date +%s.%N; }
 echo assembling > "$W/status"
 mkdir -p /root/data && cp -r .data/gsm8k /root/data/ 2>/dev/null
@@ -24,21 +25,24 @@ python3 -c 'import torch, transformers, peft, prefect, tinker; print("torch", to
 git log -1 --format='%H %s' >> "$W/gpu.txt" 2>/dev/null
 nvidia-smi --query-gpu=timestamp,index,memory.used,utilization.gpu --format=csv,noheader -lms 500 > "$W/gpu_samples.csv" &
 SMI=$!
-echo "1 user spec" > "$W/status"
+echo "1 adapters benchmark" > "$W/status"
+GS1_COMPILE_CACHE=$W/compile-bench python3 benchmarks/engine.py --config qwen2.5-1.5b --batch 64 --new-tokens 512 \
+  --prompt-tokens 160 --rank 32 --device cuda --adapters 1,2,6,12 --repeats 1 --tokenizer-dir .tok > "$W/adapters.txt" 2>&1
+echo "2 comparison, 6 arms x 4 steps" > "$W/status"
 start=$(now)
-python3 -m gs1 run results/h200-gsm8k/spec_revised.json --run-dir "$W/run" --data-dir /root/data/gsm8k > "$W/flow.log" 2>&1
-echo "gs1 run: rc=$? start=$start end=$(now)" >> "$W/flow.log"
-echo "2 adapters benchmark" > "$W/status"
-python3 -c 'from transformers import AutoTokenizer; AutoTokenizer.from_pretrained("/root/m", gguf_file="model.gguf").save_pretrained("/root/tok")' > "$W/tok.log" 2>&1
-python3 benchmarks/engine.py --config qwen2.5-1.5b --batch 64 --new-tokens 512 --prompt-tokens 160 --rank 32 \
-  --device cuda --adapters 1,2,6,12 --repeats 1 --tokenizer-dir /root/tok > "$W/adapters.txt" 2>&1
-echo "3 comparison, 6 arms x 4 steps" > "$W/status"
-start=$(now)
-python3 -m gs1 run results/h200-multi-adapter/spec_comparison_4steps.json --run-dir "$W/comparison" \
-  --data-dir /root/data/gsm8k --units grpo_gs8-s0,gs1_kernel-s0,gs1_kernel_hillclimbed-s0,batch_mean-s0,flash_reinforce-s0,critic-s0 \
+GS1_COMPILE_CACHE=$W/compile GS1_MODEL_CACHE=$W/models python3 -m gs1 run results/h200-multi-adapter/spec_comparison_4steps.json \
+  --run-dir "$W/comparison" --data-dir /root/data/gsm8k \
+  --units grpo_gs8-s0,gs1_kernel-s0,gs1_kernel_hillclimbed-s0,batch_mean-s0,flash_reinforce-s0,critic-s0 \
   > "$W/comparison.log" 2>&1
 echo "gs1 run: rc=$? start=$start end=$(now)" >> "$W/comparison.log"
-echo "4 peer" > "$W/status"
+echo "3 peer" > "$W/status"
 python3 benchmarks/peer_trl.py --model /root/m/model.gguf --data-dir /root/data/gsm8k --steps 4 > "$W/peer.txt" 2>&1
+echo "4 profile" > "$W/status"
+python3 benchmarks/step_profile.py --config qwen2.5-1.5b --device cuda --adapters 6,12 --tokenizer-dir .tok > "$W/profile.txt" 2>&1
+echo "5 user spec" > "$W/status"
+start=$(now)
+GS1_COMPILE_CACHE=$W/compile-spec GS1_MODEL_CACHE=$W/models-spec python3 -m gs1 run results/h200-gsm8k/spec_revised.json \
+  --run-dir "$W/run" --data-dir /root/data/gsm8k > "$W/flow.log" 2>&1
+echo "gs1 run: rc=$? start=$start end=$(now)" >> "$W/flow.log"
 kill $SMI
 echo "all-done" > "$W/status"

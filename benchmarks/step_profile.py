@@ -1,0 +1,166 @@
+"""Where a multi-adapter RL step's time goes on the local engine: decode step and training, by part.
+
+    python benchmarks/step_profile.py --config qwen2.5-1.5b --device cuda --adapters 1,6,12
+
+A random-weight model (`benchmarks/engine.py`'s configs), N arms on one base. For each N: one
+decode batch of every arm's `--batch` rows (`--new-tokens`, eager CUDA graph: no compiling), then
+on that batch's static decoder, at a mid-decode length:
+- ms per step: the captured graph; the eager step with the bank; the eager step with no adapter
+  rows (the base alone); `sample_step` alone; the masked decode attention alone (x layers);
+- the eager step's top kernels by CUDA time (torch.profiler).
+Then one arm's forward_backward of the `--batch` datums (prompt + new tokens) under the profiler:
+wall seconds and its top kernels. Prints tables only; nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed_ms(fn, n: int = 10) -> float:
+    fn()
+    if not torch.cuda.is_available():  # a CPU smoke run of the script
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return 1000 * (time.perf_counter() - t) / n
+    sync()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(n):
+        fn()
+    b.record()
+    sync()
+    return a.elapsed_time(b) / n
+
+
+def main(argv=None) -> int:
+    from engine import build_model
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", choices=["tiny", "qwen3-0.6b", "qwen2.5-1.5b"], default="qwen2.5-1.5b")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--adapters", default="1,6,12")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=160)
+    ap.add_argument("--new-tokens", type=int, default=32, help="decode steps of the batch that builds the decoder")
+    ap.add_argument("--train-new-tokens", type=int, default=512)
+    ap.add_argument("--rank", type=int, default=32)
+    ap.add_argument("--tokenizer-dir", default=None, help="a saved Qwen tokenizer (default: the test fixture's)")
+    args = ap.parse_args(argv)
+
+    from torch.profiler import ProfilerActivity, profile
+    from tinker import types
+
+    from rl.backends import make_service_client
+    from rl.backends.local_sampler import sample_step
+
+    cuda = args.device.startswith("cuda")
+    acts = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    sort = "cuda_time_total" if cuda else "cpu_time_total"
+    work = Path(tempfile.mkdtemp(prefix="gs1-profile-"))
+    model_dir = build_model(args.config, work / "model", args.tokenizer_dir, args.device)
+    counts = [int(x) for x in args.adapters.split(",")]
+    svc = make_service_client("local", device=args.device, cache_dir=work / "cache", compile_decode=False,
+                              max_batch_rows=args.batch * max(counts), batch_across_clients=True)
+    rng = random.Random(0)
+    sp = types.SamplingParams(max_tokens=args.new_tokens, temperature=1.0, stop=[])
+    arms, prompts_A = [], []
+    summary = []
+    for n in counts:
+        while len(arms) < n:
+            arms.append(svc.create_lora_training_client(str(model_dir), rank=args.rank, seed=len(arms)).result())
+            prompts_A.append([types.ModelInput.from_ints([rng.randrange(1000, 150000) for _ in range(args.prompt_tokens)])
+                              for _ in range(args.batch)])
+        base = arms[0]._engine.base
+        if not cuda:  # a smoke run: the static-cache decoder CUDA uses, run eagerly
+            base.generator.static_cache = True
+        for _ in range(2):  # the second batch replays the captured graph
+            samplers = [tc.save_weights_and_get_sampling_client().result() for tc in arms[:n]]
+            futs = [[sc.sample(p, 1, sp) for p in ps] for sc, ps in zip(samplers, prompts_A)]
+            [[f.result() for f in fs] for fs in futs]
+        gen, bank = base.generator, base.bank
+        dec = next(iter(gen._graphs.values()))
+        mid = args.prompt_tokens + 256
+        res = {"adapters": n, "rows": dec.B, "tiles": bank.tiles.A_T[0].shape[0] if bank.tiles else 0}
+        sync()
+
+        def at_mid(fn):
+            def run():
+                dec.set_length(mid)
+                return fn()
+            return run
+
+        with torch.no_grad(), bank.serving():
+            res["graph replay ms"] = timed_ms(at_mid(dec.replay)) if dec.graph is not None else float("nan")
+            res["eager step ms"] = timed_ms(at_mid(dec._step), 5)
+            saved, bank.tiles = bank.tiles, None
+            res["eager base-only ms"] = timed_ms(at_mid(dec._step), 5)
+            bank.tiles = saved
+            with profile(activities=acts) as prof:
+                at_mid(dec._step)()
+                sync()
+        lg = torch.randn(dec.B, base.lm.config.vocab_size, device=args.device)
+        tt, kk = torch.ones(dec.B, device=args.device), torch.arange(dec.B, device=args.device)
+        res["sample_step ms"] = timed_ms(lambda: sample_step(lg, tt, kk, 0, any_greedy=False))
+        cfg = base.lm.config
+        hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        kvh = cfg.num_key_value_heads
+        q = torch.randn(dec.B, kvh, cfg.num_attention_heads // kvh, hd, device=args.device, dtype=torch.bfloat16)
+        kv = torch.randn(dec.B, kvh, dec.max_len, hd, device=args.device, dtype=torch.bfloat16)
+        m = torch.ones(dec.B, 1, 1, dec.max_len, device=args.device, dtype=torch.bool)
+        f = torch.nn.functional.scaled_dot_product_attention
+        res["decode attention x layers ms"] = cfg.num_hidden_layers * timed_ms(lambda: f(q, kv, kv, attn_mask=m))
+        res["attention, live half x layers ms"] = cfg.num_hidden_layers * timed_ms(
+            lambda: f(q, kv[:, :, : dec.max_len // 2], kv[:, :, : dec.max_len // 2], attn_mask=m[..., : dec.max_len // 2]))
+        summary.append(res)
+        print(f"\n== {n} adapters: {res}", flush=True)
+        print(prof.key_averages().table(sort_by=sort, row_limit=22, max_name_column_width=70))
+
+    # training: one arm's forward_backward at the RL step's shape
+    tc = arms[0]
+    toks = [[rng.randrange(1000, 150000) for _ in range(args.prompt_tokens + args.train_new_tokens)]
+            for _ in range(args.batch)]
+    ob = args.prompt_tokens - 1
+    datums = [types.Datum(model_input=types.ModelInput.from_ints(t[:-1]),
+                          loss_fn_inputs={"target_tokens": t[1:], "logprobs": [0.0] * (len(t) - 1),
+                                          "advantages": [0.0] * ob + [1.0] * (len(t) - 1 - ob)}) for t in toks]
+    tc.forward_backward(datums, "importance_sampling").result()  # warm-up
+    sync()
+    t = time.perf_counter()
+    tc.forward_backward(datums, "importance_sampling").result()
+    sync()
+    t_fb = time.perf_counter() - t
+    with profile(activities=acts) as prof:
+        tc.forward_backward(datums, "importance_sampling").result()
+        sync()
+    print(f"\n== training: forward_backward of {args.batch} datums x {len(toks[0]) - 1} tokens: {t_fb:.3f} s "
+          f"({args.batch * (len(toks[0]) - 1) / t_fb:.0f} tok/s)")
+    print(prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=70))
+    print(f"\ndevice {torch.cuda.get_device_name() if cuda else 'cpu'} torch {torch.__version__}")
+    keys = list(summary[0])
+    print("| " + " | ".join(keys) + " |")
+    print("|" + "---|" * len(keys))
+    for r in summary:
+        print("| " + " | ".join(f"{r[k]:.2f}" if isinstance(r[k], float) else str(r[k]) for k in keys) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
