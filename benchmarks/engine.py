@@ -20,7 +20,7 @@ Prints one table row per measurement.
 `--adapters 1,2,6,12`: one base, N training clients (arms) on it, N = each value in turn. Per N:
 one RL step of all N arms as the pipeline runs it -- every arm's `--batch` sample rows submitted,
 then awaited (one batched decode across the adapters), then every arm's forward_backward and
-optim_step submitted back to back -- a warm-up step (compiles the batch's decode shape), then
+optim_step submitted back to back -- two warm-up steps (a decode shape compiles on its second batch), then
 `--repeats` timed ones. Prints ms per decode step, train seconds per adapter step, the step's
 seconds, each against one adapter's, and GPU memory: held after the step (the static KV cache of
 the step's decode shape included), an arm's own adapter and AdamW state, and the step's peak.
@@ -93,6 +93,8 @@ def main(argv=None) -> int:
                     help="keep every decoder layer's activations for backward")
     ap.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate of the timed train steps")
     ap.add_argument("--diagnose", action="store_true", help="time graph replay and sampling alone")
+    ap.add_argument("--bank-decode", choices=["dense", "tiled"], default=None,
+                    help="the adapter bank's decode form (lora_bank.DECODE_FORMS; default: the engine's)")
     args = ap.parse_args(argv)
 
     from tinker import types
@@ -110,7 +112,8 @@ def main(argv=None) -> int:
                               use_cuda_graphs=False if args.no_cuda_graphs else None,
                               max_batch_rows=max(args.batch, 1) * max(_counts(args.adapters) or [1]),
                               compile_decode=not args.no_compile,
-                              batch_across_clients=True if args.adapters else None, **extra)
+                              batch_across_clients=True if args.adapters else None,
+                              bank_decode=args.bank_decode, **extra)
     if args.adapters:
         return adapters_table(args, svc, model_dir, device)
     t0 = time.perf_counter()
@@ -332,7 +335,10 @@ def adapters_table(args, svc, model_dir: Path, device: str) -> int:
             arms.append(svc.create_lora_training_client(str(model_dir), rank=args.rank, seed=len(arms)).result())
             prompts_A.append([types.ModelInput.from_ints([rng.randrange(1000, 150000) for _ in range(args.prompt_tokens)])
                               for _ in range(args.batch)])
-        rl_step(n)  # warm-up: this many rows' decode shape, and every new arm's AdamW state
+        # warm-up: this many rows' decode shape (eager graph on its first batch, compiled on its
+        # second: `Generator._compile_now`), and every new arm's AdamW state
+        rl_step(n)
+        rl_step(n)
         held = mem()
         timed = [rl_step(n) for _ in range(args.repeats)]
         row = {k: sum(t[k] for t in timed) / len(timed) for k in timed[0]}
@@ -344,6 +350,7 @@ def adapters_table(args, svc, model_dir: Path, device: str) -> int:
     name = torch.cuda.get_device_name() if cuda else "cpu"
     print(f"\nconfig={args.config} device={device} ({name}) batch={args.batch} per adapter, prompt={args.prompt_tokens} "
           f"new={args.new_tokens} rank={args.rank} compiled={arms[0]._engine.generator.compile_decode} "
+          f"bank_decode={arms[0]._engine.settings.bank_decode} "
           f"torch={torch.__version__}; x: against the first row")
     print("| adapters | rows | batches | ms / decode step | x | sample s | train s per adapter | RL step s | x "
           "| GiB held | GiB held per arm | GiB adapter + AdamW of an arm | peak GiB |")

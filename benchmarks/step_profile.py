@@ -62,6 +62,7 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=32, help="decode steps of the batch that builds the decoder")
     ap.add_argument("--train-new-tokens", type=int, default=512)
     ap.add_argument("--rank", type=int, default=32)
+    ap.add_argument("--bank-decode", choices=["dense", "tiled"], default="dense")
     ap.add_argument("--tokenizer-dir", default=None, help="a saved Qwen tokenizer (default: the test fixture's)")
     args = ap.parse_args(argv)
 
@@ -78,7 +79,8 @@ def main(argv=None) -> int:
     model_dir = build_model(args.config, work / "model", args.tokenizer_dir, args.device)
     counts = [int(x) for x in args.adapters.split(",")]
     svc = make_service_client("local", device=args.device, cache_dir=work / "cache", compile_decode=False,
-                              max_batch_rows=args.batch * max(counts), batch_across_clients=True)
+                              max_batch_rows=args.batch * max(counts), batch_across_clients=True,
+                              bank_decode=args.bank_decode)
     rng = random.Random(0)
     sp = types.SamplingParams(max_tokens=args.new_tokens, temperature=1.0, stop=[])
     arms, prompts_A = [], []
@@ -98,7 +100,7 @@ def main(argv=None) -> int:
         gen, bank = base.generator, base.bank
         dec = next(iter(gen._graphs.values()))
         mid = args.prompt_tokens + 256
-        res = {"adapters": n, "rows": dec.B, "tiles": bank.tiles.A_T[0].shape[0] if bank.tiles else 0}
+        res = {"adapters": n, "rows": dec.B, "bank": args.bank_decode}
         sync()
 
         def at_mid(fn):

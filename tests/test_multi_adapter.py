@@ -247,7 +247,7 @@ def test_a_decode_shape_is_compiled_on_its_second_batch_only(tmp_path, tiny_mode
             cache = DynamicCache(config=base.lm.config)
             gen._use_rows(b.adapters_U)
             gen._prefill(b, cache)
-            gen._use_rows([r.adapter for r in rows], tiled=True)
+            gen._use_rows([r.adapter for r in rows], decode=True)
             return gen._decoder(b, cache)
 
     first = decoder(3)
@@ -303,27 +303,32 @@ def test_tile_layout_groups_rows_by_slot_in_whole_tiles():
     assert tile_layout([3, 3, 3, 3], 4) == [0, 1, 2, 3]
 
 
-def test_the_tiled_decode_at_the_users_shape_matches_each_adapter_alone(tmp_path, tiny_model_dir, tiny_tokenizer):
-    """The CUDA decode path (a static KV cache, rows laid out in tiles of one adapter each, the
-    bank's batched matmuls over tiles), run eagerly on the CPU at the user's shape: two arms of
-    different ranks and targets and the bare base, each 8 prompts x 8 samples, their requests
-    interleaved as a shared queue holds them. Every row gets the tokens and logprobs its adapter
-    gives alone on the per-slot path, wherever the layout put it."""
+@pytest.mark.parametrize("form", ["dense", "tiled"])
+def test_the_static_decode_at_the_users_shape_matches_each_adapter_alone(form, tmp_path, tiny_model_dir, tiny_tokenizer):
+    """The CUDA decode path (a static KV cache and the bank's decode form: dense stacks, or rows
+    laid out in tiles of one adapter each with the shrink split along `in`), run eagerly on the
+    CPU at the user's shape: two arms of different ranks and targets and the bare base, each 8
+    prompts x 8 samples, their requests interleaved as a shared queue holds them. Every row gets
+    the tokens and logprobs its adapter gives alone, wherever the layout put it."""
     from rl.backends.local_sampler import Generator, Row, row_key
 
-    service = _service(tmp_path)
+    service = _service(tmp_path, bank_decode=form)
     tcs = [_perturbed(service, tiny_model_dir, 4, 1), _perturbed(service, tiny_model_dir, 8, 2, train_mlp=False)]
     base = tcs[0]._engine.base
-    assert base.bank.tile_rows == 64
+    assert base.bank.decode_form == form and base.bank.tile_rows == 64
+    base.bank.split_cols = 16  # the tiny model's 32- and 64-wide inputs split in 2 and 4 chunks
     snaps = [tc._engine.snapshot_live() for tc in tcs] + [None]
     prompts = [tiny_tokenizer.encode("question %d " % i * (1 + i % 3)) for i in range(8)]
     rows_A = [[Row(prompt=p, max_tokens=6, key=row_key(1000 * k + i, s), adapter=a)
                for i, p in enumerate(prompts) for s in range(8)] for k, a in enumerate(snaps)]
     queue = [row for i in range(8) for rows in rows_A for row in rows[8 * i:8 * i + 8]]
-    tiled = Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank)
+    static = Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank)
     with base.bank.serving():
-        got = tiled.generate(queue)
-        assert base.bank.tiles is not None and base.bank.tiles.A_T[0].shape[0] == 3  # 3 x 64 rows
+        got = static.generate(queue)
+        if form == "tiled":  # 3 tiles of 64 rows, the shrink in chunks
+            assert base.bank.tiles.A_T[0].shape[:2] == (3, 2)
+        else:
+            assert base.bank.tiles.onehot_N_K.shape[0] == 192
         # each arm alone on the same path, and on the per-slot path (a dynamic cache: other
         # attention shapes too, hence the looser bound)
         alone = [Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank).generate(rows)
@@ -338,3 +343,10 @@ def test_the_tiled_decode_at_the_users_shape_matches_each_adapter_alone(tmp_path
             assert max(abs(x - y) for x, y in zip(res.logprobs, ref.logprobs)) < tol
     # the adapters matter: one prompt's first sample differs across the three
     assert len({tuple(alone[k][0].tokens) + tuple(round(x, 4) for x in alone[k][0].logprobs) for k in range(3)}) == 3
+
+
+def test_an_unknown_bank_decode_form_is_refused(tmp_path):
+    from schemas.errors import UserError
+
+    with pytest.raises(UserError, match="bank decode form 'sparse'"):
+        _service(tmp_path, bank_decode="sparse")

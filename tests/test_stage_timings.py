@@ -30,11 +30,13 @@ def engine_lines(monkeypatch):
     handler = logging.StreamHandler(out)
     handler.setFormatter(CONSOLE)
     log = logging.getLogger("gs1.engine")
-    monkeypatch.setattr(log, "level", logging.INFO)
+    level = log.level
+    log.setLevel(logging.INFO)  # setLevel, not the attribute: it clears the loggers' isEnabledFor caches
     log.addHandler(handler)
     monkeypatch.setattr(models, "MODEL_LOAD_EVENTS", [])
     yield out
     log.removeHandler(handler)
+    log.setLevel(level)
 
 
 def _load(spec, how, seconds, device="cuda:0"):

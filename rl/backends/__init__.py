@@ -4,9 +4,10 @@
 the loop uses (see docs/contracts.md, "Backend surface"):
 - `"local"`: `rl.backends.local.LocalServiceClient(device=None, dtype=None, cache_dir=None,
   max_batch_rows=None, batch_window_s=0.0, tokens_per_microbatch=None, use_cuda_graphs=None,
-  compile_decode=None, gradient_checkpointing=True, batch_across_clients=None, gather_s=0.25)`;
+  compile_decode=None, gradient_checkpointing=True, batch_across_clients=None, gather_s=None, bank_decode=None)`;
   compile_decode None: on unless GS1_COMPILE_DECODE=0 (CUDA only); batch_across_clients None:
-  on CUDA only (one decode batch across every client's queued requests).
+  on CUDA only (one decode batch across every client's queued requests); gather_s None: 2 s on
+  CUDA, 0.25 s on the CPU; bank_decode None: GS1_BANK_DECODE, else "dense" (`lora_bank.DECODE_FORMS`).
 - `"tinker"`: `rl.backends.tinker_backend.make_tinker_service_client(base_url=None,
   api_key=None, **kw)` (imported lazily, so the local path never needs the hosted pieces).
 

@@ -25,7 +25,7 @@ samples, which also gives `include_prompt_logprobs`, then one decode step per to
 cache) when a caller first waits on any queued future (`.result()`, `await`, `.future()`), or
 when `max_batch_rows` rows are queued. A batch may hold rows of many adapters: each row carries
 its adapter and the adapter bank (`rl/backends/lora_bank.py`) adds every row's own LoRA addon
-in two matmuls per projection, inside the one (captured, compiled) decode step. On CUDA
+inside the one (captured, compiled) decode step, in the bank's decode form (`bank_decode`). On CUDA
 (`batch_across_clients`) a batch takes every client's requests queued when it starts -- every
 arm's and seed's step samples, held-out and eval requests -- and a flush first waits, briefly,
 for the other sampling training clients to queue theirs (`_Base._gather`: at most `gather_s` for
@@ -107,7 +107,7 @@ from rl.backends.attention import (
     versions,
 )
 from rl.backends.futures import LocalClientFuture, LocalFuture, SerialWorker
-from rl.backends.lora_bank import AdapterBank, AdapterWeights
+from rl.backends.lora_bank import DECODE_FORMS, AdapterBank, AdapterWeights
 from rl.backends.local_sampler import (
     Generator,
     Row,
@@ -218,6 +218,8 @@ class EngineSettings:
     gather_s: float = 0.25
     # ... and at most, for one whose jobs are still running (its training before its sampling)
     gather_busy_s: float = 60.0
+    # the adapter bank's form in the static-cache decode step (`lora_bank.DECODE_FORMS`)
+    bank_decode: str = "dense"
 
 
 @dataclass
@@ -253,7 +255,7 @@ class _Base:
         self.lm = load_causal_lm(src, dtype, device)
         install_gqa_decode_attention(self.lm)
         self.peft = None  # the PeftModel around `lm`, made with the first adapter
-        self.bank = AdapterBank()
+        self.bank = AdapterBank(settings.bank_decode)
         self.adapters: dict[str, _Adapter] = {}
         self._names = itertools.count()
         self.pad_id = self._pad_id()
@@ -1154,7 +1156,8 @@ class LocalServiceClient:
                  batch_window_s: float = 0.0, tokens_per_microbatch: int | None = None,
                  use_cuda_graphs: bool | None = None, compile_decode: bool | None = None,
                  gradient_checkpointing: bool = True, learner_attention_mask: bool = False,
-                 batch_across_clients: bool | None = None, gather_s: float = 0.25):
+                 batch_across_clients: bool | None = None, gather_s: float | None = None,
+                 bank_decode: str | None = None):
         self.device = _pick_device(device)
         self.dtype = _pick_dtype(dtype, self.device)
         cache = cache_dir or os.environ.get("GS1_LOCAL_CACHE")
@@ -1177,7 +1180,13 @@ class LocalServiceClient:
             learner_attention_mask=bool(learner_attention_mask),  # the masked path before the fix (replay)
             # CPU: each client's batches alone, so seeded runs are bit-identical whatever the threads do
             batch_across_clients=cuda if batch_across_clients is None else bool(batch_across_clients),
-            gather_s=gather_s)
+            # CUDA 2 s: on the H200 six arms' steps split into two decodes (4 + 2 arms) every step
+            # at 0.25 s, the critic's and flash_reinforce's arms a little late (results/h200-multi-adapter)
+            gather_s=gather_s if gather_s is not None else (2.0 if cuda else 0.25),
+            # dense until the tiled form is measured faster on the GPU (lora_bank's doc); GS1_BANK_DECODE
+            bank_decode=bank_decode or os.environ.get("GS1_BANK_DECODE", "dense"))
+        if self.settings.bank_decode not in DECODE_FORMS:
+            raise UserError(f"bank decode form {self.settings.bank_decode!r}: one of {', '.join(DECODE_FORMS)}")
         if cuda and compile_decode:
             # inductor's on-disk caches: a later process finds every shape's kernels compiled
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))

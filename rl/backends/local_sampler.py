@@ -364,8 +364,8 @@ def decode_step(model, ids_B, pos_B, mask_B, cache) -> torch.Tensor:
 # Shapes are bucketed so that a run makes few graphs: GSM8K's prompts plus 512 new tokens fit
 # 1024 positions; a run's batches (the preflight's 16 rows, two arms' 128 rows of a step, six
 # arms' 384, the 1024-row held-out and eval batches) take 128, 512 or 1024 rows; the adapter
-# bank's tile stacks follow the row count (`lora_bank`: rows / 64 tiles, a rank that only grows),
-# so one compile per row count. A lone arm's 64 rows decode as 128.
+# bank's decode buffers follow the row count and a width that only grows (`lora_bank`), so a
+# run compiles about one shape per row count. A lone arm's 64 rows decode as 128.
 _COMPILED_DECODE = None
 DECODE_LENGTH_BUCKET = 1024  # static caches hold a multiple of this many positions
 MIN_GRAPHED_ROWS = 128  # graphed batches hold a power of two rows, at least this many
@@ -579,17 +579,18 @@ class Generator:
     def generate(self, rows: list[Row]) -> list[RowResult]:
         return self._generate(rows)
 
-    def _use_rows(self, adapters: list, tiled: bool = False) -> None:
+    def _use_rows(self, adapters: list, decode: bool = False) -> None:
         if self.bank is not None:
             slots = self.bank.load(adapters)
-            self.bank.use_tiles(slots) if tiled else self.bank.use_rows(slots)
+            self.bank.use_decode_rows(slots) if decode else self.bank.use_rows(slots)
 
     def _layout(self, rows: list[Row]) -> list[int | None]:
-        """The batch's row order (None: a pad row). On the static-cache decode with adapters, rows
-        in tiles of one adapter each (`lora_bank.tile_layout`); graphed, padded to `graphed_rows`.
+        """The batch's row order (None: a pad row). On the static-cache decode with the bank's tiled
+        form, rows in tiles of one adapter each (`lora_bank.tile_layout`); graphed, padded to
+        `graphed_rows`.
         Rows are independent (their own keys and KV), so the order changes none of their tokens."""
         order: list[int | None] = list(range(len(rows)))
-        if self.static_cache and self.bank is not None and self.bank.layers:
+        if self.static_cache and self.bank is not None and self.bank.tiled:
             ids: dict[int, int] = {}
             slots = [-1 if r.adapter is None else ids.setdefault(r.adapter.id, len(ids)) for r in rows]
             order = tile_layout(slots, self.bank.tile_rows)
@@ -617,8 +618,8 @@ class Generator:
         cache = DynamicCache(config=self.model.config)
         self._use_rows(b.adapters_U)
         logits_U, prompt_lps_U = self._prefill(b, cache)
-        if self.static_cache:  # the decode step reads the bank's tile stacks (a captured graph: by address)
-            self._use_rows([r.adapter for r in rows], tiled=True)
+        if self.static_cache:  # the decode step reads the bank's decode buffers (a captured graph: by address)
+            self._use_rows([r.adapter for r in rows], decode=True)
         else:
             self._use_rows([r.adapter for r in rows])
         dec = self._decoder(b, cache)

@@ -2,20 +2,26 @@
 
 Each adapted projection computes, for a row n of adapter a(n), `y_n = W x_n + s_a B_a (A_a x_n)`
 (peft's LoRA: A [r, in], B [out, r], s = alpha / r). The bank gives every row its own adapter's
-addon, at a row's own rank's FLOPs, in two forms:
+addon. A batch's distinct adapters are its slots.
 
-- **Per slot** (eager forwards: prefill, scoring, CPU decode). A batch's distinct adapters are
-  its slots; per projection the addon of slot s is `F.linear(F.linear(x_s, A_s), B_s) * s_s` over
-  that slot's rows alone (`index_select` / `index_copy_`) -- peft's own calls on those rows.
-- **Tiled** (the static-cache decode step, captured as a CUDA graph). The generator lays the
-  batch's rows out in tiles of `tile_rows` rows that each hold one slot's rows (`tile_layout`:
-  rows grouped by slot, each group padded to whole tiles), and the bank copies each tile's adapter
-  into per-tile stacks, A_T [tiles, R, in] and B_T [tiles, out, R] (ranks padded with zeros to R).
-  The addon is then two batched matmuls over the tiles, `bmm(bmm(x_T, A_T^T), B_T^T)`: static
-  shapes (one graph per row count), and FLOPs of rows x R, not rows x (slots x R).
+- **Per slot** (eager forwards: prefill, scoring, CPU decode): per projection the addon of slot s
+  is `F.linear(F.linear(x_s, A_s), B_s) * s_s` over that slot's rows alone (`index_select` /
+  `index_copy_`) -- peft's own calls on those rows, at a row's own rank's FLOPs.
 
-The dense form this replaces (one-hot over every slot's stacked ranks, rows x slots x R FLOPs)
-was half of a 12-adapter decode step on an H200 (results/h200-multi-adapter, step_profile.py).
+The static-cache decode step (captured as a CUDA graph) needs static shapes and reads its tensors
+by address, so it has its own forms (`DECODE_FORMS`, `EngineSettings.bank_decode`):
+
+- **dense**: the slots stacked, `A_K = [A_0; A_1; ...]` [K, in] and `B_K = [B_0 B_1 ...]` [out, K]
+  (K = slots x R, ranks padded with zeros), and a one-hot per row over the K stacked ranks:
+  `y_n = W x_n + s_n ((x_n A_K^T) * onehot_n) B_K^T`. Two matmuls whatever the slots; FLOPs rows x
+  K. On an H200 (results/h200-multi-adapter) 8.4 ms per step at 2 adapters x 64 rows; at 12 the
+  float32 stack matmuls are half of the step.
+- **tiled**: the generator lays rows out in tiles of `tile_rows` rows of one slot each
+  (`tile_layout`), the bank copies each tile's adapter into per-tile stacks, and the addon is
+  batched matmuls over the tiles: FLOPs rows x R. The shrink `x_T A_T^T` (output 64 x R, reduction
+  over `in`) is split along `in` into chunks of `split_cols` summed after, because a batched GEMM
+  runs one thread block per output tile and never splits the reduction: unsplit, the tiled step
+  measured 22 ms at 2 adapters x 64 rows against dense's 8.4.
 
 The bank serves inference only (`serving`): peft's own per-adapter path is switched off for its
 length and a forward hook on every peft `lora.Linear` adds the bank's addon. Training never sees
@@ -63,6 +69,9 @@ def _pow2(n: int) -> int:
 
 
 TILE_ROWS = 64  # rows per tile of the tiled decode: an arm's 64 rollouts of a step fill one
+SPLIT_COLS = 256  # the tiled shrink's reduction chunk (columns of `in`)
+DECODE_FORMS = ("dense", "tiled")
+MIN_SLOTS = 2  # the dense stacks' slots at least: a preflight and two arms share one width
 
 
 def tile_layout(slots_N: list[int], tile_rows: int) -> list[int | None]:
@@ -77,13 +86,28 @@ def tile_layout(slots_N: list[int], tile_rows: int) -> list[int | None]:
     return order
 
 
+def _chunks(cols: int, split_cols: int) -> int:
+    """How many chunks the tiled shrink splits a reduction over `cols` columns into."""
+    return cols // split_cols if cols > split_cols and cols % split_cols == 0 else 1
+
+
+@dataclass
+class _Dense:
+    """The dense decode form's stacks and per-row one-hots, filled in place per batch."""
+
+    A_K: list[torch.Tensor]  # per projection [S*R, in]
+    B_K: list[torch.Tensor]  # per projection [out, S*R]
+    onehot_N_K: torch.Tensor  # [rows, S*R]
+    scale_N: torch.Tensor  # [rows, 1]
+    loaded: tuple = ()
+
+
 @dataclass
 class _Tiles:
-    """The tiled decode's per-tile stacks (filled in place per batch: a captured graph reads
-    them by address) and each row's scale."""
+    """The tiled decode form's per-tile stacks, filled in place per batch."""
 
-    A_T: list[torch.Tensor]  # per projection [tiles, R, in]
-    B_T: list[torch.Tensor]  # per projection [tiles, out, R]
+    A_T: list[torch.Tensor]  # per projection [tiles, chunks, in/chunks, R]: A^T split along `in`
+    B_T: list[torch.Tensor]  # per projection [tiles, R, out]: B^T
     scale_N: torch.Tensor  # [rows, 1]
     loaded: tuple = ()
 
@@ -91,12 +115,16 @@ class _Tiles:
 class AdapterBank:
     """The adapters of the batch being served, and the hooks that add them."""
 
-    def __init__(self, tile_rows: int = TILE_ROWS) -> None:
+    def __init__(self, decode_form: str = "dense", tile_rows: int = TILE_ROWS, split_cols: int = SPLIT_COLS) -> None:
+        if decode_form not in DECODE_FORMS:
+            raise ValueError(f"bank decode form {decode_form!r}: one of {', '.join(DECODE_FORMS)}")
+        self.decode_form = decode_form
         self.layers: list[torch.nn.Module] = []  # peft lora.Linear modules, model order
         self.names: list[str] = []
         self.index: dict[str, int] = {}
         self.on = False
         self.tile_rows = tile_rows
+        self.split_cols = split_cols
         # bumped whenever the tile stacks are new tensors: a captured decode graph reads them by
         # address, so the generator keys its graphs by this
         self.version = 0
@@ -104,9 +132,11 @@ class AdapterBank:
         self.slots: list[AdapterWeights] = []  # the batch's distinct adapters
         # per slot: its rows (None: every row of the forward), for the per-slot form
         self.groups: list[tuple[int, torch.Tensor | None]] = []
-        self.tiles: _Tiles | None = None  # set: the forwards that follow are the tiled decode's
-        self._tiles_by_shape: dict[tuple[int, int, int], _Tiles] = {}
-        self._rank = 8  # the tile stacks' rank: only grows (a new rank is a new decode graph)
+        # set: the forwards that follow are the static decode's, in its form
+        self.tiles: _Tiles | _Dense | None = None
+        self._tiles_by_shape: dict[tuple, _Tiles | _Dense] = {}
+        self._rank = 8  # the decode stacks' rank: only grows (a new rank is a new decode graph)
+        self._slots = MIN_SLOTS  # the dense stacks' slots: only grow
 
     # --- the model's adapted projections -------------------------------------------------
     def refresh(self, model) -> None:
@@ -174,14 +204,63 @@ class AdapterBank:
                 every = len(rows) == len(row_slots)
                 self.groups.append((s, None if every else torch.tensor(rows, dtype=torch.long, device=dev)))
 
-    def use_tiles(self, row_slots: list[int]) -> None:
-        """The tiled form for the forwards that follow (the static-cache decode): the rows are
-        laid out in tiles of `tile_rows` rows of one slot each (`tile_layout`). Fills the tile
-        stacks of this row count in place; new tensors (a new version) only for a new shape."""
+    @property
+    def tiled(self) -> bool:
+        """Whether the static decode wants its rows laid out in tiles (`tile_layout`)."""
+        return self.decode_form == "tiled" and bool(self.layers)
+
+    def use_decode_rows(self, row_slots: list[int]) -> None:
+        """The static decode's form for the forwards that follow (a captured graph reads its
+        buffers by address): they are filled in place, new tensors (a new version) only for a
+        new shape. Tiled: the rows must be laid out by `tile_layout`."""
         self.groups = []
         if not self.layers:
             self.tiles = None
             return
+        self._rank = max(self._rank, _pow2(max((a.rank for a in self.slots), default=1)))
+        self.tiles = self._tiled(row_slots) if self.decode_form == "tiled" else self._dense(row_slots)
+
+    def _buffers(self, shape: tuple, make):
+        bufs = self._tiles_by_shape.get(shape)
+        if bufs is None:
+            self._tiles_by_shape.clear()  # one row count's buffers live at a time, as the decoder's cache
+            bufs = self._tiles_by_shape[shape] = make()
+            self.version += 1
+        return bufs
+
+    def _dense(self, row_slots: list[int]) -> _Dense:
+        self._slots = max(self._slots, _pow2(len(self.slots)))
+        S, R, N = self._slots, self._rank, len(row_slots)
+        dev = self.layers[0].base_layer.weight.device
+        d = self._buffers(("dense", S, R, N), lambda: _Dense(
+            A_K=[torch.zeros(S * R, m.in_features, dtype=self.dtype, device=dev) for m in self.layers],
+            B_K=[torch.zeros(m.out_features, S * R, dtype=self.dtype, device=dev) for m in self.layers],
+            onehot_N_K=torch.zeros(N, S * R, dtype=self.dtype, device=dev),
+            scale_N=torch.zeros(N, 1, dtype=self.dtype, device=dev)))
+        key = (tuple(a.id for a in self.slots), tuple(row_slots))
+        if key != d.loaded:
+            with torch.no_grad():
+                for i in range(len(self.layers)):
+                    d.A_K[i].zero_()
+                    d.B_K[i].zero_()
+                    for s, a in enumerate(self.slots):
+                        w = a.layers[i]
+                        if w is not None:
+                            r = w[0].shape[0]
+                            d.A_K[i][s * R:s * R + r].copy_(w[0])
+                            d.B_K[i][:, s * R:s * R + r].copy_(w[1])
+                onehot = torch.zeros(N, S * R, dtype=self.dtype)
+                scale = torch.zeros(N, 1, dtype=self.dtype)
+                for n, s in enumerate(row_slots):
+                    if s >= 0:
+                        onehot[n, s * R:(s + 1) * R] = 1.0
+                        scale[n, 0] = self.slots[s].scale
+                d.onehot_N_K.copy_(onehot)
+                d.scale_N.copy_(scale)
+            d.loaded = key
+        return d
+
+    def _tiled(self, row_slots: list[int]) -> _Tiles:
         T = self.tile_rows
         if len(row_slots) % T:
             raise ValueError(f"a tiled batch holds whole tiles of {T} rows, not {len(row_slots)}")
@@ -189,34 +268,35 @@ class AdapterBank:
         for t, s in enumerate(tile_slots):
             if any(x != s for x in row_slots[t * T:(t + 1) * T]):
                 raise ValueError(f"tile {t} mixes slots: rows must be laid out by `tile_layout`")
-        self._rank = max(self._rank, _pow2(max((a.rank for a in self.slots), default=1)))
-        shape = (len(tile_slots), self._rank, len(row_slots))
-        tiles = self._tiles_by_shape.get(shape)
-        if tiles is None:
-            self._tiles_by_shape.clear()  # one row count's stacks live at a time, as the decoder's cache
-            dev = self.layers[0].base_layer.weight.device
-            n, R = len(tile_slots), self._rank
-            tiles = self._tiles_by_shape[shape] = _Tiles(
-                A_T=[torch.zeros(n, R, m.in_features, dtype=self.dtype, device=dev) for m in self.layers],
-                B_T=[torch.zeros(n, m.out_features, R, dtype=self.dtype, device=dev) for m in self.layers],
-                scale_N=torch.zeros(len(row_slots), 1, dtype=self.dtype, device=dev))
-            self.version += 1
+        n, R = len(tile_slots), self._rank
+        dev = self.layers[0].base_layer.weight.device
+
+        def make() -> _Tiles:
+            A_T = []
+            for m in self.layers:
+                c = _chunks(m.in_features, self.split_cols)
+                A_T.append(torch.zeros(n, c, m.in_features // c, R, dtype=self.dtype, device=dev))
+            return _Tiles(A_T=A_T, B_T=[torch.zeros(n, R, m.out_features, dtype=self.dtype, device=dev) for m in self.layers],
+                          scale_N=torch.zeros(len(row_slots), 1, dtype=self.dtype, device=dev))
+
+        tiles = self._buffers(("tiled", n, R, len(row_slots)), make)
         key = tuple((s, self.slots[s].id if s >= 0 else None) for s in tile_slots)
         if key != tiles.loaded:
             with torch.no_grad():
                 for i in range(len(self.layers)):
                     tiles.A_T[i].zero_()
                     tiles.B_T[i].zero_()
+                    _, c, k, _ = tiles.A_T[i].shape
                     for t, s in enumerate(tile_slots):
                         w = self.slots[s].layers[i] if s >= 0 else None
                         if w is not None:
                             r = w[0].shape[0]
-                            tiles.A_T[i][t, :r].copy_(w[0])
-                            tiles.B_T[i][t, :, :r].copy_(w[1])
+                            tiles.A_T[i][t, :, :, :r].copy_(w[0].T.reshape(c, k, r))
+                            tiles.B_T[i][t, :r].copy_(w[1].T)
                 scale = torch.tensor([[self.slots[s].scale if s >= 0 else 0.0] for s in row_slots], dtype=self.dtype)
                 tiles.scale_N.copy_(scale)
             tiles.loaded = key
-        self.tiles = tiles
+        return tiles
 
     @contextmanager
     def serving(self):
@@ -241,11 +321,17 @@ def _add_bank(bank: AdapterBank, name: str, module, args, out):
     i = bank.index[name]
     x = args[0].to(bank.dtype)
     F = torch.nn.functional
-    if bank.tiles is not None:
-        A_T, B_T = bank.tiles.A_T[i], bank.tiles.B_T[i]
-        x_T = x.reshape(A_T.shape[0], -1, x.shape[-1])  # rows are tile-contiguous
-        addon = torch.bmm(torch.bmm(x_T, A_T.transpose(1, 2)), B_T.transpose(1, 2)).reshape(out.shape)
-        addon = addon * bank.tiles.scale_N.view((x.shape[0],) + (1,) * (x.dim() - 1))
+    view = (x.shape[0],) + (1,) * (x.dim() - 1)
+    d = bank.tiles
+    if isinstance(d, _Tiles):
+        A_T, B_T = d.A_T[i], d.B_T[i]
+        n, c, k, _ = A_T.shape
+        x_T = x.reshape(n, -1, c, k).transpose(1, 2)  # rows are tile-contiguous: [tiles, chunks, rows, k]
+        h_T = torch.matmul(x_T, A_T).sum(1)  # the shrink, its reduction split in chunks
+        addon = torch.bmm(h_T, B_T).reshape(out.shape) * d.scale_N.view(view)
+    elif isinstance(d, _Dense):
+        h = (x @ d.A_K[i].T) * d.onehot_N_K.view(view[:-1] + (-1,))
+        addon = (h @ d.B_K[i].T) * d.scale_N.view(view)
     else:
         addon = None
         for s, rows in bank.groups:

@@ -3,7 +3,8 @@
 # checkout's root once the wheels are in /tmp/site and the model pieces in /root/m
 # (results/h200-gsm8k/README.md, "Device call sequence"; carry [".data", ".tok"]). In order, each
 # part's output in its own file:
-# 1. `benchmarks/engine.py --adapters 1,2,6,12` on the 1.5B architecture (adapters.txt);
+# 1. `benchmarks/engine.py --adapters 1,2,6,12` on the 1.5B architecture, the bank's dense and tiled
+#    decode forms (adapters_dense.txt, adapters_tiled.txt);
 # 2. the six arms of seed 0 of the card's comparison for 4 steps, cold (its own empty compile and
 #    model caches; results/h200-multi-adapter/spec_comparison_4steps.json; comparison.log);
 # 3. the TRL peer against our grpo_gs8 arm (peer.txt);
@@ -25,9 +26,12 @@ python3 -c 'import torch, transformers, peft, prefect, tinker; print("torch", to
 git log -1 --format='%H %s' >> "$W/gpu.txt" 2>/dev/null
 nvidia-smi --query-gpu=timestamp,index,memory.used,utilization.gpu --format=csv,noheader -lms 500 > "$W/gpu_samples.csv" &
 SMI=$!
-echo "1 adapters benchmark" > "$W/status"
-GS1_COMPILE_CACHE=$W/compile-bench python3 benchmarks/engine.py --config qwen2.5-1.5b --batch 64 --new-tokens 512 \
-  --prompt-tokens 160 --rank 32 --device cuda --adapters 1,2,6,12 --repeats 1 --tokenizer-dir .tok > "$W/adapters.txt" 2>&1
+for form in dense tiled; do
+  echo "1 adapters benchmark ($form)" > "$W/status"
+  GS1_COMPILE_CACHE=$W/compile-bench-$form python3 benchmarks/engine.py --config qwen2.5-1.5b --batch 64 --new-tokens 512 \
+    --prompt-tokens 160 --rank 32 --device cuda --adapters 1,2,6,12 --repeats 1 --bank-decode $form \
+    --tokenizer-dir .tok > "$W/adapters_$form.txt" 2>&1
+done
 echo "2 comparison, 6 arms x 4 steps" > "$W/status"
 start=$(now)
 GS1_COMPILE_CACHE=$W/compile GS1_MODEL_CACHE=$W/models python3 -m gs1 run results/h200-multi-adapter/spec_comparison_4steps.json \
