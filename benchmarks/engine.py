@@ -20,7 +20,7 @@ Prints one table row per measurement.
 `--adapters 1,2,6,12`: one base, N training clients (arms) on it, N = each value in turn. Per N:
 one RL step of all N arms as the pipeline runs it -- every arm's `--batch` sample rows submitted,
 then awaited (one batched decode across the adapters), then every arm's forward_backward and
-optim_step submitted back to back -- two warm-up steps (a decode shape compiles on its second batch), then
+optim_step submitted back to back -- a warm-up step (compiles the batch's decode shape: `compile_after_batches=1`), then
 `--repeats` timed ones. Prints ms per decode step, train seconds per adapter step, the step's
 seconds, each against one adapter's, and GPU memory: held after the step (the static KV cache of
 the step's decode shape included), an arm's own adapter and AdamW state, and the step's peak.
@@ -113,7 +113,9 @@ def main(argv=None) -> int:
                               max_batch_rows=max(args.batch, 1) * max(_counts(args.adapters) or [1]),
                               compile_decode=not args.no_compile,
                               batch_across_clients=True if args.adapters else None,
-                              bank_decode=args.bank_decode, **extra)
+                              bank_decode=args.bank_decode,
+                              # a benchmark compiles a shape on its first batch: it times warm steps
+                              compile_after_batches=1, **extra)
     if args.adapters:
         return adapters_table(args, svc, model_dir, device)
     t0 = time.perf_counter()
@@ -335,10 +337,7 @@ def adapters_table(args, svc, model_dir: Path, device: str) -> int:
             arms.append(svc.create_lora_training_client(str(model_dir), rank=args.rank, seed=len(arms)).result())
             prompts_A.append([types.ModelInput.from_ints([rng.randrange(1000, 150000) for _ in range(args.prompt_tokens)])
                               for _ in range(args.batch)])
-        # warm-up: this many rows' decode shape (eager graph on its first batch, compiled on its
-        # second: `Generator._compile_now`), and every new arm's AdamW state
-        rl_step(n)
-        rl_step(n)
+        rl_step(n)  # warm-up: this many rows' decode shape (compiled), and every new arm's AdamW state
         held = mem()
         timed = [rl_step(n) for _ in range(args.repeats)]
         row = {k: sum(t[k] for t in timed) / len(timed) for k in timed[0]}

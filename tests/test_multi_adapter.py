@@ -224,20 +224,22 @@ def test_a_new_bank_layout_never_reuses_a_decoder_built_on_the_old_one(tmp_path,
     assert [r.tokens for r in again] == [r.tokens for r in want] and again[0].tokens == first[0].tokens
 
 
-def test_a_decode_shape_is_compiled_on_its_second_batch_only(tmp_path, tiny_model_dir, tiny_tokenizer):
-    """A shape seen once (the preflight's, an eval's last partial batch) runs the eager step; the
-    second batch of a shape gets a compiled decoder, and later batches keep it. (Only which
+def test_a_decode_shape_is_compiled_on_its_compile_after_th_batch_only(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """A shape seen fewer than `compile_after` times (the fixed stages' pilots, an eval's few
+    batches) runs the eager step; its `compile_after`-th batch gets a compiled decoder, and later
+    batches keep it. The engine's default is COMPILE_AFTER_BATCHES, a benchmark's 1. (Only which
     decoder is built is checked: nothing compiles on this CPU.)"""
     from transformers import DynamicCache
 
-    from rl.backends.local_sampler import Generator, Row, _pack
+    from rl.backends.local_sampler import COMPILE_AFTER_BATCHES, Generator, Row, _pack
 
     service = _service(tmp_path)
     a = _perturbed(service, tiny_model_dir, 4, 1)
     base = a._engine.base
-    gen = Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank)
+    assert base.generator.compile_after == COMPILE_AFTER_BATCHES == 6
+    assert _service(tmp_path, compile_after_batches=1).settings.compile_after_batches == 1
+    gen = Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank, compile_after=3)
     gen.compile_decode = True  # as on CUDA
-    base.bank.tile_rows = 1  # any row count is whole tiles
 
     def decoder(n_rows):
         rows = [Row(prompt=tiny_tokenizer.encode("Hello there"), max_tokens=4, key=k,
@@ -254,9 +256,10 @@ def test_a_decode_shape_is_compiled_on_its_second_batch_only(tmp_path, tiny_mode
     assert not first.compiled
     other = decoder(5)  # another shape, once: eager too
     assert not other.compiled
-    second = decoder(3)
-    assert second.compiled and second is not first
-    assert decoder(3) is second
+    assert not decoder(3).compiled  # its second batch
+    third = decoder(3)
+    assert third.compiled and third is not first
+    assert decoder(3) is third
 
 
 def test_on_a_bf16_base_the_bank_stays_float32_and_matches_peft(tmp_path, tiny_model_dir, tiny_tokenizer):

@@ -91,7 +91,7 @@ import warnings
 import weakref
 import zlib
 from collections import Counter
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -109,6 +109,7 @@ from rl.backends.attention import (
 from rl.backends.futures import LocalClientFuture, LocalFuture, SerialWorker
 from rl.backends.lora_bank import DECODE_FORMS, AdapterBank, AdapterWeights
 from rl.backends.local_sampler import (
+    COMPILE_AFTER_BATCHES,
     Generator,
     Row,
     install_gqa_decode_attention,
@@ -220,6 +221,8 @@ class EngineSettings:
     gather_busy_s: float = 60.0
     # the adapter bank's form in the static-cache decode step (`lora_bank.DECODE_FORMS`)
     bank_decode: str = "dense"
+    # batches of a decode shape before it is compiled (`local_sampler.COMPILE_AFTER_BATCHES`)
+    compile_after_batches: int = COMPILE_AFTER_BATCHES
 
 
 @dataclass
@@ -251,8 +254,12 @@ class _Base:
         if device.type == "cuda":  # before any forward picks a kernel (rl/backends/attention.py)
             configure_cuda_attention()
             check_training_attention(device, dtype)
-        self.tokenizer = load_tokenizer(src)
-        self.lm = load_causal_lm(src, dtype, device)
+        # The tokenizer (a GGUF's converted from its vocabulary: 30.9 s on the H200 machine's CPU)
+        # loads beside the weights (51.1 s of dequantising), not before them.
+        with ThreadPoolExecutor(1, thread_name_prefix="gs1-tokenizer") as pool:
+            tokenizer = pool.submit(load_tokenizer, src)
+            self.lm = load_causal_lm(src, dtype, device)
+            self.tokenizer = tokenizer.result()
         install_gqa_decode_attention(self.lm)
         self.peft = None  # the PeftModel around `lm`, made with the first adapter
         self.bank = AdapterBank(settings.bank_decode)
@@ -261,7 +268,8 @@ class _Base:
         self.pad_id = self._pad_id()
         self.eos_ids = self._eos_ids()
         self.generator = Generator(self.lm, self.pad_id, self.tokenizer, settings.use_cuda_graphs,
-                                   compile_decode=settings.compile_decode, bank=self.bank)
+                                   compile_decode=settings.compile_decode, bank=self.bank,
+                                   compile_after=settings.compile_after_batches)
         # The learner runs the decoder, then the LM head a chunk of tokens at a time
         # (`target_logprobs`), each chunk's logits as large as the sampler's prompt-logprob chunks.
         self.decoder = self.lm.get_decoder()
@@ -1157,7 +1165,7 @@ class LocalServiceClient:
                  use_cuda_graphs: bool | None = None, compile_decode: bool | None = None,
                  gradient_checkpointing: bool = True, learner_attention_mask: bool = False,
                  batch_across_clients: bool | None = None, gather_s: float | None = None,
-                 bank_decode: str | None = None):
+                 bank_decode: str | None = None, compile_after_batches: int | None = None):
         self.device = _pick_device(device)
         self.dtype = _pick_dtype(dtype, self.device)
         cache = cache_dir or os.environ.get("GS1_LOCAL_CACHE")
@@ -1184,7 +1192,8 @@ class LocalServiceClient:
             # at 0.25 s, the critic's and flash_reinforce's arms a little late (results/h200-multi-adapter)
             gather_s=gather_s if gather_s is not None else (2.0 if cuda else 0.25),
             # dense until the tiled form is measured faster on the GPU (lora_bank's doc); GS1_BANK_DECODE
-            bank_decode=bank_decode or os.environ.get("GS1_BANK_DECODE", "dense"))
+            bank_decode=bank_decode or os.environ.get("GS1_BANK_DECODE", "dense"),
+            compile_after_batches=compile_after_batches or COMPILE_AFTER_BATCHES)
         if self.settings.bank_decode not in DECODE_FORMS:
             raise UserError(f"bank decode form {self.settings.bank_decode!r}: one of {', '.join(DECODE_FORMS)}")
         if cuda and compile_decode:

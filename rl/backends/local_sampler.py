@@ -369,6 +369,12 @@ def decode_step(model, ids_B, pos_B, mask_B, cache) -> torch.Tensor:
 _COMPILED_DECODE = None
 DECODE_LENGTH_BUCKET = 1024  # static caches hold a multiple of this many positions
 MIN_GRAPHED_ROWS = 128  # graphed batches hold a power of two rows, at least this many
+# A decode shape is compiled on its 6th batch. Measured on the H200 (results/h200-multi-adapter):
+# a compile costs 53-61 s and saves ~4.6 ms of a step at 128 rows (7.98 against 12.6 ms eager),
+# ~5.5 ms at 512: it pays back after ~25 batches of ~450 steps. The fixed stages' shapes (the
+# preflight's and pilots' 5 batches of 128 rows, the held-out set's one 1024-row batch) and an
+# eval's few batches never do; a training loop's shape, 40 batches, does.
+COMPILE_AFTER_BATCHES = 6
 
 
 def compiled_decode_step():
@@ -551,14 +557,16 @@ class Generator:
 
     `compile_decode` (CUDA only) runs the decode step through `torch.compile` before its CUDA
     graph is captured: the elementwise work around each matmul (norms, rotary, the adapters'
-    casts and scaled adds) fuses into a few kernels; compile time is paid once per batch shape.
+    casts and scaled adds) fuses into a few kernels; compile time is paid once per batch shape,
+    on the shape's `compile_after`-th batch.
     `bank` (`lora_bank.AdapterBank`): rows carry their own adapter (`Row.adapter`) and a batch
     may mix adapters; the caller holds `bank.serving()` around `generate`. Without a bank the
     model runs as it is."""
 
     def __init__(self, model, pad_id: int, tokenizer=None, use_cuda_graphs: bool | None = None,
                  static_cache: bool | None = None, share_prefill: bool = True,
-                 max_logit_elems: int | None = None, compile_decode: bool = False, bank=None):
+                 max_logit_elems: int | None = None, compile_decode: bool = False, bank=None,
+                 compile_after: int = COMPILE_AFTER_BATCHES):
         self.model = model
         self.share_prefill = share_prefill  # False: one prefill row per row (for comparisons)
         self.pad_id = pad_id
@@ -574,6 +582,7 @@ class Generator:
         self._batches_of: Counter[tuple[int, int]] = Counter()  # batches per (rows, positions)
         self.bank = bank
         self.compile_decode = compile_decode and cuda  # only the captured CUDA step is compiled
+        self.compile_after = max(1, compile_after)  # batches of a shape before it is compiled
         self.stats = GenStats()
 
     def generate(self, rows: list[Row]) -> list[RowResult]:
@@ -684,10 +693,9 @@ class Generator:
         return dec
 
     def _compile_now(self, rows_positions: tuple[int, int]) -> bool:
-        """Compile a decode shape on its second batch, not its first: a shape seen once (the
-        preflight's, an eval's last partial batch) decodes on the eager step's CUDA graph, and
-        only a shape that recurs pays its 40-70 s of compiling (results/h200-multi-adapter)."""
-        return self.compile_decode and self._batches_of[rows_positions] >= 2
+        """Compile a decode shape on its `compile_after`-th batch (`COMPILE_AFTER_BATCHES`);
+        until then it decodes on the eager step's CUDA graph."""
+        return self.compile_decode and self._batches_of[rows_positions] >= self.compile_after
 
     def _capture(self, dec: "_GraphedDecoder", cur: int) -> None:
         """Capture `dec`'s step as a CUDA graph. A compiled step that fails to compile or capture
