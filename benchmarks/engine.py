@@ -51,6 +51,28 @@ QWEN25_15B = dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12
                   rope_theta=1_000_000.0, rms_norm_eps=1e-6)
 
 
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed_ms(fn, n: int = 10) -> float:
+    fn()
+    if not torch.cuda.is_available():  # a CPU smoke run of the script
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return 1000 * (time.perf_counter() - t) / n
+    sync()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(n):
+        fn()
+    b.record()
+    sync()
+    return a.elapsed_time(b) / n
+
+
 def build_model(config: str, out: Path, tokenizer_dir: str | None, device: str) -> Path:
     from fixtures.tiny_model import build_qwen_tokenizer, build_tiny_qwen3
 
@@ -208,31 +230,21 @@ def main(argv=None) -> int:
         dec = next(iter(gen._graphs.values()))
         dec.set_length(args.prompt_tokens)
 
-        def timed(fn, n=20):
-            fn()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(n):
-                fn()
-            b.record()
-            torch.cuda.synchronize()
-            return a.elapsed_time(b) / n
-
-        diag["graph replay ms"] = timed(dec.replay)
+        diag["graph replay ms"] = timed_ms(dec.replay)
         dec.set_length(args.prompt_tokens)
-        diag["eager step ms"] = timed(dec._step, 5)
+        diag["eager step ms"] = timed_ms(dec._step, 5)
         dec.set_length(args.prompt_tokens)
         lg = torch.randn(args.batch, tc._engine.model.config.vocab_size, device=device)
         tt = torch.ones(args.batch, device=device)
         kk = torch.arange(args.batch, device=device)
-        diag["sample_step ms"] = timed(lambda: sample_step(lg, tt, kk, 0, any_greedy=False))
+        diag["sample_step ms"] = timed_ms(lambda: sample_step(lg, tt, kk, 0, any_greedy=False))
         with torch.no_grad():
             x = torch.randn(args.batch, 16, 1, 128, device=device, dtype=torch.bfloat16)
             kv = torch.randn(args.batch, 16, dec.max_len, 128, device=device, dtype=torch.bfloat16)
             m = torch.ones(args.batch, 1, 1, dec.max_len, device=device, dtype=torch.bool)
             f = torch.nn.functional.scaled_dot_product_attention
-            diag["sdpa masked x28 ms"] = 28 * timed(lambda: f(x, kv, kv, attn_mask=m))
-            diag["sdpa no mask x28 ms"] = 28 * timed(lambda: f(x, kv, kv))
+            diag["sdpa masked x28 ms"] = 28 * timed_ms(lambda: f(x, kv, kv, attn_mask=m))
+            diag["sdpa no mask x28 ms"] = 28 * timed_ms(lambda: f(x, kv, kv))
         dec.set_length(args.prompt_tokens)
         from torch.profiler import ProfilerActivity, profile
 

@@ -28,30 +28,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def timed_ms(fn, n: int = 10) -> float:
-    fn()
-    if not torch.cuda.is_available():  # a CPU smoke run of the script
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        return 1000 * (time.perf_counter() - t) / n
-    sync()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(n):
-        fn()
-    b.record()
-    sync()
-    return a.elapsed_time(b) / n
-
-
 def main(argv=None) -> int:
-    from engine import build_model
+    from engine import build_model, sync, timed_ms
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", choices=["tiny", "qwen3-0.6b", "qwen2.5-1.5b"], default="qwen2.5-1.5b")

@@ -299,6 +299,32 @@ def test_the_adapters_benchmark_runs_one_rl_step_of_every_arm_per_row(capsys):
     assert [(int(r[0]), int(r[1]), float(r[2])) for r in rows] == [(1, 2, 1.0), (3, 6, 1.0)]  # one batch each
 
 
+@pytest.mark.parametrize("form", ["dense", "tiled"])
+def test_the_step_profile_runs_each_bank_form_and_prints_its_table(form, capsys):
+    """`benchmarks/step_profile.py` on the tiny model (its CPU smoke path): a row per adapter
+    count, then the learner's profile."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        spec = importlib.util.spec_from_file_location("step_profile", bench / "step_profile.py")
+        profile = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(profile)
+        assert profile.main(["--config", "tiny", "--device", "cpu", "--adapters", "1,2", "--batch", "4",
+                             "--prompt-tokens", "8", "--new-tokens", "4", "--train-new-tokens", "8",
+                             "--bank-decode", form]) == 0
+    finally:
+        sys.path.remove(str(bench))
+    out = capsys.readouterr().out
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert [(int(r[0]), int(r[1]), r[2].strip()) for r in rows] == [(1, 64 if form == "tiled" else 4, form),
+                                                                    (2, 128 if form == "tiled" else 8, form)]
+    assert "== training: forward_backward of 4 datums" in out
+
+
 def test_tile_layout_groups_rows_by_slot_in_whole_tiles():
     from rl.backends.lora_bank import tile_layout
 
