@@ -373,3 +373,90 @@ def test_a_two_arm_spec_runs_end_to_end_against_grpo(prefect_harness, tmp_path, 
     assert checks[f"step_check_{name}"]["passed"] and checks["reference_loss"]["passed"] and checks["reference_gradient"]["passed"]
     if treatment["advantage"] == "critic":
         assert checks["probe_critic_critic"]["passed"]
+
+
+@pytest.mark.slow  # loads the tiny model on its own service and trains two arms
+def test_two_arms_stepping_together_share_decodes_and_each_logs_what_it_would_alone(tiny_model_dir, tmp_path):
+    """grpo_gs8 (8 x 8) and gs1_kernel (64 x 1), the user's 64 rollouts a step, each stepping
+    through `rl.loop.run_step` in its own thread on one base with the CUDA batching
+    (`batch_across_clients`, the flush's gather, 1024-row batches): the arms' rows decode in
+    batches across the two adapters, and each arm logs the rollouts, rewards, prompt logprobs
+    and advantages it logs stepping alone (its own batches): the shared decode changed nothing
+    it registered."""
+    import threading
+
+    import pyarrow as pa
+    from tinker_cookbook import renderers
+
+    from fixtures.flow_env import TokenThresholdEnv
+    from rl.backends.local import LocalServiceClient
+    from rl.loop import new_window, run_step
+    from schemas.artifacts import to_table
+
+    def config(name, advantage, group_size, groups):
+        return arm(advantage, group_size, groups).model_copy(update={
+            "name": name, "base_model": str(tiny_model_dir), "max_tokens": 3, "lora_rank": 4, "lr": 1e-2})
+
+    arms = [config("grpo_gs8", "group_mean", 8, 8), config("gs1_kernel", "kernel_cross_prompt_baseline", 1, 64)]
+    env = TokenThresholdEnv()
+
+    def run(arm_config, client, steps, out):
+        try:
+            steps_of(arm_config, client, steps, out)
+        except BaseException as e:  # a thread's failure fails the test
+            out[arm_config.name] = e
+
+    def steps_of(arm_config, client, steps, out):
+        renderer = renderers.get_renderer("qwen3_instruct", client.get_tokenizer())
+        window, logs = new_window(arm_config), []
+        for step in range(steps):
+            log = run_step(step, arm_config, training_client=client, env=env, renderer=renderer,
+                           order=env.train_order(0), window=window)
+            window = log.next_window
+            logs.append(log)
+        out[arm_config.name] = logs
+
+    def service(across: bool) -> LocalServiceClient:
+        return LocalServiceClient(device="cpu", cache_dir=tmp_path / f"across-{across}", max_batch_rows=1024,
+                                  batch_across_clients=across, gather_s=30.0)
+
+    alone: dict = {}
+    svc = service(False)
+    for a in arms:
+        run(a, svc.create_lora_training_client(str(tiny_model_dir), rank=4, seed=0).result(), 2, alone)
+
+    together: dict = {}
+    svc = service(True)
+    clients = [svc.create_lora_training_client(str(tiny_model_dir), rank=4, seed=0).result() for _ in arms]
+    gen = clients[0]._engine.generator
+    adapters_per_batch = []  # a spy around the real generate: which adapters each batch held
+    generate = gen.generate
+
+    def spy(rows):
+        adapters_per_batch.append(len({id(r.adapter) for r in rows}))
+        return generate(rows)
+
+    gen.generate = spy
+    threads = [threading.Thread(target=run, args=(a, c, 2, together)) for a, c in zip(arms, clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not [v for v in [*alone.values(), *together.values()] if isinstance(v, BaseException)], (alone, together)
+    # Every row decoded once, in at most three batches, and batches held both adapters. The
+    # first step may split (an arm that has not sampled yet is not waited for: a critic's value
+    # client never samples), and then one arm's step k shares a batch with the other's step k+1.
+    assert gen.stats.rows == 2 * 128 and len(adapters_per_batch) <= 3 and 2 in adapters_per_batch, adapters_per_batch
+
+    for a in arms:
+        for got, want in zip(together[a.name], alone[a.name]):
+            def key(r):
+                return (r.prompt_id, r.group_id, r.sample_idx, r.response, r.stop_reason, r.reward)
+
+            assert [key(r) for r in got.rollouts] == [key(r) for r in want.rollouts]
+            close = [(x, y) for g, w in zip(got.rollouts, want.rollouts)
+                     for x, y in [(g.prompt_mean_logprob, w.prompt_mean_logprob), (g.advantage, w.advantage)]]
+            assert max(abs(x - y) for x, y in close) < 1e-5
+        tables = [to_table("rollouts", [row.as_dict() for row in log.rollouts]) for log in together[a.name]]
+        result = audit_log(a, RolloutLog.from_table(pa.concat_tables(tables)))
+        assert result.passed and result.rows == 128, result.mismatches[:3]

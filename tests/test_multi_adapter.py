@@ -195,6 +195,35 @@ def test_a_flush_waits_for_a_busy_client_and_batches_both(tmp_path, tiny_model_d
     assert len(got["a"]) == len(got["b"]) == len(requests)
 
 
+@pytest.mark.parametrize("grading_s", [30.0, 0.05])
+def test_a_flush_waits_for_a_client_grading_its_samples_and_not_for_one_done(grading_s, tmp_path, tiny_model_dir, tiny_tokenizer):
+    """A client whose samples came back less than `gather_s` ago is grading them (still in its
+    step): a flush waits for its next samples and one batch serves both. Past `gather_s`, with no
+    job and nothing decoding, it is out of its step and the flush runs without it."""
+    service = _service(tmp_path, gather_s=grading_s)
+    a = _perturbed(service, tiny_model_dir, 4, 1)
+    b = _perturbed(service, tiny_model_dir, 4, 2)
+    base = a._engine.base
+    sa, sb = a.save_weights_and_get_sampling_client().result(), b.save_weights_and_get_sampling_client().result()
+    requests = _requests(tiny_tokenizer, n_samples=1, max_tokens=3)
+    futures = [_submit(sc, requests, 0) for sc in (sa, sb)]  # both have sampled, in one batch:
+    [f.result() for fs in futures for f in fs]  # their samples came back just now
+    threading.Event().wait(0.2)
+    batches = base.generator.stats.batches
+    got: dict = {}
+    thread = threading.Thread(target=lambda: got.update(a=[f.result() for f in _submit(sa, requests, 1)]))
+    thread.start()
+    thread.join(1.0)
+    if grading_s > 1:
+        assert thread.is_alive()  # A waits: B is grading
+        [f.result() for f in _submit(sb, requests, 2)]
+        thread.join(30)
+        assert base.generator.stats.batches == batches + 1
+    else:
+        assert not thread.is_alive() and base.generator.stats.batches == batches + 1  # A alone
+    assert len(got["a"]) == len(requests)
+
+
 def test_a_new_bank_layout_never_reuses_a_decoder_built_on_the_old_one(tmp_path, tiny_model_dir, tiny_tokenizer):
     """A captured decode graph reads the bank's stacks by address: when an adapter adds projections
     (a new layout, new stacks), the static-cache decoder of the old layout is not used again."""

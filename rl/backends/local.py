@@ -27,10 +27,10 @@ when `max_batch_rows` rows are queued. A batch may hold rows of many adapters: e
 its adapter and the adapter bank (`rl/backends/lora_bank.py`) adds every row's own LoRA addon
 inside the one (captured, compiled) decode step, in the bank's decode form (`bank_decode`). On CUDA
 (`batch_across_clients`) a batch takes every client's requests queued when it starts -- every
-arm's and seed's step samples, held-out and eval requests -- and a flush first waits, briefly,
-for the other sampling training clients to queue theirs (`_Base._gather`: at most `gather_s` for
-one idle on the engine, longer for one whose training jobs are still running), so arms in
-parallel threads step together. On the CPU a batch holds one sampling client's requests alone:
+arm's and seed's step samples, held-out and eval requests -- and a flush first waits for the
+other sampling training clients still in their step to queue theirs (`_Base._gather`: training,
+being decoded, or grading samples that came back less than `gather_s` ago), so arms in parallel
+threads step together. On the CPU a batch holds one sampling client's requests alone:
 its composition depends only on that client's submission order, so seeded runs are bit-identical
 whatever the other threads do. A loop that submits every request of a step before awaiting any
 (as the cookbook's does) gets one batch per step. `batch_window_s > 0` also waits that long
@@ -215,9 +215,10 @@ class EngineSettings:
     learner_attention_mask: bool
     # one batch takes the queued requests of every client (else each sampling client's alone)
     batch_across_clients: bool
-    # how long a flush waits for another sampling client that is not busy on the engine
+    # a flush waits for another sampling client still in its step (`_Base._gather`): one whose
+    # samples came back less than this ago counts as grading them
     gather_s: float = 0.25
-    # ... and at most, for one whose jobs are still running (its training before its sampling)
+    # ... and waits at most this long in all
     gather_busy_s: float = 60.0
     # the adapter bank's form in the static-cache decode step (`lora_bank.DECODE_FORMS`)
     bank_decode: str = "dense"
@@ -435,23 +436,26 @@ class _Base:
         self.worker.submit_raw(self._run_pending)
 
     def _gather(self, owner: "_Adapter | None") -> None:
-        """Wait until every other training client that samples has requests queued too: at most
-        `gather_s` for one that is idle on the engine (grading, say), `gather_busy_s` for one
-        whose jobs (its forward_backward and optim_step) are still queued or running."""
+        """Wait until every other training client that samples and is still in its step has
+        requests queued too, for at most `gather_busy_s`. In its step: its samples are being
+        decoded, or came back less than `gather_s` ago (it is grading them), or any client's jobs
+        (forward_backward, optim_step, a trust gate's or a critic's forward) are queued or
+        running. A client out of its step (done sampling, or not yet begun) is not waited for."""
         s = self.settings
         start = time.monotonic()
         with self._cv:
             while True:
+                now = time.monotonic()
                 queued = {id(r.owner) for r in self._pending}
+                # while any client's job runs the batch would queue behind it anyway (a critic's
+                # value model trains for its arm, whose own adapter then has no job)
+                busy = any(a.jobs for a in self.adapters.values())
                 late = [a for a in self.adapters.values()
-                        if a is not owner and a.samples and id(a) not in queued]
-                if not late:
+                        if a is not owner and a.samples and id(a) not in queued
+                        and (busy or a.decoding or now - a.returned_at < s.gather_s)]
+                if not late or now - start >= s.gather_busy_s:
                     return
-                waited = time.monotonic() - start
-                limit = s.gather_busy_s if any(a.jobs for a in late) else s.gather_s
-                if waited >= limit:
-                    return
-                self._cv.wait(timeout=min(0.05, limit - waited))
+                self._cv.wait(timeout=0.05)
 
     def _run_pending(self) -> None:
         with self._cv:
@@ -464,6 +468,10 @@ class _Base:
             self._cv.notify_all()
 
     def _run_requests(self, jobs: list[_Request]) -> None:
+        owners = {id(j.owner): j.owner for j in jobs if j.owner is not None}.values()
+        with self._cv:
+            for a in owners:
+                a.decoding += 1
         try:
             with self.bank.serving():
                 # compute_logprobs: one padded forward per chunk of requests. (A sample request's
@@ -487,6 +495,12 @@ class _Base:
             for j in jobs:
                 if not j.future.done():
                     j.future.set_exception(e)
+        finally:
+            with self._cv:  # the gather: these clients are grading now
+                for a in owners:
+                    a.decoding -= 1
+                    a.returned_at = time.monotonic()
+                self._cv.notify_all()
 
     def _rows(self, j: _Request) -> list[Row]:
         p = j.params
@@ -676,8 +690,15 @@ class _Adapter:
 
     def __init__(self, base: _Base, name: str, lora: LoraSpec, params: list[torch.nn.Parameter]):
         self.base, self.name, self.lora, self.params = base, name, lora, params
-        self.jobs = 0  # submitted and not finished (the sample queue's gather reads it)
+        # The client's own tokenizer (made on the worker, which also uses the base's): a fast
+        # tokenizer used from two threads at once fails ("Already borrowed"), and the arms on one
+        # base run in parallel threads.
+        self.tokenizer = copy.deepcopy(base.tokenizer)
+        # what the sample queue's gather reads (`_Base._gather`), under the base's lock
+        self.jobs = 0  # submitted and not finished
         self.samples = 0  # sample requests made by its sampling clients
+        self.decoding = 0  # batches running that hold its requests
+        self.returned_at = -math.inf  # when its last batch's results came back (monotonic)
 
     def __getattr__(self, name: str):
         """The base's parts (device, dtype, tokenizer, generator, worker, settings), as each
@@ -860,6 +881,8 @@ class LocalSamplingClient:
     def __init__(self, engine: _Base, snapshot: AdapterWeights | None, base_model: str, base_key: int,
                  model_path: str | None = None, owner: "_Adapter | None" = None):
         self._engine = engine
+        # made on the worker: its owner's tokenizer (the same caller's thread), else a copy of its own
+        self._tokenizer = owner.tokenizer if owner is not None else copy.deepcopy(engine.tokenizer)
         self._snapshot = snapshot
         self._owner = owner
         self._base_model = base_model
@@ -897,7 +920,7 @@ class LocalSamplingClient:
                                              owner=self._owner, client=self))
 
     def get_tokenizer(self):
-        return self._engine.tokenizer
+        return self._tokenizer
 
     def get_base_model(self) -> str:
         return self._base_model
@@ -1188,8 +1211,9 @@ class LocalServiceClient:
             learner_attention_mask=bool(learner_attention_mask),  # the masked path before the fix (replay)
             # CPU: each client's batches alone, so seeded runs are bit-identical whatever the threads do
             batch_across_clients=cuda if batch_across_clients is None else bool(batch_across_clients),
-            # CUDA 2 s: on the H200 six arms' steps split into two decodes (4 + 2 arms) every step
-            # at 0.25 s, the critic's and flash_reinforce's arms a little late (results/h200-multi-adapter)
+            # how long after its samples return a client counts as grading (still in its step). CUDA
+            # 2 s: on the H200 six arms' steps split into two decodes (4 + 2 arms) every step when an
+            # idle arm was waited for 0.25 s only (results/h200-multi-adapter/session3)
             gather_s=gather_s if gather_s is not None else (2.0 if cuda else 0.25),
             # dense until the tiled form is measured faster on the GPU (lora_bank's doc); GS1_BANK_DECODE
             bank_decode=bank_decode or os.environ.get("GS1_BANK_DECODE", "dense"),
