@@ -90,9 +90,9 @@ def main(argv=None) -> int:
         with torch.no_grad(), bank.serving():
             res["graph replay ms"] = timed_ms(at_mid(dec.replay)) if dec.graph is not None else float("nan")
             res["eager step ms"] = timed_ms(at_mid(dec._step), 5)
-            saved, bank.tiles = bank.tiles, None
+            saved, bank.decode_bufs = bank.decode_bufs, None
             res["eager base-only ms"] = timed_ms(at_mid(dec._step), 5)
-            bank.tiles = saved
+            bank.decode_bufs = saved
             with profile(activities=acts) as prof:
                 at_mid(dec._step)()
                 sync()

@@ -384,9 +384,9 @@ def test_the_static_decode_at_the_users_shape_matches_each_adapter_alone(form, t
     with base.bank.serving():
         got = static.generate(queue)
         if form == "tiled":  # 3 tiles of 64 rows, the shrink in chunks
-            assert base.bank.tiles.A_T[0].shape[:2] == (3, 2)
+            assert base.bank.decode_bufs.A_T[0].shape[:2] == (3, 2)
         else:
-            assert base.bank.tiles.onehot_N_K.shape[0] == 192
+            assert base.bank.decode_bufs.onehot_N_K.shape[0] == 192
         # each arm alone on the same path, and on the per-slot path (a dynamic cache: other
         # attention shapes too, hence the looser bound)
         alone = [Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank).generate(rows)

@@ -125,7 +125,7 @@ class AdapterBank:
         self.on = False
         self.tile_rows = tile_rows
         self.split_cols = split_cols
-        # bumped whenever the tile stacks are new tensors: a captured decode graph reads them by
+        # bumped whenever the decode buffers are new tensors: a captured decode graph reads them by
         # address, so the generator keys its graphs by this
         self.version = 0
         self.dtype = torch.float32
@@ -133,15 +133,15 @@ class AdapterBank:
         # per slot: its rows (None: every row of the forward), for the per-slot form
         self.groups: list[tuple[int, torch.Tensor | None]] = []
         # set: the forwards that follow are the static decode's, in its form
-        self.tiles: _Tiles | _Dense | None = None
-        self._tiles_by_shape: dict[tuple, _Tiles | _Dense] = {}
+        self.decode_bufs: _Tiles | _Dense | None = None
+        self._decode_bufs_by_shape: dict[tuple, _Tiles | _Dense] = {}
         self._rank = 8  # the decode stacks' rank: only grows (a new rank is a new decode graph)
         self._slots = MIN_SLOTS  # the dense stacks' slots: only grow
 
     # --- the model's adapted projections -------------------------------------------------
     def refresh(self, model) -> None:
         """Find the model's peft lora.Linear modules (peft adds some when an adapter targets new
-        ones) and hook the new ones; drops the tile stacks when the set changed."""
+        ones) and hook the new ones; drops the decode buffers when the set changed."""
         from peft.tuners.lora import Linear as LoraLinear
 
         found = [(n, m) for n, m in model.named_modules() if isinstance(m, LoraLinear)]
@@ -155,8 +155,8 @@ class AdapterBank:
         self.names = [n for n, _ in found]
         self.index = {n: i for i, n in enumerate(self.names)}
         self.dtype = bank_dtype(self.layers[0].base_layer.weight.dtype) if found else torch.float32
-        self.slots, self.groups, self.tiles = [], [], None
-        self._tiles_by_shape.clear()
+        self.slots, self.groups, self.decode_bufs = [], [], None
+        self._decode_bufs_by_shape.clear()
         self.version += 1
 
     def weights_of(self, adapter: str) -> AdapterWeights:
@@ -193,7 +193,7 @@ class AdapterBank:
 
     def use_rows(self, row_slots: list[int]) -> None:
         """The per-slot form for the forwards that follow: each slot's rows."""
-        self.tiles = None
+        self.decode_bufs = None
         self.groups = []
         if not self.layers:
             return
@@ -215,16 +215,16 @@ class AdapterBank:
         new shape. Tiled: the rows must be laid out by `tile_layout`."""
         self.groups = []
         if not self.layers:
-            self.tiles = None
+            self.decode_bufs = None
             return
         self._rank = max(self._rank, _pow2(max((a.rank for a in self.slots), default=1)))
-        self.tiles = self._tiled(row_slots) if self.decode_form == "tiled" else self._dense(row_slots)
+        self.decode_bufs = self._tiled(row_slots) if self.decode_form == "tiled" else self._dense(row_slots)
 
     def _buffers(self, shape: tuple, make):
-        bufs = self._tiles_by_shape.get(shape)
+        bufs = self._decode_bufs_by_shape.get(shape)
         if bufs is None:
-            self._tiles_by_shape.clear()  # one row count's buffers live at a time, as the decoder's cache
-            bufs = self._tiles_by_shape[shape] = make()
+            self._decode_bufs_by_shape.clear()  # one row count's buffers live at a time, as the decoder's cache
+            bufs = self._decode_bufs_by_shape[shape] = make()
             self.version += 1
         return bufs
 
@@ -316,13 +316,13 @@ class AdapterBank:
 def _add_bank(bank: AdapterBank, name: str, module, args, out):
     """The forward hook of one adapted projection: its rows' adapter addon, in peft's numerics
     (input cast to the bank's precision, one rounding of the sum to the output's dtype)."""
-    if not bank.on or (bank.tiles is None and not bank.groups):
+    if not bank.on or (bank.decode_bufs is None and not bank.groups):
         return None
     i = bank.index[name]
     x = args[0].to(bank.dtype)
     F = torch.nn.functional
     view = (x.shape[0],) + (1,) * (x.dim() - 1)
-    d = bank.tiles
+    d = bank.decode_bufs
     if isinstance(d, _Tiles):
         A_T, B_T = d.A_T[i], d.B_T[i]
         n, c, k, _ = A_T.shape
