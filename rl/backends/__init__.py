@@ -7,7 +7,7 @@ the loop uses (see docs/contracts.md, "Backend surface"):
   compile_decode=None, gradient_checkpointing=True, batch_across_clients=None, gather_s=None, bank_decode=None)`;
   compile_decode None: on unless GS1_COMPILE_DECODE=0 (CUDA only); batch_across_clients None:
   on CUDA only (one decode batch across every client's queued requests); gather_s None: 2 s on
-  CUDA, 0.25 s on the CPU; bank_decode None: GS1_BANK_DECODE, else "dense" (`lora_bank.DECODE_FORMS`).
+  CUDA, 0.25 s on the CPU; bank_decode None: GS1_BANK_DECODE, else `lora_bank.DEFAULT_DECODE_FORM`.
 - `"tinker"`: `rl.backends.tinker_backend.make_tinker_service_client(base_url=None,
   api_key=None, **kw)` (imported lazily, so the local path never needs the hosted pieces).
 

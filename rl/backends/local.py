@@ -107,7 +107,7 @@ from rl.backends.attention import (
     versions,
 )
 from rl.backends.futures import LocalClientFuture, LocalFuture, SerialWorker
-from rl.backends.lora_bank import DECODE_FORMS, AdapterBank, AdapterWeights
+from rl.backends.lora_bank import DECODE_FORMS, DEFAULT_DECODE_FORM, AdapterBank, AdapterWeights
 from rl.backends.local_sampler import (
     COMPILE_AFTER_BATCHES,
     Generator,
@@ -221,7 +221,7 @@ class EngineSettings:
     # ... and waits at most this long in all
     gather_busy_s: float = 60.0
     # the adapter bank's form in the static-cache decode step (`lora_bank.DECODE_FORMS`)
-    bank_decode: str = "dense"
+    bank_decode: str = DEFAULT_DECODE_FORM
     # batches of a decode shape before it is compiled (`local_sampler.COMPILE_AFTER_BATCHES`)
     compile_after_batches: int = COMPILE_AFTER_BATCHES
 
@@ -1215,8 +1215,7 @@ class LocalServiceClient:
             # 2 s: on the H200 six arms' steps split into two decodes (4 + 2 arms) every step when an
             # idle arm was waited for 0.25 s only (results/h200-multi-adapter/session3)
             gather_s=gather_s if gather_s is not None else (2.0 if cuda else 0.25),
-            # dense until the tiled form is measured faster on the GPU (lora_bank's doc); GS1_BANK_DECODE
-            bank_decode=bank_decode or os.environ.get("GS1_BANK_DECODE", "dense"),
+            bank_decode=bank_decode or os.environ.get("GS1_BANK_DECODE", DEFAULT_DECODE_FORM),
             compile_after_batches=compile_after_batches or COMPILE_AFTER_BATCHES)
         if self.settings.bank_decode not in DECODE_FORMS:
             raise UserError(f"bank decode form {self.settings.bank_decode!r}: one of {', '.join(DECODE_FORMS)}")

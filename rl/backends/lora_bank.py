@@ -71,6 +71,7 @@ def _pow2(n: int) -> int:
 TILE_ROWS = 64  # rows per tile of the tiled decode: an arm's 64 rollouts of a step fill one
 SPLIT_COLS = 256  # the tiled shrink's reduction chunk (columns of `in`)
 DECODE_FORMS = ("dense", "tiled")
+DEFAULT_DECODE_FORM = "dense"  # until the tiled form is measured faster on the GPU (module doc)
 MIN_SLOTS = 2  # the dense stacks' slots at least: a preflight and two arms share one width
 
 
@@ -115,7 +116,7 @@ class _Tiles:
 class AdapterBank:
     """The adapters of the batch being served, and the hooks that add them."""
 
-    def __init__(self, decode_form: str = "dense", tile_rows: int = TILE_ROWS, split_cols: int = SPLIT_COLS) -> None:
+    def __init__(self, decode_form: str = DEFAULT_DECODE_FORM, tile_rows: int = TILE_ROWS, split_cols: int = SPLIT_COLS) -> None:
         if decode_form not in DECODE_FORMS:
             raise ValueError(f"bank decode form {decode_form!r}: one of {', '.join(DECODE_FORMS)}")
         self.decode_form = decode_form
