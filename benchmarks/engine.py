@@ -111,8 +111,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tokenizer-dir", default=None, help="a saved Qwen tokenizer to reuse")
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--skip-sample", action="store_true", help="train on random completions")
-    ap.add_argument("--no-gradient-checkpointing", action="store_true",
-                    help="keep every decoder layer's activations for backward")
+    ap.add_argument("--gradient-checkpointing", choices=["auto", "on", "off"], default="auto",
+                    help="checkpoint the decoder layers in training (auto: the engine's rule, local.checkpoint_learner)")
+    ap.add_argument("--learner-lora", choices=["fused", "peft"], default="fused",
+                    help="the learner's LoRA path (local.LEARNER_LORA)")
     ap.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate of the timed train steps")
     ap.add_argument("--diagnose", action="store_true", help="time graph replay and sampling alone")
     ap.add_argument("--bank-decode", choices=["dense", "tiled"], default=None,
@@ -129,7 +131,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     model_dir = build_model(args.config, work / "model", args.tokenizer_dir, device)
     t_build = time.perf_counter() - t0
-    extra = {"gradient_checkpointing": False} if args.no_gradient_checkpointing else {}
+    extra = {"gradient_checkpointing": {"auto": None, "on": True, "off": False}[args.gradient_checkpointing],
+             "learner_lora": args.learner_lora}
     svc = make_service_client("local", device=device, dtype=args.dtype, cache_dir=work / "cache",
                               use_cuda_graphs=False if args.no_cuda_graphs else None,
                               max_batch_rows=max(args.batch, 1) * max(_counts(args.adapters) or [1]),
@@ -274,8 +277,13 @@ def main(argv=None) -> int:
             print(f"| {ph} | {wall:.3f} | {pre:.3f} | {dec:.3f} | {steps} | {1000 * dec / max(steps, 1):.2f} "
                   f"| {toks / wall:.0f} |")
     if train_rows:
-        print(f"\ngradient checkpointing: {bool(getattr(tc._engine, 'checkpointed_layers', None))}; "
-              f"tokens per microbatch: {tc._engine.tokens_per_microbatch}")
+        from rl.backends.local import learner_activation_bytes
+
+        eng = tc._engine
+        est = learner_activation_bytes(eng.lm.config, eng.tokens_per_microbatch, eng.dtype) / 2**30
+        print(f"\ngradient checkpointing: {eng.gradient_checkpointing} ({args.gradient_checkpointing}); "
+              f"learner LoRA: {eng.learner_lora}; tokens per microbatch: {eng.tokens_per_microbatch}; "
+              f"estimated unchecked activations of a full microbatch: {est:.1f} GiB")
         print("| phase | fwd+bwd s | fwd+bwd+optim s | trained tokens | trained tok/s "
               "| GPU GiB at start | peak GPU GiB in fwd+bwd |")
         print("|---|---|---|---|---|---|---|")

@@ -42,6 +42,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rank", type=int, default=32)
     ap.add_argument("--bank-decode", choices=["dense", "tiled"], default="dense")
     ap.add_argument("--tokenizer-dir", default=None, help="a saved Qwen tokenizer (default: the test fixture's)")
+    ap.add_argument("--skip-train", action="store_true", help="the decode step only")
     args = ap.parse_args(argv)
 
     from torch.profiler import ProfilerActivity, profile
@@ -113,8 +114,23 @@ def main(argv=None) -> int:
         print(f"\n== {n} adapters: {res}", flush=True)
         print(prof.key_averages().table(sort_by=sort, row_limit=22, max_name_column_width=70))
 
-    # training: one arm's forward_backward at the RL step's shape
-    tc = arms[0]
+    if not args.skip_train:
+        train_profile(args, arms[0], rng, acts, sort)
+    print(f"\ndevice {torch.cuda.get_device_name() if cuda else 'cpu'} torch {torch.__version__}")
+    keys = list(summary[0])
+    print("| " + " | ".join(keys) + " |")
+    print("|" + "---|" * len(keys))
+    for r in summary:
+        print("| " + " | ".join(f"{r[k]:.2f}" if isinstance(r[k], float) else str(r[k]) for k in keys) + " |")
+    return 0
+
+
+def train_profile(args, tc, rng, acts, sort) -> None:
+    """One arm's forward_backward at the RL step's shape: wall seconds and its top kernels."""
+    from engine import sync
+    from torch.profiler import profile
+    from tinker import types
+
     toks = [[rng.randrange(1000, 150000) for _ in range(args.prompt_tokens + args.train_new_tokens)]
             for _ in range(args.batch)]
     ob = args.prompt_tokens - 1
@@ -133,13 +149,6 @@ def main(argv=None) -> int:
     print(f"\n== training: forward_backward of {args.batch} datums x {len(toks[0]) - 1} tokens: {t_fb:.3f} s "
           f"({args.batch * (len(toks[0]) - 1) / t_fb:.0f} tok/s)")
     print(prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=70))
-    print(f"\ndevice {torch.cuda.get_device_name() if cuda else 'cpu'} torch {torch.__version__}")
-    keys = list(summary[0])
-    print("| " + " | ".join(keys) + " |")
-    print("|" + "---|" * len(keys))
-    for r in summary:
-        print("| " + " | ".join(f"{r[k]:.2f}" if isinstance(r[k], float) else str(r[k]) for k in keys) + " |")
-    return 0
 
 
 if __name__ == "__main__":

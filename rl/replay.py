@@ -117,6 +117,7 @@ def replay(path: Path, device: str | None = None) -> tuple[Dump, list[ReplayRun]
                                  cache_dir=tempfile.mkdtemp(prefix="gs1-replay-"),
                                  tokens_per_microbatch=s["tokens_per_microbatch"],
                                  gradient_checkpointing=s["gradient_checkpointing"],
+                                 learner_lora=s.get("learner_lora", "peft"),  # a dump from before the fused path
                                  learner_attention_mask=bool(s.get("learner_attention_mask")))
     tc = service.create_training_client_from_state_with_optimizer(str(dump.path)).result()
     saved = sdpa_flags()

@@ -46,9 +46,12 @@ Numerics: fp32 on CPU, bf16 on CUDA (LoRA weights and AdamW state stay fp32); ov
 every position of every datum, no normalisation; "cross_entropy" is `-sum_t w_t * lp_t`.
 The learner never holds a microbatch's full-vocabulary logits: it runs the decoder, then the
 LM head a chunk of tokens at a time, keeping each target token's logprob
-(`token_logprobs.target_logprobs`, recomputed in backward); the decoder layers are
-gradient-checkpointed in training (`gradient_checkpointing=False` keeps their activations:
-faster, ~2 GB more per layer at 16k tokens of a 1.5B model).
+(`token_logprobs.target_logprobs`, recomputed in backward). Each adapted projection adds the
+trained adapter's LoRA through `lora_bank.LoraAddon` (peft's float32 arithmetic, fewer passes;
+`learner_lora="peft"` runs peft's own path). The decoder layers are gradient-checkpointed
+(`gradient_checkpointing=True`: one more decoder forward, one hidden state per layer kept) on
+the CPU, and on a GPU whose memory a microbatch's activations would crowd
+(`checkpoint_learner`); otherwise they keep their activations.
 The learner right-pads each microbatch and passes no attention mask: under causal attention
 that is exact, and it keeps training off the masked SDPA kernels of the cuDNN backward defect
 (`rl/backends/attention.py`; a CUDA engine also turns cuDNN attention off process-wide and
@@ -211,7 +214,8 @@ class EngineSettings:
     tokens_per_microbatch: int
     use_cuda_graphs: bool | None
     compile_decode: bool
-    gradient_checkpointing: bool
+    # None: decided per base by `checkpoint_learner` (the model, the device's memory)
+    gradient_checkpointing: bool | None
     learner_attention_mask: bool
     # one batch takes the queued requests of every client (else each sampling client's alone)
     batch_across_clients: bool
@@ -224,6 +228,32 @@ class EngineSettings:
     bank_decode: str = DEFAULT_DECODE_FORM
     # batches of a decode shape before it is compiled (`local_sampler.COMPILE_AFTER_BATCHES`)
     compile_after_batches: int = COMPILE_AFTER_BATCHES
+    # how the learner adds the trained adapter: "fused" (`lora_bank.LoraAddon`) or "peft" (peft's own path)
+    learner_lora: str = "fused"
+
+
+LEARNER_LORA = ("fused", "peft")
+# Without checkpointing a microbatch keeps, per decoder layer and token, about 8 hidden-sized and 4
+# intermediate-sized tensors in the model's dtype (a Qwen2-style layer through `LoraAddon`: the
+# norms' inputs and outputs, q, k, v, the attention output, the MLP's gate, up, activation and
+# product). Checkpointing is left off when that estimate is at most this share of the GPU's memory.
+LEARNER_MEMORY_SHARE = 0.35
+
+
+def learner_activation_bytes(config, tokens: int, dtype: torch.dtype) -> int:
+    """The estimate above: what a microbatch of `tokens` tokens keeps for backward, unchecked."""
+    per_layer = 8 * config.hidden_size + 4 * getattr(config, "intermediate_size", 4 * config.hidden_size)
+    return int(tokens) * config.num_hidden_layers * per_layer * torch.empty((), dtype=dtype).element_size()
+
+
+def checkpoint_learner(config, device: torch.device, dtype: torch.dtype, tokens: int) -> bool:
+    """Whether the learner checkpoints its decoder layers: always on the CPU (small memory, and
+    the tests' numbers); on a GPU when a microbatch's activations (`learner_activation_bytes`)
+    would take more than `LEARNER_MEMORY_SHARE` of its memory."""
+    if device.type != "cuda":
+        return True
+    total = torch.cuda.get_device_properties(device).total_memory
+    return learner_activation_bytes(config, tokens, dtype) > LEARNER_MEMORY_SHARE * total
 
 
 @dataclass
@@ -275,8 +305,11 @@ class _Base:
         # (`target_logprobs`), each chunk's logits as large as the sampler's prompt-logprob chunks.
         self.decoder = self.lm.get_decoder()
         self.learner_attention_mask = settings.learner_attention_mask  # True: the masked path before the fix (replay)
-        self.gradient_checkpointing = settings.gradient_checkpointing
         self.tokens_per_microbatch = settings.tokens_per_microbatch
+        self.gradient_checkpointing = (
+            checkpoint_learner(self.lm.config, device, dtype, settings.tokens_per_microbatch)
+            if settings.gradient_checkpointing is None else settings.gradient_checkpointing)
+        self.learner_lora = settings.learner_lora
         self.hidden_grads = HiddenStateGradients(self.decoder)
         self.logit_chunk_rows = max(1, self.generator.max_logit_elems // self.lm.config.vocab_size)
         # Checkpointed decoder layers keep one hidden state per layer for backward and recompute
@@ -285,7 +318,7 @@ class _Base:
         # transformers checkpoints a layer whose own `training` flag is set: forward_backward sets
         # it on those layers alone (not model.train()), so no dropout anywhere switches on.
         self.checkpointed_layers: list[torch.nn.Module] = []
-        if settings.gradient_checkpointing:
+        if self.gradient_checkpointing:
             self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.checkpointed_layers = [m for m in self.lm.modules() if isinstance(m, GradientCheckpointingLayer)]
         # On CUDA the base works on a stream of its own; the weights, loaded on the default
@@ -571,10 +604,11 @@ class _Base:
         n_tokens = 0
         mbs = list(layout) if layout is not None else self.microbatches(data)
         ctx = torch.no_grad() if forward_only else torch.enable_grad()
+        lora = self.bank.training(adapter.name) if self.learner_lora == "fused" else contextlib.nullcontext()
         try:
             for layer in self.checkpointed_layers:
                 layer.training = not forward_only
-            with ctx:
+            with ctx, lora:
                 for m, mb in enumerate(mbs):
                     try:
                         total += self._microbatch(adapter, data, mb, loss_fn, forward_only, outputs)
@@ -1023,6 +1057,7 @@ class LocalTrainingClient:
             "device": str(engine.device), "dtype": str(engine.dtype).removeprefix("torch."),
             "tokens_per_microbatch": engine.tokens_per_microbatch,
             "gradient_checkpointing": engine.gradient_checkpointing,
+            "learner_lora": engine.learner_lora,
             "learner_attention_mask": engine.learner_attention_mask,
             "attn_implementation": getattr(engine.base.lm.config, "_attn_implementation", None),
             "sdpa_backends": sdpa_flags(), "versions": versions(),
@@ -1186,9 +1221,10 @@ class LocalServiceClient:
     def __init__(self, device=None, dtype=None, cache_dir=None, *, max_batch_rows: int | None = None,
                  batch_window_s: float = 0.0, tokens_per_microbatch: int | None = None,
                  use_cuda_graphs: bool | None = None, compile_decode: bool | None = None,
-                 gradient_checkpointing: bool = True, learner_attention_mask: bool = False,
+                 gradient_checkpointing: bool | None = None, learner_attention_mask: bool = False,
                  batch_across_clients: bool | None = None, gather_s: float | None = None,
-                 bank_decode: str | None = None, compile_after_batches: int | None = None):
+                 bank_decode: str | None = None, compile_after_batches: int | None = None,
+                 learner_lora: str = "fused"):
         self.device = _pick_device(device)
         self.dtype = _pick_dtype(dtype, self.device)
         cache = cache_dir or os.environ.get("GS1_LOCAL_CACHE")
@@ -1207,7 +1243,7 @@ class LocalServiceClient:
             # bounds a microbatch's activations (the logits are chunked within it, `target_logprobs`)
             tokens_per_microbatch=tokens_per_microbatch or (16384 if cuda else 1024),
             use_cuda_graphs=use_cuda_graphs, compile_decode=bool(compile_decode),
-            gradient_checkpointing=bool(gradient_checkpointing),
+            gradient_checkpointing=None if gradient_checkpointing is None else bool(gradient_checkpointing),
             learner_attention_mask=bool(learner_attention_mask),  # the masked path before the fix (replay)
             # CPU: each client's batches alone, so seeded runs are bit-identical whatever the threads do
             batch_across_clients=cuda if batch_across_clients is None else bool(batch_across_clients),
@@ -1216,7 +1252,10 @@ class LocalServiceClient:
             # idle arm was waited for 0.25 s only (results/h200-multi-adapter/session3)
             gather_s=gather_s if gather_s is not None else (2.0 if cuda else 0.25),
             bank_decode=bank_decode or os.environ.get("GS1_BANK_DECODE", DEFAULT_DECODE_FORM),
-            compile_after_batches=compile_after_batches or COMPILE_AFTER_BATCHES)
+            compile_after_batches=compile_after_batches or COMPILE_AFTER_BATCHES,
+            learner_lora=learner_lora)
+        if learner_lora not in LEARNER_LORA:
+            raise UserError(f"learner LoRA path {learner_lora!r}: one of {', '.join(LEARNER_LORA)}")
         if self.settings.bank_decode not in DECODE_FORMS:
             raise UserError(f"bank decode form {self.settings.bank_decode!r}: one of {', '.join(DECODE_FORMS)}")
         if cuda and compile_decode:

@@ -363,12 +363,12 @@ def decode_step(model, ids_B, pos_B, mask_B, cache) -> torch.Tensor:
 # (preflight, pilot, each arm, eval) reuses the graph of a shape compiled once by any of them.
 # Shapes are bucketed so that a run makes few graphs: GSM8K's prompts plus 512 new tokens fit
 # 1024 positions; a run's batches (the preflight's 16 rows, two arms' 128 rows of a step, six
-# arms' 384, the 1024-row held-out and eval batches) take 128, 512 or 1024 rows; the adapter
+# arms' 384, the 1024-row held-out and eval batches) take a multiple of 128 rows; the adapter
 # bank's decode buffers follow the row count and a width that only grows (`lora_bank`), so a
 # run compiles about one shape per row count. A lone arm's 64 rows decode as 128.
 _COMPILED_DECODE = None
 DECODE_LENGTH_BUCKET = 1024  # static caches hold a multiple of this many positions
-MIN_GRAPHED_ROWS = 128  # graphed batches hold a power of two rows, at least this many
+MIN_GRAPHED_ROWS = 128  # graphed batches hold a multiple of this many rows
 # A decode shape is compiled on its 6th batch. Measured on the H200 (results/h200-multi-adapter):
 # a compile costs 53-61 s and saves ~4.6 ms of a step at 128 rows (7.98 against 12.6 ms eager),
 # ~5.5 ms at 512: it pays back after ~25 batches of ~450 steps. The fixed stages' shapes (the
@@ -417,10 +417,11 @@ def _bucket(n: int, q: int) -> int:
 
 
 def graphed_rows(n: int) -> int:
-    """Rows of the graphed batch that holds n rows: the next power of two (at least
-    MIN_GRAPHED_ROWS), so a run's batches of 128, 39 and 1024 rows replay two graphs, not one per
-    size. The padding rows decode one token, then idle."""
-    return max(MIN_GRAPHED_ROWS, 1 << max(0, n - 1).bit_length())
+    """Rows of the graphed batch that holds n rows: n rounded up to a multiple of
+    MIN_GRAPHED_ROWS, so a run's batches of 128, 39 and 100 rows replay one graph, not one per
+    size, and six arms' 384 rows decode as 384, not 512 (the step's cost grows with its rows: the
+    KV cache and the adapter bank). The padding rows decode one token, then idle."""
+    return max(MIN_GRAPHED_ROWS, _bucket(n, MIN_GRAPHED_ROWS))
 
 
 @dataclass

@@ -1,13 +1,14 @@
 #!/bin/bash
-# Waits up to ${WAIT:-560} s for issue23_device_run.sh to finish, then packs what it wrote (no
-# weights) into $OUT: work.tgz plus the small text files on their own.
+# Waits up to ${WAIT:-560} s for issue23_device_run.sh to finish, then packs what it wrote so far
+# (no weights, caches or compiled kernels) into $OUT: work.tgz, plus the text files on their own.
 W=/root/work
 end=$(( $(date +%s) + ${WAIT:-560} ))
 while [ "$(date +%s)" -lt "$end" ] && ! grep -q all-done "$W/status" 2>/dev/null; do sleep 5; done
-cat "$W/status"; tail -3 "$W"/adapters_*.txt "$W/comparison.log" "$W/peer.txt" "$W/flow.log" 2>/dev/null
+cat "$W/status" "$W/bank_form.txt" 2>/dev/null
+tail -4 "$W"/learner_*.txt "$W/adapters.txt" "$W/peer.txt" "$W/flow.log" "$W/comparison.log" 2>/dev/null
 if [ -n "${OUT:-}" ]; then
   tar -C "$W" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.gguf' --exclude='compile*' --exclude='models*' \
       --exclude='cache' -czf "$OUT/work.tgz" . 2>/dev/null
-  for f in status gpu.txt flow.log adapters_dense.txt adapters_tiled.txt comparison.log peer.txt profile.txt; do [ -f "$W/$f" ] && cp "$W/$f" "$OUT/"; done
+  tar -C "$W" -czf "$OUT/texts.tgz" $(cd "$W" && ls *.txt *.log status 2>/dev/null)
   ls -la "$OUT"
 fi

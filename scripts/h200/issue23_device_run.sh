@@ -2,14 +2,18 @@
 # Issue 23's H200 session, started by the device command with `setsid nohup` from the device
 # checkout's root once the wheels are in /tmp/site and the model pieces in /root/m
 # (results/h200-gsm8k/README.md, "Device call sequence"; carry [".data", ".tok"]). In order, each
-# part's output in its own file:
-# 1. `benchmarks/engine.py --adapters 1,2,6,12` on the 1.5B architecture, the bank's dense and tiled
-#    decode forms (adapters_dense.txt, adapters_tiled.txt);
-# 2. the six arms of seed 0 of the card's comparison for 4 steps, cold (its own empty compile and
-#    model caches; results/h200-multi-adapter/spec_comparison_4steps.json; comparison.log);
-# 3. the TRL peer against our grpo_gs8 arm (peer.txt);
-# 4. `benchmarks/step_profile.py` at 6 and 12 adapters (profile.txt);
-# 5. `gs1 run` of the user's spec (results/h200-gsm8k/spec_revised.json), cold, end to end (flow.log).
+# part's output in its own file, cheapest and most decisive first:
+# 1. `benchmarks/step_profile.py --adapters 1,2,6,12 --skip-train` for the bank's dense and tiled
+#    decode forms (eager-captured graphs, no compiling): profile_dense.txt, profile_tiled.txt. The
+#    form with the lower graph-replay ms summed over 6 and 12 adapters is used from here on
+#    (bank_form.txt, GS1_BANK_DECODE);
+# 2. the learner at the user's shape (64 datums x 671 tokens, `engine.py --skip-sample`): peft's
+#    path checkpointed (as before), the fused path checkpointed, the fused path as the engine
+#    decides (learner_*.txt);
+# 3. `benchmarks/engine.py --adapters 1,2,6,12` (compiled) with that form (adapters.txt);
+# 4. the TRL peer against our grpo_gs8 arm (peer.txt);
+# 5. `gs1 run` of the user's spec (results/h200-gsm8k/spec_revised.json), cold, end to end (flow.log);
+# 6. the six arms of seed 0 of the card's comparison for 4 steps, cold (comparison.log), if time is left.
 # Writes everything under /root/work; `status` there says how far it got.
 set -u
 W=/root/work; mkdir -p "$W"
@@ -23,30 +27,57 @@ echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  /root/m/
   || { echo "model checksum failed" > "$W/status"; exit 1; }
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$W/gpu.txt"
 python3 -c 'import torch, transformers, peft, prefect, tinker; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "transformers", transformers.__version__, "peft", peft.__version__, "prefect", prefect.__version__, "tinker", tinker.__version__)' >> "$W/gpu.txt" 2>&1
-git log -1 --format='%H %s' >> "$W/gpu.txt" 2>/dev/null
+cat .tree_commit >> "$W/gpu.txt" 2>/dev/null  # the tree that ran (the device copy's .git is stale)
 nvidia-smi --query-gpu=timestamp,index,memory.used,utilization.gpu --format=csv,noheader -lms 500 > "$W/gpu_samples.csv" &
 SMI=$!
+B15="--config qwen2.5-1.5b --batch 64 --new-tokens 512 --prompt-tokens 160 --rank 32 --device cuda --tokenizer-dir .tok"
+
 for form in dense tiled; do
-  echo "1 adapters benchmark ($form)" > "$W/status"
-  GS1_COMPILE_CACHE=$W/compile-bench-$form python3 benchmarks/engine.py --config qwen2.5-1.5b --batch 64 --new-tokens 512 \
-    --prompt-tokens 160 --rank 32 --device cuda --adapters 1,2,6,12 --repeats 1 --bank-decode $form \
-    --tokenizer-dir .tok > "$W/adapters_$form.txt" 2>&1
+  echo "1 bank forms ($form)" > "$W/status"
+  python3 benchmarks/step_profile.py --config qwen2.5-1.5b --device cuda --adapters 1,2,6,12 --skip-train \
+    --bank-decode $form --tokenizer-dir .tok > "$W/profile_$form.txt" 2>&1
 done
-echo "2 comparison, 6 arms x 4 steps" > "$W/status"
+# the last table's rows: | adapters | rows | bank | graph replay ms | ...
+pick=$(python3 - "$W" <<'PY'
+import sys
+from pathlib import Path
+ms = {}
+for form in ("dense", "tiled"):
+    rows = [l.split("|")[1:-1] for l in Path(sys.argv[1], f"profile_{form}.txt").read_text().splitlines()
+            if l.startswith("| ") and l.split("|")[1].strip().isdigit()]
+    ms[form] = sum(float(r[3]) for r in rows if r[0].strip() in ("6", "12")) if rows else float("inf")
+print(min(ms, key=ms.get), ms)
+PY
+)
+echo "$pick" > "$W/bank_form.txt"
+export GS1_BANK_DECODE=$(echo "$pick" | cut -d' ' -f1)
+
+echo "2 learner" > "$W/status"
+for v in "peft on" "fused on" "fused auto"; do
+  set -- $v
+  python3 benchmarks/engine.py $B15 --skip-sample --repeats 2 --learner-lora $1 --gradient-checkpointing $2 \
+    > "$W/learner_$1_$2.txt" 2>&1
+done
+
+echo "3 adapters benchmark ($GS1_BANK_DECODE)" > "$W/status"
+GS1_COMPILE_CACHE=$W/compile-bench python3 benchmarks/engine.py $B15 --adapters 1,2,6,12 --repeats 1 \
+  --bank-decode "$GS1_BANK_DECODE" > "$W/adapters.txt" 2>&1
+
+echo "4 peer" > "$W/status"
+python3 benchmarks/peer_trl.py --model /root/m/model.gguf --data-dir /root/data/gsm8k --steps 4 > "$W/peer.txt" 2>&1
+
+echo "5 user spec" > "$W/status"
+start=$(now)
+GS1_COMPILE_CACHE=$W/compile-spec GS1_MODEL_CACHE=$W/models-spec python3 -m gs1 run results/h200-gsm8k/spec_revised.json \
+  --run-dir "$W/run" --data-dir /root/data/gsm8k > "$W/flow.log" 2>&1
+echo "gs1 run: rc=$? start=$start end=$(now)" >> "$W/flow.log"
+
+echo "6 comparison, 6 arms x 4 steps" > "$W/status"
 start=$(now)
 GS1_COMPILE_CACHE=$W/compile GS1_MODEL_CACHE=$W/models python3 -m gs1 run results/h200-multi-adapter/spec_comparison_4steps.json \
   --run-dir "$W/comparison" --data-dir /root/data/gsm8k \
   --units grpo_gs8-s0,gs1_kernel-s0,gs1_kernel_hillclimbed-s0,batch_mean-s0,flash_reinforce-s0,critic-s0 \
   > "$W/comparison.log" 2>&1
 echo "gs1 run: rc=$? start=$start end=$(now)" >> "$W/comparison.log"
-echo "3 peer" > "$W/status"
-python3 benchmarks/peer_trl.py --model /root/m/model.gguf --data-dir /root/data/gsm8k --steps 4 > "$W/peer.txt" 2>&1
-echo "4 profile" > "$W/status"
-python3 benchmarks/step_profile.py --config qwen2.5-1.5b --device cuda --adapters 6,12 --tokenizer-dir .tok > "$W/profile.txt" 2>&1
-echo "5 user spec" > "$W/status"
-start=$(now)
-GS1_COMPILE_CACHE=$W/compile-spec GS1_MODEL_CACHE=$W/models-spec python3 -m gs1 run results/h200-gsm8k/spec_revised.json \
-  --run-dir "$W/run" --data-dir /root/data/gsm8k > "$W/flow.log" 2>&1
-echo "gs1 run: rc=$? start=$start end=$(now)" >> "$W/flow.log"
 kill $SMI
 echo "all-done" > "$W/status"

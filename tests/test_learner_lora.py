@@ -1,0 +1,137 @@
+"""The learner's LoRA path (`lora_bank.LoraAddon`): the trained adapter's addon with peft's float32
+arithmetic in fewer passes, and the checkpointing rule (`local.checkpoint_learner`).
+
+Checked against two independent things: a float64 evaluation of peft's LoRA formula (the Function
+alone), and peft's own path through the same engine (`learner_lora="peft"`): logprobs, loss and
+every LoRA gradient of a forward_backward at the demo's shape and the user's (64 datums), with
+and without gradient checkpointing.
+"""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+from tinker import types
+
+from fixtures.tiny_model import tiny_model_dir, tiny_tokenizer  # noqa: F401
+from rl.backends import local
+from rl.backends.local import LocalServiceClient, checkpoint_learner, learner_activation_bytes
+from rl.backends.lora_bank import LoraAddon
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.25])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_the_addon_and_its_gradients_match_peft_formula_in_float64(scale, x_dtype):
+    g = torch.Generator().manual_seed(0)
+    N, d_in, d_out, r = 37, 24, 40, 4
+    x = torch.randn(2, N, d_in, generator=g).to(x_dtype).requires_grad_()
+    W = torch.randn(d_out, d_in, generator=g).to(x_dtype)
+    A = (torch.randn(r, d_in, generator=g) * 0.3).requires_grad_()
+    B = (torch.randn(d_out, r, generator=g) * 0.3).requires_grad_()
+    out = x @ W.T
+    y = LoraAddon.apply(x, out, A, B, scale)
+    grad_y = torch.randn(y.shape, generator=g).to(x_dtype)
+    gx, gA, gB = torch.autograd.grad(y, (x, A, B), grad_y)
+    # float64: y = x W^T + s (x A^T) B^T
+    x64, W64, A64, B64, g64 = (t.detach().double() for t in (x, W, A, B, grad_y))
+    y64 = x64 @ W64.T + scale * (x64 @ A64.T) @ B64.T
+    gx64 = g64 @ W64 + scale * (g64 @ B64) @ A64
+    gA64 = scale * ((g64 @ B64).reshape(-1, r).T @ x64.reshape(-1, d_in))
+    gB64 = scale * (g64.reshape(-1, d_out).T @ (x64 @ A64.T).reshape(-1, r))
+    tol = 1e-5 if x_dtype == torch.float32 else 2e-2  # bf16: the output's and x's own roundings
+    assert y.dtype == x_dtype and gx.dtype == x_dtype and gA.dtype == gB.dtype == torch.float32
+    for got, want in ((y, y64), (gx, gx64), (gA, gA64), (gB, gB64)):
+        assert torch.allclose(got.double(), want, atol=tol * (1 + want.abs().max()), rtol=0)
+
+
+def _datums(tokenizer, n: int, seed: int = 0) -> list[types.Datum]:
+    rng = random.Random(seed)
+    data = []
+    for i in range(n):
+        prompt = tokenizer.encode(f"question {i}: {rng.randrange(1000)} plus {rng.randrange(1000)}?")
+        toks = prompt + [rng.randrange(5, 200) for _ in range(rng.randrange(3, 30))]
+        ob = len(prompt) - 1
+        data.append(types.Datum(model_input=types.ModelInput.from_ints(toks[:-1]), loss_fn_inputs={
+            "target_tokens": toks[1:], "logprobs": [0.0] * ob + [-2.0] * (len(toks) - 1 - ob),
+            "advantages": [0.0] * ob + [rng.uniform(-1, 1)] * (len(toks) - 1 - ob)}))
+    return data
+
+
+def _client(tmp_path, model_dir, **kw):
+    tc = LocalServiceClient(device="cpu", cache_dir=tmp_path, **kw).create_lora_training_client(
+        str(model_dir), rank=8, seed=3).result()
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():  # B is zero at init: move the model so the addon and A's gradient matter
+        for p in tc._engine.params:
+            if p.shape[1] == 8:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    return tc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [8, 64], ids=["demo_8", "user_B64"])
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_the_fused_learner_matches_peft_path(n, checkpointing, tmp_path, tiny_model_dir, tiny_tokenizer):
+    data = _datums(tiny_tokenizer, n)
+    runs = {}
+    for path in ("fused", "peft"):
+        tc = _client(tmp_path / path, tiny_model_dir, learner_lora=path, gradient_checkpointing=checkpointing)
+        assert tc._engine.base.learner_lora == path and tc._engine.base.gradient_checkpointing is checkpointing
+        out = tc.forward_backward(data, "importance_sampling").result()
+        runs[path] = (out, tc.lora_gradient())
+        if path == "fused":  # the engine's microbatching splits the user's shape
+            assert n < 64 or len(tc._engine.microbatches(data)) > 1
+    (fused, g_fused), (peft, g_peft) = runs["fused"], runs["peft"]
+    assert fused.metrics["loss:sum"] == pytest.approx(peft.metrics["loss:sum"], rel=1e-5, abs=1e-5)
+    for a, b in zip(fused.loss_fn_outputs, peft.loss_fn_outputs):
+        assert torch.allclose(a["logprobs"].to_torch(), b["logprobs"].to_torch(), atol=1e-5, rtol=0)
+    assert abs(g_peft).max() > 0
+    assert abs(g_fused - g_peft).max() <= 1e-5 * abs(g_peft).max()
+
+
+@pytest.mark.slow
+def test_peft_path_stays_peft_own_and_the_fused_path_leaves_it_on(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """The fused path switches peft's own addon off for its forward_backward only: a reference
+    forward through peft afterwards sees the adapter."""
+    tc = _client(tmp_path, tiny_model_dir)
+    base = tc._engine.base
+    tc.forward_backward(_datums(tiny_tokenizer, 4), "importance_sampling").result()
+    assert base.bank.train_adapter is None
+    assert not any(m._disable_adapters for m in base.bank.layers)
+    ids = torch.tensor([tiny_tokenizer.encode("Hello there")])
+    with torch.no_grad():
+        with_adapter = tc._engine.model(input_ids=ids).logits
+        with tc._engine.model.disable_adapter():
+            bare = tc._engine.model(input_ids=ids).logits
+    assert not torch.allclose(with_adapter, bare)
+
+
+def test_an_unknown_learner_lora_path_is_refused(tmp_path):
+    from schemas.errors import UserError
+
+    with pytest.raises(UserError, match="learner LoRA path 'bf16'"):
+        LocalServiceClient(device="cpu", cache_dir=tmp_path, learner_lora="bf16")
+
+
+QWEN25_15B = SimpleNamespace(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28)
+
+
+def test_checkpointing_is_on_for_the_cpu_and_a_small_gpu_and_off_where_activations_fit(monkeypatch):
+    # the estimate: 16k tokens of the 1.5B model in bf16, 8 x 1536 + 4 x 8960 values per layer and token
+    est = learner_activation_bytes(QWEN25_15B, 16384, torch.bfloat16)
+    assert est == 16384 * 28 * (8 * 1536 + 4 * 8960) * 2
+    assert checkpoint_learner(QWEN25_15B, torch.device("cpu"), torch.bfloat16, 16384)
+
+    def gpu_of(gib):
+        monkeypatch.setattr(local.torch.cuda, "get_device_properties",
+                            lambda device: SimpleNamespace(total_memory=int(gib * 2**30)))
+
+    cuda = torch.device("cuda", 0)
+    gpu_of(139)  # an H200: 41 GiB of activations fit in 35 % of it
+    assert est / 2**30 < 0.35 * 139 and not checkpoint_learner(QWEN25_15B, cuda, torch.bfloat16, 16384)
+    gpu_of(80)  # an 80 GiB card: checkpointed
+    assert checkpoint_learner(QWEN25_15B, cuda, torch.bfloat16, 16384)
+    assert not checkpoint_learner(QWEN25_15B, cuda, torch.bfloat16, 4096)  # a quarter of the tokens fit
