@@ -46,6 +46,7 @@ for form in ("dense", "tiled"):
     rows = [l.split("|")[1:-1] for l in Path(sys.argv[1], f"profile_{form}.txt").read_text().splitlines()
             if l.startswith("| ") and l.split("|")[1].strip().isdigit()]
     ms[form] = sum(float(r[3]) for r in rows if r[0].strip() in ("6", "12")) if rows else float("inf")
+    ms[form] = ms[form] if ms[form] == ms[form] else float("inf")  # nan: no graph captured
 print(min(ms, key=ms.get), ms)
 PY
 )
