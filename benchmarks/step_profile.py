@@ -40,7 +40,8 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=32, help="decode steps of the batch that builds the decoder")
     ap.add_argument("--train-new-tokens", type=int, default=512)
     ap.add_argument("--rank", type=int, default=32)
-    ap.add_argument("--bank-decode", choices=["dense", "tiled"], default="dense")
+    ap.add_argument("--bank-decode", choices=["dense", "tiled"], default=None,
+                    help="the adapter bank's decode form (default: the engine's, lora_bank.DEFAULT_DECODE_FORM)")
     ap.add_argument("--tokenizer-dir", default=None, help="a saved Qwen tokenizer (default: the test fixture's)")
     ap.add_argument("--skip-train", action="store_true", help="the decode step only")
     args = ap.parse_args(argv)
@@ -79,7 +80,7 @@ def main(argv=None) -> int:
         gen, bank = base.generator, base.bank
         dec = next(iter(gen._graphs.values()))
         mid = args.prompt_tokens + 256
-        res = {"adapters": n, "rows": dec.B, "bank": args.bank_decode}
+        res = {"adapters": n, "rows": dec.B, "bank": bank.decode_form}
         sync()
 
         def at_mid(fn):

@@ -405,6 +405,8 @@ def test_two_arms_stepping_together_share_decodes_and_each_logs_what_it_would_al
             steps_of(arm_config, client, steps, out)
         except BaseException as e:  # a thread's failure fails the test
             out[arm_config.name] = e
+        finally:  # an arm done gives its client back, as the pipeline's arms do (`given_back`)
+            client.release()
 
     def steps_of(arm_config, client, steps, out):
         renderer = renderers.get_renderer("qwen3_instruct", client.get_tokenizer())
@@ -418,7 +420,7 @@ def test_two_arms_stepping_together_share_decodes_and_each_logs_what_it_would_al
 
     def service(across: bool) -> LocalServiceClient:
         return LocalServiceClient(device="cpu", cache_dir=tmp_path / f"across-{across}", max_batch_rows=1024,
-                                  batch_across_clients=across, gather_s=30.0)
+                                  batch_across_clients=across)
 
     alone: dict = {}
     svc = service(False)
@@ -445,7 +447,8 @@ def test_two_arms_stepping_together_share_decodes_and_each_logs_what_it_would_al
     assert not [v for v in [*alone.values(), *together.values()] if isinstance(v, BaseException)], (alone, together)
     # Every row decoded once, in at most three batches, and batches held both adapters. The
     # first step may split (an arm that has not sampled yet is not waited for: a critic's value
-    # client never samples), and then one arm's step k shares a batch with the other's step k+1.
+    # client never samples), and then one arm's step k shares a batch with the other's step k+1
+    # (an arm is waited for from the return of its samples until it waits on its next ones).
     assert gen.stats.rows == 2 * 128 and len(adapters_per_batch) <= 3 and 2 in adapters_per_batch, adapters_per_batch
 
     for a in arms:

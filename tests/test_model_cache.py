@@ -492,7 +492,7 @@ def test_a_base_loads_its_tokenizer_beside_its_weights(tiny_gguf, monkeypatch, t
     from rl.backends import local
 
     weights_started = threading.Event()
-    real_tokenizer, real_lm = local.load_tokenizer, local.load_causal_lm
+    real_tokenizer, real_lm = models.load_tokenizer, local.load_causal_lm
 
     def fake_tokenizer_waiting_for_the_weights(src):
         assert weights_started.wait(timeout=60), "the tokenizer loaded before the weights started"
@@ -502,8 +502,41 @@ def test_a_base_loads_its_tokenizer_beside_its_weights(tiny_gguf, monkeypatch, t
         weights_started.set()
         return real_lm(src, dtype, device)
 
-    monkeypatch.setattr(local, "load_tokenizer", fake_tokenizer_waiting_for_the_weights)
+    monkeypatch.setattr(models, "CHILD_MIN_CPUS", 10**6)  # the thread path (the child's is below)
+    monkeypatch.setattr(models, "load_tokenizer", fake_tokenizer_waiting_for_the_weights)
     monkeypatch.setattr(local, "load_causal_lm", weights)
     svc = local.LocalServiceClient(device="cpu", cache_dir=tmp_path)
     tc = svc.create_lora_training_client(str(tiny_gguf), rank=4, seed=0).result()
     assert weights_started.is_set() and tc.get_tokenizer().encode("hi")
+
+
+def test_a_gguf_tokenizer_converted_in_a_child_process_is_the_in_process_one_and_is_kept(
+        gguf_spec, cache, monkeypatch):
+    """Where there are cores for it, a GGUF's tokenizer converts in a child Python beside the
+    weights (`load_tokenizer_beside`): it encodes, stops, pads and prompts as the in-process
+    conversion does, is one load event, and is kept for the next process."""
+    monkeypatch.setattr(models, "CHILD_MIN_CPUS", 1)
+    monkeypatch.setattr(models, "MODEL_LOAD_EVENTS", [])
+    src = resolve_model(gguf_spec)
+    child = models.load_tokenizer_beside(src).result(timeout=600)
+    assert [e.how for e in models.MODEL_LOAD_EVENTS] == ["tokenizer-process"]
+    assert (models.converted_tokenizer_dir(src) / "tokenizer.json").is_file()
+    again = _reload_tokenizer(src)  # a later process: the kept folder
+    assert models.MODEL_LOAD_EVENTS[-1].how == "tokenizer-cached"
+    monkeypatch.delenv("GS1_MODEL_CACHE")
+    models._TOKENIZERS.clear()
+    here = load_tokenizer(src)  # converted in this process, nothing kept
+    assert models.MODEL_LOAD_EVENTS[-1].how == "tokenizer"
+    assert_same_tokenizer(here, child)
+    assert_same_tokenizer(here, again)
+
+
+def test_a_failed_child_conversion_converts_in_process_with_a_warning(tiny_gguf, cache, monkeypatch, caplog):
+    monkeypatch.setattr(models, "CHILD_MIN_CPUS", 1)
+    monkeypatch.setattr(models, "MODEL_LOAD_EVENTS", [])
+    monkeypatch.setattr(models.sys, "executable", "/bin/false")  # the child exits 1 at once
+    src = resolve_model(str(tiny_gguf))
+    with caplog.at_level(logging.WARNING, logger=models.logger.name):
+        tok = models.load_tokenizer_beside(src).result(timeout=600)
+    assert "in a child process failed (exit 1); converting it here" in caplog.text
+    assert [e.how for e in models.MODEL_LOAD_EVENTS] == ["tokenizer"] and tok.encode("hi")

@@ -10,6 +10,7 @@ was sampled. Adapters of different ranks and target modules, with non-zero B mat
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -170,7 +171,7 @@ def test_training_stays_per_adapter_and_matches_an_adapter_alone(tmp_path, tiny_
 def test_a_flush_waits_for_a_busy_client_and_batches_both(tmp_path, tiny_model_dir, tiny_tokenizer):
     """Arms in parallel threads: arm A waits on its samples while arm B's training job still
     runs; the flush waits for B's samples and one batch serves both."""
-    service = _service(tmp_path, gather_s=0.05)
+    service = _service(tmp_path)
     a = _perturbed(service, tiny_model_dir, 4, 1)
     b = _perturbed(service, tiny_model_dir, 4, 2)
     base = a._engine.base
@@ -195,12 +196,11 @@ def test_a_flush_waits_for_a_busy_client_and_batches_both(tmp_path, tiny_model_d
     assert len(got["a"]) == len(got["b"]) == len(requests)
 
 
-@pytest.mark.parametrize("grading_s", [30.0, 0.05])
-def test_a_flush_waits_for_a_client_grading_its_samples_and_not_for_one_done(grading_s, tmp_path, tiny_model_dir, tiny_tokenizer):
-    """A client whose samples came back less than `gather_s` ago is grading them (still in its
-    step): a flush waits for its next samples and one batch serves both. Past `gather_s`, with no
-    job and nothing decoding, it is out of its step and the flush runs without it."""
-    service = _service(tmp_path, gather_s=grading_s)
+def test_a_flush_waits_for_a_client_in_its_step_until_it_waits_on_its_next_samples(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """A client whose samples came back is in its step (grading, training) until it waits on new
+    samples, however long that takes: a flush waits for it, and one batch serves both. Requests it
+    has queued but not yet waited on (still submitting its step) do not end the wait."""
+    service = _service(tmp_path)
     a = _perturbed(service, tiny_model_dir, 4, 1)
     b = _perturbed(service, tiny_model_dir, 4, 2)
     base = a._engine.base
@@ -208,20 +208,48 @@ def test_a_flush_waits_for_a_client_grading_its_samples_and_not_for_one_done(gra
     requests = _requests(tiny_tokenizer, n_samples=1, max_tokens=3)
     futures = [_submit(sc, requests, 0) for sc in (sa, sb)]  # both have sampled, in one batch:
     [f.result() for fs in futures for f in fs]  # their samples came back just now
-    threading.Event().wait(0.2)
+    threading.Event().wait(0.5)  # B grades for longer than the old 0.25 s window
     batches = base.generator.stats.batches
     got: dict = {}
     thread = threading.Thread(target=lambda: got.update(a=[f.result() for f in _submit(sa, requests, 1)]))
     thread.start()
     thread.join(1.0)
-    if grading_s > 1:
-        assert thread.is_alive()  # A waits: B is grading
-        [f.result() for f in _submit(sb, requests, 2)]
-        thread.join(30)
-        assert base.generator.stats.batches == batches + 1
-    else:
-        assert not thread.is_alive() and base.generator.stats.batches == batches + 1  # A alone
-    assert len(got["a"]) == len(requests)
+    assert thread.is_alive()  # A waits: B is in its step
+    futures_b = _submit(sb, requests[:2], 2)  # B's step half submitted: not ready yet
+    thread.join(0.5)
+    assert thread.is_alive()
+    futures_b += _submit(sb, requests[2:], 4)
+    got["b"] = [f.result() for f in futures_b]  # B waits on its samples: ready
+    thread.join(30)
+    assert base.generator.stats.batches == batches + 1
+    assert len(got["a"]) == len(got["b"]) == len(requests)
+
+
+def test_a_flush_waits_neither_for_a_client_taken_off_the_base_nor_twice_for_a_stray(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """A client whose arm is done (released) is not waited for. One that stays in its step past
+    `gather_busy_s` is waited for once: the batch goes without it, and the next flush does not
+    wait for it until it waits on samples again."""
+    service = _service(tmp_path, gather_busy_s=1.0)
+    a = _perturbed(service, tiny_model_dir, 4, 1)
+    b = _perturbed(service, tiny_model_dir, 4, 2)
+    c = _perturbed(service, tiny_model_dir, 4, 3)
+    base = a._engine.base
+    samplers = [tc.save_weights_and_get_sampling_client().result() for tc in (a, b, c)]
+    requests = _requests(tiny_tokenizer, n_samples=1, max_tokens=3)
+    futures = [_submit(sc, requests, 0) for sc in samplers]
+    [f.result() for fs in futures for f in fs]  # all three in their step
+    c.release()
+    base.worker.submit(lambda: None).result()
+    assert c._engine.name not in base.adapters
+    t = time.monotonic()
+    [f.result() for f in _submit(samplers[0], requests, 1)]  # waits for B (in its step) only, then goes
+    assert 1.0 <= time.monotonic() - t < 10
+    assert b._engine.stray and not a._engine.stray
+    t = time.monotonic()
+    [f.result() for f in _submit(samplers[0], requests, 2)]  # B is a stray: no wait
+    assert time.monotonic() - t < 1.0
+    [f.result() for f in _submit(samplers[1], requests, 3)]  # B samples again: back in step
+    assert not b._engine.stray and b._engine.stepping
 
 
 def test_a_new_bank_layout_never_reuses_a_decoder_built_on_the_old_one(tmp_path, tiny_model_dir, tiny_tokenizer):

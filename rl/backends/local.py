@@ -28,9 +28,9 @@ its adapter and the adapter bank (`rl/backends/lora_bank.py`) adds every row's o
 inside the one (captured, compiled) decode step, in the bank's decode form (`bank_decode`). On CUDA
 (`batch_across_clients`) a batch takes every client's requests queued when it starts -- every
 arm's and seed's step samples, held-out and eval requests -- and a flush first waits for the
-other sampling training clients still in their step to queue theirs (`_Base._gather`: training,
-being decoded, or grading samples that came back less than `gather_s` ago), so arms in parallel
-threads step together. On the CPU a batch holds one sampling client's requests alone:
+other sampling training clients still in their step to queue theirs and wait on them
+(`_Base._gather`: a client is in its step from the return of its samples until it next waits on
+samples), so arms in parallel threads step together. On the CPU a batch holds one sampling client's requests alone:
 its composition depends only on that client's submission order, so seeded runs are bit-identical
 whatever the other threads do. A loop that submits every request of a step before awaiting any
 (as the cookbook's does) gets one batch per step. `batch_window_s > 0` also waits that long
@@ -83,6 +83,7 @@ import functools
 import gc
 import itertools
 import json
+import logging
 import math
 import os
 import shutil
@@ -94,7 +95,7 @@ import warnings
 import weakref
 import zlib
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -120,9 +121,11 @@ from rl.backends.local_sampler import (
     score_tokens,
     splitmix64,
 )
-from rl.backends.models import ModelSource, load_causal_lm, load_tokenizer, resolve_model
+from rl.backends.models import ModelSource, load_causal_lm, load_tokenizer_beside, resolve_model
 from rl.backends.token_logprobs import lm_head_fn, target_logprobs
 from schemas.errors import NonFiniteStep, UserError
+
+_log = logging.getLogger("gs1.engine")
 
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -219,10 +222,8 @@ class EngineSettings:
     learner_attention_mask: bool
     # one batch takes the queued requests of every client (else each sampling client's alone)
     batch_across_clients: bool
-    # a flush waits for another sampling client still in its step (`_Base._gather`): one whose
-    # samples came back less than this ago counts as grading them
-    gather_s: float = 0.25
-    # ... and waits at most this long in all
+    # a flush waits for the other sampling clients still in their step (`_Base._gather`) at most
+    # this long; one that did not queue its next samples by then is not waited for again until it does
     gather_busy_s: float = 60.0
     # the adapter bank's form in the static-cache decode step (`lora_bank.DECODE_FORMS`)
     bank_decode: str = DEFAULT_DECODE_FORM
@@ -287,10 +288,9 @@ class _Base:
             check_training_attention(device, dtype)
         # The tokenizer (a GGUF's converted from its vocabulary: 30.9 s on the H200 machine's CPU)
         # loads beside the weights (51.1 s of dequantising), not before them.
-        with ThreadPoolExecutor(1, thread_name_prefix="gs1-tokenizer") as pool:
-            tokenizer = pool.submit(load_tokenizer, src)
-            self.lm = load_causal_lm(src, dtype, device)
-            self.tokenizer = tokenizer.result()
+        tokenizer = load_tokenizer_beside(src)
+        self.lm = load_causal_lm(src, dtype, device)
+        self.tokenizer = tokenizer.result()
         install_gqa_decode_attention(self.lm)
         self.peft = None  # the PeftModel around `lm`, made with the first adapter
         self.bank = AdapterBank(settings.bank_decode)
@@ -449,13 +449,16 @@ class _Base:
             across = self.settings.batch_across_clients
             rows = sum(r.num_samples for r in self._pending if across or r.client is req.client)
             if req.owner is not None:
-                req.owner.samples += 1
+                req.owner.queued += 1
+                req.owner.samples += req.kind == "sample"
             self._cv.notify_all()
         if rows >= self.max_batch_rows:
             self.flush(req)
         return LocalFuture(req.future, on_wait=lambda: self.flush(req))
 
     def flush(self, req: _Request) -> None:
+        if req.future.done():  # served by another flush meanwhile
+            return
         if self.settings.batch_window_s > 0:
             time.sleep(self.settings.batch_window_s)
         if not self.settings.batch_across_clients:
@@ -469,24 +472,32 @@ class _Base:
         self.worker.submit_raw(self._run_pending)
 
     def _gather(self, owner: "_Adapter | None") -> None:
-        """Wait until every other training client that samples and is still in its step has
-        requests queued too, for at most `gather_busy_s`. In its step: its samples are being
-        decoded, or came back less than `gather_s` ago (it is grading them), or any client's jobs
-        (forward_backward, optim_step, a trust gate's or a critic's forward) are queued or
-        running. A client out of its step (done sampling, or not yet begun) is not waited for."""
-        s = self.settings
-        start = time.monotonic()
+        """Wait until every other training client that samples and is in its step is ready too:
+        its requests queued and a wait on them asked for (it has submitted the step's requests
+        -- a loop submits them all before it waits on any). In its step: its samples are being
+        decoded, or came back and it has not waited on new ones since (grading, advantages,
+        training), or a job of its own runs. Not in its step: one that never sampled (a critic's
+        value model), one taken off the base (its arm is done), and one that did not get ready
+        within `gather_busy_s` (a stray: not waited for again until it waits on samples)."""
         with self._cv:
+            if owner is not None:  # this client is ready: its requests are all submitted
+                owner.flushed = owner.queued
+                owner.stepping = owner.stray = False
+                self._cv.notify_all()
+            start = time.monotonic()
             while True:
-                now = time.monotonic()
-                queued = {id(r.owner) for r in self._pending}
-                # while any client's job runs the batch would queue behind it anyway (a critic's
-                # value model trains for its arm, whose own adapter then has no job)
-                busy = any(a.jobs for a in self.adapters.values())
+                pending = {id(r.owner) for r in self._pending}
                 late = [a for a in self.adapters.values()
-                        if a is not owner and a.samples and id(a) not in queued
-                        and (busy or a.decoding or now - a.returned_at < s.gather_s)]
-                if not late or now - start >= s.gather_busy_s:
+                        if a is not owner and a.samples and not a.stray
+                        and (a.decoding or a.stepping or a.jobs)
+                        and not (id(a) in pending and a.flushed == a.queued)]
+                if not late:
+                    return
+                if time.monotonic() - start >= self.settings.gather_busy_s:
+                    for a in late:
+                        a.stray = True
+                    _log.warning(f"a decode batch went without {', '.join(a.name for a in late)}: not ready "
+                                 f"{self.settings.gather_busy_s:.0f} s after the batch was asked for")
                     return
                 self._cv.wait(timeout=0.05)
 
@@ -502,6 +513,7 @@ class _Base:
 
     def _run_requests(self, jobs: list[_Request]) -> None:
         owners = {id(j.owner): j.owner for j in jobs if j.owner is not None}.values()
+        sampled = {id(j.owner) for j in jobs if j.kind == "sample"}
         with self._cv:
             for a in owners:
                 a.decoding += 1
@@ -529,10 +541,10 @@ class _Base:
                 if not j.future.done():
                     j.future.set_exception(e)
         finally:
-            with self._cv:  # the gather: these clients are grading now
+            with self._cv:  # the gather: the clients whose samples came back are in their step
                 for a in owners:
                     a.decoding -= 1
-                    a.returned_at = time.monotonic()
+                    a.stepping = a.stepping or id(a) in sampled
                 self._cv.notify_all()
 
     def _rows(self, j: _Request) -> list[Row]:
@@ -731,8 +743,11 @@ class _Adapter:
         # what the sample queue's gather reads (`_Base._gather`), under the base's lock
         self.jobs = 0  # submitted and not finished
         self.samples = 0  # sample requests made by its sampling clients
+        self.queued = 0  # requests (sample or score) made by its sampling clients
+        self.flushed = 0  # `queued` when it last asked to wait on one (all submitted up to there)
         self.decoding = 0  # batches running that hold its requests
-        self.returned_at = -math.inf  # when its last batch's results came back (monotonic)
+        self.stepping = False  # its samples came back and it has not waited on new ones since
+        self.stray = False  # not ready in time: not waited for until it waits on samples again
 
     def __getattr__(self, name: str):
         """The base's parts (device, dtype, tokenizer, generator, worker, settings), as each
@@ -1222,7 +1237,7 @@ class LocalServiceClient:
                  batch_window_s: float = 0.0, tokens_per_microbatch: int | None = None,
                  use_cuda_graphs: bool | None = None, compile_decode: bool | None = None,
                  gradient_checkpointing: bool | None = None, learner_attention_mask: bool = False,
-                 batch_across_clients: bool | None = None, gather_s: float | None = None,
+                 batch_across_clients: bool | None = None, gather_busy_s: float | None = None,
                  bank_decode: str | None = None, compile_after_batches: int | None = None,
                  learner_lora: str = "fused"):
         self.device = _pick_device(device)
@@ -1247,10 +1262,10 @@ class LocalServiceClient:
             learner_attention_mask=bool(learner_attention_mask),  # the masked path before the fix (replay)
             # CPU: each client's batches alone, so seeded runs are bit-identical whatever the threads do
             batch_across_clients=cuda if batch_across_clients is None else bool(batch_across_clients),
-            # how long after its samples return a client counts as grading (still in its step). CUDA
-            # 2 s: on the H200 six arms' steps split into two decodes (4 + 2 arms) every step when an
-            # idle arm was waited for 0.25 s only (results/h200-multi-adapter/session3)
-            gather_s=gather_s if gather_s is not None else (2.0 if cuda else 0.25),
+            # a client is waited for from the return of its samples until it waits on new ones: with a
+            # time window instead (2 s), the user's two arms on the H200 never shared a decode (the
+            # GS1 arm grades 64 prompts' rollouts for longer; results/h200-multi-adapter/session4)
+            gather_busy_s=gather_busy_s if gather_busy_s is not None else EngineSettings.gather_busy_s,
             bank_decode=bank_decode or os.environ.get("GS1_BANK_DECODE", DEFAULT_DECODE_FORM),
             compile_after_batches=compile_after_batches or COMPILE_AFTER_BATCHES,
             learner_lora=learner_lora)

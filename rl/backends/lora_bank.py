@@ -15,13 +15,14 @@ by address, so it has its own forms (`DECODE_FORMS`, `EngineSettings.bank_decode
   (K = slots x R, ranks padded with zeros), and a one-hot per row over the K stacked ranks:
   `y_n = W x_n + s_n ((x_n A_K^T) * onehot_n) B_K^T`. Two matmuls whatever the slots; FLOPs rows x
   K. On an H200 (results/h200-multi-adapter) 8.4 ms per step at 2 adapters x 64 rows; at 12 the
-  float32 stack matmuls are half of the step.
+  float32 stack matmuls are half of the step (eager-captured: 51.9 ms, session4).
 - **tiled**: the generator lays rows out in tiles of `tile_rows` rows of one slot each
   (`tile_layout`), the bank copies each tile's adapter into per-tile stacks, and the addon is
   batched matmuls over the tiles: FLOPs rows x R. The shrink `x_T A_T^T` (output 64 x R, reduction
   over `in`) is split along `in` into chunks of `split_cols` summed after, because a batched GEMM
   runs one thread block per output tile and never splits the reduction: unsplit, the tiled step
-  measured 22 ms at 2 adapters x 64 rows against dense's 8.4.
+  measured 22 ms at 2 adapters x 64 rows against dense's 8.4. Split, it is the default: compiled,
+  8.7 / 15.1 / 25.0 ms per step at 1 / 6 / 12 adapters x 64 rows (session4).
 
 The bank serves inference (`serving`): peft's own per-adapter path is switched off for its
 length and a forward hook on every peft `lora.Linear` adds the bank's addon. The learner (`training`)
@@ -76,7 +77,9 @@ def _pow2(n: int) -> int:
 TILE_ROWS = 64  # rows per tile of the tiled decode: an arm's 64 rollouts of a step fill one
 SPLIT_COLS = 256  # the tiled shrink's reduction chunk (columns of `in`)
 DECODE_FORMS = ("dense", "tiled")
-DEFAULT_DECODE_FORM = "dense"  # until the tiled form is measured faster on the GPU (module doc)
+# tiled: on the H200 (results/h200-multi-adapter/session4) its captured step took 21.2 / 33.4 ms at 6 / 12
+# adapters x 64 rows against dense's 25.2 / 51.9, and 13.7 against 12.6 at one adapter
+DEFAULT_DECODE_FORM = "tiled"
 MIN_SLOTS = 2  # the dense stacks' slots at least: a preflight and two arms share one width
 
 

@@ -26,7 +26,11 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,7 +117,8 @@ class ModelLoadEvent:
     spec: str  # the base_model string as written
     how: str  # "gguf" (dequantised), "converted" ($GS1_MODEL_CACHE), "weights" (a model folder or
     # hub id), "reused" (this process's tensors), "tokenizer" (read from the source: a GGUF's is
-    # converted from its vocabulary) or "tokenizer-cached" ($GS1_MODEL_CACHE)
+    # converted from its vocabulary), "tokenizer-process" (a GGUF's converted in a child process,
+    # `load_tokenizer_beside`) or "tokenizer-cached" ($GS1_MODEL_CACHE)
     seconds: float
     device: str
 
@@ -164,6 +169,68 @@ def _load_tokenizer(src: ModelSource):
     if cached is not None:
         _keep_folder(cached, lambda tmp: _save_tokenizer(tok, tmp), "the GGUF's tokenizer")
     return tok, "tokenizer"
+
+
+# A GGUF's tokenizer converts in a child process on a machine with at least this many CPUs: in a
+# thread beside the weights' dequantising the two contend for the GIL (on the H200 machine 69.8 and
+# 97.8 s side by side, against 30.9 and 51.1 one after the other, results/h200-multi-adapter/session4);
+# on fewer cores the child's own start costs more than it saves.
+CHILD_MIN_CPUS = 4
+CHILD_TIMEOUT_S = 900
+
+
+def load_tokenizer_beside(src: ModelSource) -> "Future":
+    """`load_tokenizer(src)` while the caller does other work (loads the weights). A GGUF's
+    tokenizer that is neither loaded in this process nor kept ($GS1_MODEL_CACHE) is converted
+    in a child process (`_tokenizer_via_child`) where there are `CHILD_MIN_CPUS` CPUs; anything
+    else loads in a thread."""
+    key = (src.path, src.gguf_file)
+    kept = converted_tokenizer_dir(src)
+    child = (src.gguf_file is not None and key not in _TOKENIZERS and (kept is None or not kept.is_dir())
+             and (os.cpu_count() or 1) >= CHILD_MIN_CPUS)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="gs1-tokenizer")
+    future = pool.submit(_tokenizer_via_child if child else load_tokenizer, src)
+    pool.shutdown(wait=False)
+    return future
+
+
+def _tokenizer_via_child(src: ModelSource):
+    """A GGUF's tokenizer converted by a child Python (`_convert_tokenizer_main`) into a folder,
+    read back here and kept like an in-process conversion; if the child fails, converted here."""
+    key = (src.path, src.gguf_file)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gs1-tokenizer-") as tmp:
+        out = Path(tmp) / "tokenizer"
+        args = json.dumps({"path": str(src.path), "kw": _kw(src), "out": str(out)})
+        try:
+            child = subprocess.run([sys.executable, "-c", "import sys; from rl.backends.models import "
+                                    "_convert_tokenizer_main; _convert_tokenizer_main(sys.argv[1])", args],
+                                   capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+            why = (child.stderr.strip().splitlines() or [f"exit {child.returncode}"])[-1] if child.returncode else ""
+        except (OSError, subprocess.TimeoutExpired) as e:
+            why = f"{type(e).__name__}: {e}"
+        if why or not (out / "tokenizer.json").is_file():
+            logger.warning("converting the tokenizer of %s in a child process failed (%s); converting it here",
+                           src.spec, why or "no tokenizer.json written")
+            return load_tokenizer(src)
+        tok = _read_tokenizer_folder(out)
+        kept = converted_tokenizer_dir(src)
+        if kept is not None:
+            _keep_folder(kept, lambda folder: shutil.copytree(out, folder), "the GGUF's tokenizer")
+    _TOKENIZERS[key] = tok
+    _record_load(src, "tokenizer-process", t0, "cpu")
+    return copy.deepcopy(tok)
+
+
+def _convert_tokenizer_main(args: str) -> None:
+    """The child of `_tokenizer_via_child`: the GGUF's tokenizer saved (and read back, checked)
+    into the folder named."""
+    a = json.loads(args)
+    try:
+        tok = AutoTokenizer.from_pretrained(a["path"], **a["kw"])
+    except (OSError, ValueError) as e:
+        sys.exit(f"cannot load the tokenizer of {a['path']}: {e}")
+    _save_tokenizer(tok, Path(a["out"]))
 
 
 _BASE_WEIGHTS: dict[tuple, tuple] = {}
