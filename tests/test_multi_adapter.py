@@ -190,8 +190,8 @@ def test_a_flush_waits_for_a_busy_client_and_batches_both(tmp_path, tiny_model_d
     futures_b = _submit(sb, requests, 2)
     release.set()
     busy.result()
+    got["b"] = [f.result() for f in futures_b]  # B waits on its samples: ready
     thread.join(30)
-    got["b"] = [f.result() for f in futures_b]
     assert base.generator.stats.batches == batches + 1
     assert len(got["a"]) == len(got["b"]) == len(requests)
 
@@ -225,6 +225,21 @@ def test_a_flush_waits_for_a_client_in_its_step_until_it_waits_on_its_next_sampl
     assert len(got["a"]) == len(got["b"]) == len(requests)
 
 
+def test_a_flush_never_waits_for_a_client_its_own_thread_used_before(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """One caller using two clients one after the other (a benchmark, a preflight): the first is
+    in its step, but only this thread would queue its next samples, so there is nothing to wait for."""
+    service = _service(tmp_path, gather_busy_s=30.0)
+    a = _perturbed(service, tiny_model_dir, 4, 1)
+    b = _perturbed(service, tiny_model_dir, 4, 2)
+    sa, sb = a.save_weights_and_get_sampling_client().result(), b.save_weights_and_get_sampling_client().result()
+    requests = _requests(tiny_tokenizer, n_samples=1, max_tokens=3)
+    [f.result() for f in _submit(sa, requests, 0)]
+    assert a._engine.stepping
+    t = time.monotonic()
+    [f.result() for f in _submit(sb, requests, 1)]
+    assert time.monotonic() - t < 10 and not a._engine.stray
+
+
 def test_a_flush_waits_neither_for_a_client_taken_off_the_base_nor_twice_for_a_stray(tmp_path, tiny_model_dir, tiny_tokenizer):
     """A client whose arm is done (released) is not waited for. One that stays in its step past
     `gather_busy_s` is waited for once: the batch goes without it, and the next flush does not
@@ -237,6 +252,9 @@ def test_a_flush_waits_neither_for_a_client_taken_off_the_base_nor_twice_for_a_s
     samplers = [tc.save_weights_and_get_sampling_client().result() for tc in (a, b, c)]
     requests = _requests(tiny_tokenizer, n_samples=1, max_tokens=3)
     futures = [_submit(sc, requests, 0) for sc in samplers]
+    helper = threading.Thread(target=lambda: [f.result() for f in futures[1]])  # B's own thread
+    helper.start()
+    helper.join(30)
     [f.result() for fs in futures for f in fs]  # all three in their step
     c.release()
     base.worker.submit(lambda: None).result()
@@ -248,7 +266,9 @@ def test_a_flush_waits_neither_for_a_client_taken_off_the_base_nor_twice_for_a_s
     t = time.monotonic()
     [f.result() for f in _submit(samplers[0], requests, 2)]  # B is a stray: no wait
     assert time.monotonic() - t < 1.0
-    [f.result() for f in _submit(samplers[1], requests, 3)]  # B samples again: back in step
+    helper = threading.Thread(target=lambda: [f.result() for f in _submit(samplers[1], requests, 3)])
+    helper.start()  # B samples again: back in step
+    helper.join(30)
     assert not b._engine.stray and b._engine.stepping
 
 
@@ -298,9 +318,11 @@ def test_a_decode_shape_is_compiled_on_its_compile_after_th_batch_only(tmp_path,
     gen = Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank, compile_after=3)
     gen.compile_decode = True  # as on CUDA
 
+    snapshot = a._engine.snapshot_live()
+
     def decoder(n_rows):
-        rows = [Row(prompt=tiny_tokenizer.encode("Hello there"), max_tokens=4, key=k,
-                    adapter=a._engine.snapshot_live()) for k in range(n_rows)]
+        rows = [Row(prompt=tiny_tokenizer.encode("Hello there"), max_tokens=4, key=k, adapter=snapshot)
+                for k in range(n_rows)]
         with base.bank.serving():
             b = _pack(rows, base.pad_id, True, gen.device)
             cache = DynamicCache(config=base.lm.config)
@@ -309,14 +331,15 @@ def test_a_decode_shape_is_compiled_on_its_compile_after_th_batch_only(tmp_path,
             gen._use_rows([r.adapter for r in rows], decode=True)
             return gen._decoder(b, cache)
 
-    first = decoder(3)
+    one_tile = base.bank.tile_rows  # the engine's tiled bank decodes whole tiles of one adapter
+    first = decoder(one_tile)
     assert not first.compiled
-    other = decoder(5)  # another shape, once: eager too
+    other = decoder(2 * one_tile)  # another shape, once: eager too
     assert not other.compiled
-    assert not decoder(3).compiled  # its second batch
-    third = decoder(3)
+    assert not decoder(one_tile).compiled  # its second batch
+    third = decoder(one_tile)
     assert third.compiled and third is not first
-    assert decoder(3) is third
+    assert decoder(one_tile) is third
 
 
 def test_on_a_bf16_base_the_bank_stays_float32_and_matches_peft(tmp_path, tiny_model_dir, tiny_tokenizer):

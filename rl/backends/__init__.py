@@ -4,12 +4,13 @@
 the loop uses (see docs/contracts.md, "Backend surface"):
 - `"local"`: `rl.backends.local.LocalServiceClient(device=None, dtype=None, cache_dir=None,
   max_batch_rows=None, batch_window_s=0.0, tokens_per_microbatch=None, use_cuda_graphs=None,
-  compile_decode=None, gradient_checkpointing=None, batch_across_clients=None, gather_s=None, bank_decode=None,
-  compile_after_batches=None, learner_lora="fused")`;
+  compile_decode=None, gradient_checkpointing=None, batch_across_clients=None, gather_busy_s=None,
+  bank_decode=None, compile_after_batches=None, learner_lora="fused")`;
   compile_decode None: on unless GS1_COMPILE_DECODE=0 (CUDA only); gradient_checkpointing None: on
-  the CPU, and on a GPU when a microbatch's activations would crowd it (`local.checkpoint_learner`); batch_across_clients None:
-  on CUDA only (one decode batch across every client's queued requests); gather_s None: 2 s on
-  CUDA, 0.25 s on the CPU; bank_decode None: GS1_BANK_DECODE, else `lora_bank.DEFAULT_DECODE_FORM`.
+  the CPU, and on a GPU when a microbatch's activations would crowd it (`local.checkpoint_learner`);
+  batch_across_clients None: on CUDA only (one decode batch across every client's queued requests;
+  a flush waits for the arms still in their step at most gather_busy_s, 60 s by default);
+  bank_decode None: GS1_BANK_DECODE, else `lora_bank.DEFAULT_DECODE_FORM`.
 - `"tinker"`: `rl.backends.tinker_backend.make_tinker_service_client(base_url=None,
   api_key=None, **kw)` (imported lazily, so the local path never needs the hosted pieces).
 

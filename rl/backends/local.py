@@ -451,6 +451,7 @@ class _Base:
             if req.owner is not None:
                 req.owner.queued += 1
                 req.owner.samples += req.kind == "sample"
+                req.owner.thread = threading.get_ident()
             self._cv.notify_all()
         if rows >= self.max_batch_rows:
             self.flush(req)
@@ -468,37 +469,44 @@ class _Base:
             if jobs:
                 self.worker.submit_raw(self._run_requests, jobs)
             return
-        self._gather(req.owner)
-        self.worker.submit_raw(self._run_pending)
+        if self._gather(req):
+            self.worker.submit_raw(self._run_pending)
 
-    def _gather(self, owner: "_Adapter | None") -> None:
+    def _gather(self, req: _Request) -> bool:
         """Wait until every other training client that samples and is in its step is ready too:
         its requests queued and a wait on them asked for (it has submitted the step's requests
         -- a loop submits them all before it waits on any). In its step: its samples are being
         decoded, or came back and it has not waited on new ones since (grading, advantages,
-        training), or a job of its own runs. Not in its step: one that never sampled (a critic's
-        value model), one taken off the base (its arm is done), and one that did not get ready
-        within `gather_busy_s` (a stray: not waited for again until it waits on samples)."""
+        training), or a job of its own runs. Not waited for: one that never sampled (a critic's
+        value model), one taken off the base (its arm is done), one whose requests came from this
+        very thread (a caller using clients one after another: nobody else would queue them),
+        and one that did not get ready within `gather_busy_s` (a stray: not waited for again
+        until it waits on samples). Returns whether `req` still waits for a batch (another
+        flush's batch may have taken it meanwhile)."""
+        owner, me = req.owner, threading.get_ident()
         with self._cv:
             if owner is not None:  # this client is ready: its requests are all submitted
                 owner.flushed = owner.queued
                 owner.stepping = owner.stray = False
+                owner.thread = me
                 self._cv.notify_all()
             start = time.monotonic()
             while True:
+                if not any(r is req for r in self._pending):
+                    return False
                 pending = {id(r.owner) for r in self._pending}
                 late = [a for a in self.adapters.values()
-                        if a is not owner and a.samples and not a.stray
+                        if a is not owner and a.samples and not a.stray and a.thread != me
                         and (a.decoding or a.stepping or a.jobs)
                         and not (id(a) in pending and a.flushed == a.queued)]
                 if not late:
-                    return
+                    return True
                 if time.monotonic() - start >= self.settings.gather_busy_s:
                     for a in late:
                         a.stray = True
                     _log.warning(f"a decode batch went without {', '.join(a.name for a in late)}: not ready "
                                  f"{self.settings.gather_busy_s:.0f} s after the batch was asked for")
-                    return
+                    return True
                 self._cv.wait(timeout=0.05)
 
     def _run_pending(self) -> None:
@@ -748,6 +756,7 @@ class _Adapter:
         self.decoding = 0  # batches running that hold its requests
         self.stepping = False  # its samples came back and it has not waited on new ones since
         self.stray = False  # not ready in time: not waited for until it waits on samples again
+        self.thread: int | None = None  # the thread that last queued its requests or waited on them
 
     def __getattr__(self, name: str):
         """The base's parts (device, dtype, tokenizer, generator, worker, settings), as each

@@ -309,34 +309,38 @@ class AdapterBank:
         return tiles
 
     @contextmanager
-    def training(self, adapter: str):
-        """The learner's forwards through `LoraAddon` for peft adapter `adapter` alone (its
-        gradients flow; peft's own path is off meanwhile). Spans forward and backward, so a
-        checkpointed layer's recompute takes the same path."""
+    def _hooks_only(self):
+        """peft's own adapter path off on every adapted projection (the bank's hooks add instead)."""
         flags = [m._disable_adapters for m in self.layers]
         for m in self.layers:
-            m._disable_adapters = True
-        self.train_adapter = adapter
+            m._disable_adapters = True  # not disable_adapter_layers(): that flips requires_grad
         try:
-            yield self
+            yield
         finally:
-            self.train_adapter = None
             for m, f in zip(self.layers, flags):
                 m._disable_adapters = f
 
     @contextmanager
+    def training(self, adapter: str):
+        """The learner's forwards through `LoraAddon` for peft adapter `adapter` alone (its
+        gradients flow; peft's own path is off meanwhile). Spans forward and backward, so a
+        checkpointed layer's recompute takes the same path."""
+        with self._hooks_only():
+            self.train_adapter = adapter
+            try:
+                yield self
+            finally:
+                self.train_adapter = None
+
+    @contextmanager
     def serving(self):
         """Inference through the bank: peft's adapter path off, the bank's hooks on."""
-        flags = [m._disable_adapters for m in self.layers]
-        for m in self.layers:
-            m._disable_adapters = True  # not disable_adapter_layers(): that flips requires_grad
-        self.on = True
-        try:
-            yield self
-        finally:
-            self.on = False
-            for m, f in zip(self.layers, flags):
-                m._disable_adapters = f
+        with self._hooks_only():
+            self.on = True
+            try:
+                yield self
+            finally:
+                self.on = False
 
 
 class LoraAddon(torch.autograd.Function):
@@ -348,14 +352,17 @@ class LoraAddon(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, out, A, B, scale: float):
-        lead, n_out = out.shape[:-1], out.shape[-1]
+        n_out = out.shape[-1]
         acc = torch.promote_types(out.dtype, A.dtype)
         x_N = x.reshape(-1, x.shape[-1])
         h_N = torch.nn.functional.linear(x_N.to(A.dtype), A)
-        y_N = torch.addmm(out.reshape(-1, n_out).to(acc), h_N.to(acc), B.T.to(acc), alpha=scale)
+        # the sum written into a tensor of the output's shape: the Function's output is no view
+        # (a caller may change it in place, as the LM head's chunked logprobs do)
+        y = torch.empty(out.shape, dtype=acc, device=out.device)
+        torch.addmm(out.reshape(-1, n_out).to(acc), h_N.to(acc), B.T.to(acc), alpha=scale, out=y.view(-1, n_out))
         ctx.save_for_backward(x, h_N, A, B)
         ctx.scale = scale
-        return y_N.to(out.dtype).reshape(*lead, n_out)
+        return y.to(out.dtype)
 
     @staticmethod
     def backward(ctx, grad_y):

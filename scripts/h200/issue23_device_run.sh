@@ -1,22 +1,26 @@
 #!/bin/bash
 # Issue 23's H200 session, started by the device command with `setsid nohup` from the device
 # checkout's root once the wheels are in /tmp/site and the model pieces in /root/m
-# (results/h200-gsm8k/README.md, "Device call sequence"; carry [".data", ".tok"]). In order, each
-# part's output in its own file, cheapest and most decisive first:
-# 1. `benchmarks/step_profile.py --adapters 1,2,6,12 --skip-train` for the bank's dense and tiled
-#    decode forms (eager-captured graphs, no compiling): profile_dense.txt, profile_tiled.txt. The
-#    form with the lower graph-replay ms summed over 6 and 12 adapters is used from here on
-#    (bank_form.txt, GS1_BANK_DECODE);
-# 2. the learner at the user's shape (64 datums x 671 tokens, `engine.py --skip-sample`): peft's
-#    path checkpointed (as before), the fused path checkpointed, the fused path as the engine
-#    decides (learner_*.txt);
-# 3. `benchmarks/engine.py --adapters 1,2,6,12` (compiled) with that form (adapters.txt);
-# 4. the TRL peer against our grpo_gs8 arm (peer.txt);
-# 5. `gs1 run` of the user's spec (results/h200-gsm8k/spec_revised.json), cold, end to end (flow.log);
-# 6. the six arms of seed 0 of the card's comparison for 4 steps, cold (comparison.log), if time is left.
+# (results/h200-gsm8k/README.md, "Device call sequence"; carry [".data", ".tok", ".tree_commit"]).
+# PARTS (default "spec comparison warm adapters peer") picks the parts, run in that order, each
+# one's output in its own file:
+#   forms       `benchmarks/step_profile.py --adapters 1,2,6,12 --skip-train` for the bank's dense
+#               and tiled decode forms (eager-captured, no compiling): profile_dense.txt,
+#               profile_tiled.txt (measured in session4: tiled, now the default)
+#   learner     the learner at the user's shape (64 datums x 671 tokens, `engine.py --skip-sample`):
+#               peft's path checkpointed, the fused path checkpointed, the engine's choice
+#               (learner_*.txt; measured in session4)
+#   spec        `gs1 run` of the user's spec (results/h200-gsm8k/spec_revised.json), cold, end to
+#               end (flow.log)
+#   comparison  the six arms of seed 0 of the card's comparison for 4 steps, cold (comparison.log)
+#   warm        the user's spec again up to feasibility on the caches `spec` left, in a new
+#               process (warm.log; stopped once feasibility is written)
+#   adapters    `benchmarks/engine.py --adapters 1,2,6,12`, compiled (adapters.txt)
+#   peer        the TRL peer against our grpo_gs8 arm (peer.txt)
 # Writes everything under /root/work; `status` there says how far it got.
 set -u
 W=/root/work; mkdir -p "$W"
+PARTS=${PARTS:-spec comparison warm adapters peer}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1
 export GS1_LOCAL_CACHE=$W/cache
 now() { date +%s.%N; }
@@ -31,54 +35,61 @@ cat .tree_commit >> "$W/gpu.txt" 2>/dev/null  # the tree that ran (the device co
 nvidia-smi --query-gpu=timestamp,index,memory.used,utilization.gpu --format=csv,noheader -lms 500 > "$W/gpu_samples.csv" &
 SMI=$!
 B15="--config qwen2.5-1.5b --batch 64 --new-tokens 512 --prompt-tokens 160 --rank 32 --device cuda --tokenizer-dir .tok"
+SPEC=results/h200-gsm8k/spec_revised.json
 
-for form in dense tiled; do
-  echo "1 bank forms ($form)" > "$W/status"
-  python3 benchmarks/step_profile.py --config qwen2.5-1.5b --device cuda --adapters 1,2,6,12 --skip-train \
-    --bank-decode $form --tokenizer-dir .tok > "$W/profile_$form.txt" 2>&1
+forms() {
+  for form in dense tiled; do
+    python3 benchmarks/step_profile.py --config qwen2.5-1.5b --device cuda --adapters 1,2,6,12 --skip-train \
+      --bank-decode $form --tokenizer-dir .tok > "$W/profile_$form.txt" 2>&1
+  done
+}
+
+learner() {
+  for v in "peft on" "fused on" "fused auto"; do
+    set -- $v
+    python3 benchmarks/engine.py $B15 --skip-sample --repeats 2 --learner-lora $1 --gradient-checkpointing $2 \
+      > "$W/learner_$1_$2.txt" 2>&1
+  done
+}
+
+spec() {
+  local start=$(now)
+  GS1_COMPILE_CACHE=$W/compile-spec GS1_MODEL_CACHE=$W/models-spec python3 -m gs1 run $SPEC \
+    --run-dir "$W/run" --data-dir /root/data/gsm8k > "$W/flow.log" 2>&1
+  echo "gs1 run: rc=$? start=$start end=$(now)" >> "$W/flow.log"
+}
+
+comparison() {
+  local start=$(now)
+  GS1_COMPILE_CACHE=$W/compile GS1_MODEL_CACHE=$W/models python3 -m gs1 run results/h200-multi-adapter/spec_comparison_4steps.json \
+    --run-dir "$W/comparison" --data-dir /root/data/gsm8k \
+    --units grpo_gs8-s0,gs1_kernel-s0,gs1_kernel_hillclimbed-s0,batch_mean-s0,flash_reinforce-s0,critic-s0 \
+    > "$W/comparison.log" 2>&1
+  echo "gs1 run: rc=$? start=$start end=$(now)" >> "$W/comparison.log"
+}
+
+warm() {  # a fresh run directory, the caches of `spec`: model, tokenizer and compiled kernels warm
+  local start=$(now)
+  GS1_COMPILE_CACHE=$W/compile-spec GS1_MODEL_CACHE=$W/models-spec setsid python3 -m gs1 run $SPEC \
+    --run-dir "$W/run-warm" --data-dir /root/data/gsm8k > "$W/warm.log" 2>&1 &
+  local pid=$!
+  while kill -0 $pid 2>/dev/null && [ ! -s "$W/run-warm/feasibility/feasibility.json" ]; do sleep 2; done
+  echo "feasibility written: start=$start end=$(now)" >> "$W/warm.log"
+  kill -TERM -- -$pid 2>/dev/null; wait $pid 2>/dev/null
+}
+
+adapters() {
+  GS1_COMPILE_CACHE=$W/compile-bench python3 benchmarks/engine.py $B15 --adapters 1,2,6,12 --repeats 1 \
+    > "$W/adapters.txt" 2>&1
+}
+
+peer() {
+  python3 benchmarks/peer_trl.py --model /root/m/model.gguf --data-dir /root/data/gsm8k --steps 4 > "$W/peer.txt" 2>&1
+}
+
+for part in $PARTS; do
+  echo "$part" > "$W/status"
+  $part
 done
-# the last table's rows: | adapters | rows | bank | graph replay ms | ...
-pick=$(python3 - "$W" <<'PY'
-import sys
-from pathlib import Path
-ms = {}
-for form in ("dense", "tiled"):
-    rows = [l.split("|")[1:-1] for l in Path(sys.argv[1], f"profile_{form}.txt").read_text().splitlines()
-            if l.startswith("| ") and l.split("|")[1].strip().isdigit()]
-    ms[form] = sum(float(r[3]) for r in rows if r[0].strip() in ("6", "12")) if rows else float("inf")
-    ms[form] = ms[form] if ms[form] == ms[form] else float("inf")  # nan: no graph captured
-print(min(ms, key=ms.get), ms)
-PY
-)
-echo "$pick" > "$W/bank_form.txt"
-export GS1_BANK_DECODE=$(echo "$pick" | cut -d' ' -f1)
-
-echo "2 learner" > "$W/status"
-for v in "peft on" "fused on" "fused auto"; do
-  set -- $v
-  python3 benchmarks/engine.py $B15 --skip-sample --repeats 2 --learner-lora $1 --gradient-checkpointing $2 \
-    > "$W/learner_$1_$2.txt" 2>&1
-done
-
-echo "3 adapters benchmark ($GS1_BANK_DECODE)" > "$W/status"
-GS1_COMPILE_CACHE=$W/compile-bench python3 benchmarks/engine.py $B15 --adapters 1,2,6,12 --repeats 1 \
-  --bank-decode "$GS1_BANK_DECODE" > "$W/adapters.txt" 2>&1
-
-echo "4 peer" > "$W/status"
-python3 benchmarks/peer_trl.py --model /root/m/model.gguf --data-dir /root/data/gsm8k --steps 4 > "$W/peer.txt" 2>&1
-
-echo "5 user spec" > "$W/status"
-start=$(now)
-GS1_COMPILE_CACHE=$W/compile-spec GS1_MODEL_CACHE=$W/models-spec python3 -m gs1 run results/h200-gsm8k/spec_revised.json \
-  --run-dir "$W/run" --data-dir /root/data/gsm8k > "$W/flow.log" 2>&1
-echo "gs1 run: rc=$? start=$start end=$(now)" >> "$W/flow.log"
-
-echo "6 comparison, 6 arms x 4 steps" > "$W/status"
-start=$(now)
-GS1_COMPILE_CACHE=$W/compile GS1_MODEL_CACHE=$W/models python3 -m gs1 run results/h200-multi-adapter/spec_comparison_4steps.json \
-  --run-dir "$W/comparison" --data-dir /root/data/gsm8k \
-  --units grpo_gs8-s0,gs1_kernel-s0,gs1_kernel_hillclimbed-s0,batch_mean-s0,flash_reinforce-s0,critic-s0 \
-  > "$W/comparison.log" 2>&1
-echo "gs1 run: rc=$? start=$start end=$(now)" >> "$W/comparison.log"
 kill $SMI
 echo "all-done" > "$W/status"
