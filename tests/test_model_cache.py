@@ -494,9 +494,9 @@ def test_a_base_loads_its_tokenizer_beside_its_weights(tiny_gguf, monkeypatch, t
     weights_started = threading.Event()
     real_tokenizer, real_lm = models.load_tokenizer, local.load_causal_lm
 
-    def fake_tokenizer_waiting_for_the_weights(src):
+    def fake_tokenizer_waiting_for_the_weights(src, read=None):
         assert weights_started.wait(timeout=60), "the tokenizer loaded before the weights started"
-        return real_tokenizer(src)
+        return real_tokenizer(src, read)
 
     def weights(src, dtype, device):
         weights_started.set()

@@ -244,7 +244,7 @@ LEARNER_MEMORY_SHARE = 0.35
 def learner_activation_bytes(config, tokens: int, dtype: torch.dtype) -> int:
     """The estimate above: what a microbatch of `tokens` tokens keeps for backward, unchecked."""
     per_layer = 8 * config.hidden_size + 4 * getattr(config, "intermediate_size", 4 * config.hidden_size)
-    return int(tokens) * config.num_hidden_layers * per_layer * torch.empty((), dtype=dtype).element_size()
+    return int(tokens) * config.num_hidden_layers * per_layer * dtype.itemsize
 
 
 def checkpoint_learner(config, device: torch.device, dtype: torch.dtype, tokens: int) -> bool:

@@ -144,12 +144,13 @@ def _kw(src: ModelSource) -> dict:
 _TOKENIZERS: dict[tuple, object] = {}
 
 
-def load_tokenizer(src: ModelSource):
-    """The model's tokenizer (cached per source: loading Qwen's 151k vocabulary takes seconds)."""
+def load_tokenizer(src: ModelSource, read=None):
+    """The model's tokenizer (cached per source: loading Qwen's 151k vocabulary takes seconds).
+    `read(src) -> (tokenizer, how)` reads it the first time: `_load_tokenizer` unless given."""
     key = (src.path, src.gguf_file)
     if key not in _TOKENIZERS:
         t0 = time.perf_counter()
-        _TOKENIZERS[key], how = _load_tokenizer(src)
+        _TOKENIZERS[key], how = (read or _load_tokenizer)(src)
         _record_load(src, how, t0, "cpu")
     # Each engine gets its own copy: a fast tokenizer used from two threads at once fails
     # ("Already borrowed"), and engines of parallel arms run in parallel threads.
@@ -181,24 +182,22 @@ CHILD_TIMEOUT_S = 900
 
 def load_tokenizer_beside(src: ModelSource) -> "Future":
     """`load_tokenizer(src)` while the caller does other work (loads the weights). A GGUF's
-    tokenizer that is neither loaded in this process nor kept ($GS1_MODEL_CACHE) is converted
+    tokenizer not yet loaded in this process nor kept ($GS1_MODEL_CACHE) is converted
     in a child process (`_tokenizer_via_child`) where there are `CHILD_MIN_CPUS` CPUs; anything
     else loads in a thread."""
-    key = (src.path, src.gguf_file)
     kept = converted_tokenizer_dir(src)
-    child = (src.gguf_file is not None and key not in _TOKENIZERS and (kept is None or not kept.is_dir())
+    child = (src.gguf_file is not None and (kept is None or not kept.is_dir())
              and (os.cpu_count() or 1) >= CHILD_MIN_CPUS)
     pool = ThreadPoolExecutor(1, thread_name_prefix="gs1-tokenizer")
-    future = pool.submit(_tokenizer_via_child if child else load_tokenizer, src)
+    future = pool.submit(load_tokenizer, src, _tokenizer_via_child if child else None)
     pool.shutdown(wait=False)
     return future
 
 
 def _tokenizer_via_child(src: ModelSource):
     """A GGUF's tokenizer converted by a child Python (`_convert_tokenizer_main`) into a folder,
-    read back here and kept like an in-process conversion; if the child fails, converted here."""
-    key = (src.path, src.gguf_file)
-    t0 = time.perf_counter()
+    read back here and kept like an in-process conversion; if the child fails, converted here
+    (`_load_tokenizer`). With how it was read, as `_load_tokenizer` gives it."""
     with tempfile.TemporaryDirectory(prefix="gs1-tokenizer-") as tmp:
         out = Path(tmp) / "tokenizer"
         args = json.dumps({"path": str(src.path), "kw": _kw(src), "out": str(out)})
@@ -212,14 +211,12 @@ def _tokenizer_via_child(src: ModelSource):
         if why or not (out / "tokenizer.json").is_file():
             logger.warning("converting the tokenizer of %s in a child process failed (%s); converting it here",
                            src.spec, why or "no tokenizer.json written")
-            return load_tokenizer(src)
+            return _load_tokenizer(src)
         tok = _read_tokenizer_folder(out)
         kept = converted_tokenizer_dir(src)
         if kept is not None:
             _keep_folder(kept, lambda folder: shutil.copytree(out, folder), "the GGUF's tokenizer")
-    _TOKENIZERS[key] = tok
-    _record_load(src, "tokenizer-process", t0, "cpu")
-    return copy.deepcopy(tok)
+    return tok, "tokenizer-process"
 
 
 def _convert_tokenizer_main(args: str) -> None:
