@@ -115,6 +115,9 @@ def main(argv=None) -> int:
                     help="checkpoint the decoder layers in training (auto: the engine's rule, local.checkpoint_learner)")
     ap.add_argument("--learner-lora", choices=["fused", "peft"], default="fused",
                     help="the learner's LoRA path (local.LEARNER_LORA)")
+    ap.add_argument("--compile-learner", choices=["auto", "on", "off"], default="auto",
+                    help="the learner's decoder layers through torch.compile (auto: the engine's default, on CUDA "
+                         "unless checkpointed); compiled from the warm-up step on")
     ap.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate of the timed train steps")
     ap.add_argument("--diagnose", action="store_true", help="time graph replay and sampling alone")
     ap.add_argument("--bank-decode", choices=["dense", "tiled"], default=None,
@@ -132,7 +135,8 @@ def main(argv=None) -> int:
     model_dir = build_model(args.config, work / "model", args.tokenizer_dir, device)
     t_build = time.perf_counter() - t0
     extra = {"gradient_checkpointing": {"auto": None, "on": True, "off": False}[args.gradient_checkpointing],
-             "learner_lora": args.learner_lora}
+             "learner_lora": args.learner_lora,
+             "compile_learner": {"auto": None, "on": True, "off": False}[args.compile_learner]}
     svc = make_service_client("local", device=device, dtype=args.dtype, cache_dir=work / "cache",
                               use_cuda_graphs=False if args.no_cuda_graphs else None,
                               max_batch_rows=max(args.batch, 1) * max(_counts(args.adapters) or [1]),
@@ -140,7 +144,7 @@ def main(argv=None) -> int:
                               batch_across_clients=True if args.adapters else None,
                               bank_decode=args.bank_decode,
                               # a benchmark compiles a shape on its first batch: it times warm steps
-                              compile_after_batches=1, **extra)
+                              compile_after_batches=1, compile_learner_after=1, **extra)
     if args.adapters:
         return adapters_table(args, svc, model_dir, device)
     t0 = time.perf_counter()
@@ -282,7 +286,8 @@ def main(argv=None) -> int:
         eng = tc._engine
         est = learner_activation_bytes(eng.lm.config, eng.tokens_per_microbatch, eng.dtype) / 2**30
         print(f"\ngradient checkpointing: {eng.gradient_checkpointing} ({args.gradient_checkpointing}); "
-              f"learner LoRA: {eng.learner_lora}; tokens per microbatch: {eng.tokens_per_microbatch}; "
+              f"learner LoRA: {eng.learner_lora}; compiled layers: {eng.compile_learner}; "
+              f"tokens per microbatch: {eng.tokens_per_microbatch}; "
               f"estimated unchecked activations of a full microbatch: {est:.1f} GiB")
         print("| phase | fwd+bwd s | fwd+bwd+optim s | trained tokens | trained tok/s "
               "| GPU GiB at start | peak GPU GiB in fwd+bwd |")
@@ -369,7 +374,8 @@ def adapters_table(args, svc, model_dir: Path, device: str) -> int:
     name = torch.cuda.get_device_name() if cuda else "cpu"
     print(f"\nconfig={args.config} device={device} ({name}) batch={args.batch} per adapter, prompt={args.prompt_tokens} "
           f"new={args.new_tokens} rank={args.rank} compiled={arms[0]._engine.generator.compile_decode} "
-          f"bank_decode={arms[0]._engine.settings.bank_decode} "
+          f"bank_decode={arms[0]._engine.settings.bank_decode} compiled_learner={arms[0]._engine.base.compile_learner} "
+          f"gradient_checkpointing={arms[0]._engine.base.gradient_checkpointing} "
           f"torch={torch.__version__}; x: against the first row")
     print("| adapters | rows | batches | ms / decode step | x | sample s | train s per adapter | RL step s | x "
           "| GiB held | GiB held per arm | GiB adapter + AdamW of an arm | peak GiB |")

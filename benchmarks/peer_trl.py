@@ -7,7 +7,8 @@ GSM8K train prompts x 8 samples per step at temperature 1, 512 new tokens, the s
 cookbook's few-shot prefix + question + boxed-answer suffix, Qwen chat format), reward = our env's
 grader, lr 4e-5. Each side runs in its own process (so one's memory never counts against the
 other's): TRL with its defaults (HF `generate`, no vLLM) plus gradient checkpointing; ours through
-`rl.loop.train_arm` on the local engine, the loop `gs1 run` trains with. Prints seconds per step
+`rl.loop.train_arm` on the local engine, the loop `gs1 run` trains with, its decode shape and
+learner compiled on step 1 (a 40-step run's steady state). Prints seconds per step
 (steady = steps 2..N), peak GPU memory (`torch.cuda.max_memory_allocated`) and the ratios.
 """
 
@@ -106,7 +107,9 @@ def run_ours(model: str, data_dir: str, steps: int) -> dict:
     arm = ArmConfig(name="grpo_gs8", advantage="group_mean", group_size=SAMPLES, groups_per_batch=PROMPTS, lr=LR,
                     seed=0, steps=steps, lora_rank=RANK, base_model="Qwen/Qwen2.5-Coder-1.5B-Instruct",
                     base_model_path=model, max_tokens=NEW_TOKENS)
-    service = make_service_client("local")
+    # a 40-step run's steady state: its decode shape and learner compiled on step 1 (not timed as
+    # steady, as TRL's step 1 is not), not on the 6th batch and 3rd call the engine waits for
+    service = make_service_client("local", compile_after_batches=1, compile_learner_after=1)
     training_client = service.create_lora_training_client(base_model=arm.base_model, rank=RANK, seed=0,
                                                           base_model_path=model).result()
     renderer = renderers.get_renderer("qwen3_instruct", training_client.get_tokenizer())

@@ -4,12 +4,14 @@
 
 Prefect prints `HH:MM:SS.mmm | LEVEL | Task run 'NAME-abc' - Finished in state ...` when a stage
 ends, and the local engine `... | gs1.engine - decode graph R rows x P positions on DEV:
-[compiled and ]captured in S s` and `... | gs1.engine - model SPEC loaded (HOW) in S s on DEV`
+[compiled and ]captured in S s`, `... | gs1.engine - learner: decoder layers compiled on DEV in S s`
+(rl/backends/local.py) and `... | gs1.engine - model SPEC loaded (HOW) in S s on DEV`
 (HOW: gguf, converted, weights, reused, tokenizer or tokenizer-cached; rl/backends/models.py).
 A stage runs from the end of the one before it (arms run side by side: the training and eval rows
 end when their last arm does); the first from `--start` (the epoch seconds
 `scripts/h200/gsm8k_device_run.sh` logs as `gs1 run: ... start=`), else from the flow's first line.
-Prints one table row per stage: seconds, decode graphs compiled, compile seconds, graphs captured,
+Prints one table row per stage: seconds, graphs compiled (decode shapes and the learner's layers),
+compile seconds, decode graphs captured,
 model and tokenizer loads read from disk (a reuse of this process's tensors is no load) and the
 seconds of all loads.
 """
@@ -25,6 +27,7 @@ from pathlib import Path
 LINE = re.compile(r"^(\d\d:\d\d:\d\d\.\d{3}) \| \w+\s*\| (.*)$")
 FINISHED = re.compile(r"Task run '(.+?)(-[0-9a-f]{3})?' - Finished in state (\w+)")
 COMPILE = re.compile(r"gs1\.engine - decode graph (\d+) rows x (\d+) positions on (\S+): (compiled and )?captured in ([\d.]+) s")
+LEARNER = re.compile(r"gs1\.engine - learner: decoder layers compiled on (\S+) in ([\d.]+) s")
 LOAD = re.compile(r"gs1\.engine - model (.+) loaded \(([\w-]+)\) in ([\d.]+) s on (\S+)")
 
 
@@ -42,6 +45,7 @@ def stage_table(log: str, start: float | None = None) -> list[dict]:
     stages: list[dict] = []
     compiles: list[tuple[float, bool]] = []
     loads: list[tuple[float, bool]] = []  # (seconds, read from disk)
+    learner: list[float] = []  # the learner's compiles (seconds of the first compiled microbatch)
     last = previous
     for m in lines:
         at = _clock(m.group(1), first_day)
@@ -50,6 +54,8 @@ def stage_table(log: str, start: float | None = None) -> list[dict]:
         last = at
         if c := COMPILE.search(m.group(2)):
             compiles.append((float(c.group(5)), bool(c.group(4))))
+        elif lc := LEARNER.search(m.group(2)):
+            learner.append(float(lc.group(2)))
         elif ld := LOAD.search(m.group(2)):
             loads.append((float(ld.group(3)), ld.group(2) != "reused"))
         elif f := FINISHED.search(m.group(2)):
@@ -60,18 +66,18 @@ def stage_table(log: str, start: float | None = None) -> list[dict]:
                 stages.append({"stage": name, "state": f.group(3), "seconds": (at - previous).total_seconds(),
                                "compiled": 0, "compile_seconds": 0.0, "captured": 0,
                                "loads": 0, "load_seconds": 0.0})
-            stages[-1]["compiled"] += sum(1 for _, new in compiles if new)
-            stages[-1]["compile_seconds"] += sum(s for s, new in compiles if new)
+            stages[-1]["compiled"] += sum(1 for _, new in compiles if new) + len(learner)
+            stages[-1]["compile_seconds"] += sum(s for s, new in compiles if new) + sum(learner)
             stages[-1]["captured"] += len(compiles)
             stages[-1]["loads"] += sum(1 for _, read in loads if read)
             stages[-1]["load_seconds"] += sum(s for s, _ in loads)
-            compiles, loads = [], []
+            compiles, loads, learner = [], [], []
             previous = at
     return stages
 
 
 COLUMNS = (  # (header, row key, format)
-    ("seconds", "seconds", ".1f"), ("decode graphs compiled", "compiled", "d"),
+    ("seconds", "seconds", ".1f"), ("graphs compiled (decode, learner)", "compiled", "d"),
     ("compile s", "compile_seconds", ".1f"), ("graphs captured", "captured", "d"),
     ("model loads", "loads", "d"), ("model load s", "load_seconds", ".1f"),
 )

@@ -135,3 +135,83 @@ def test_checkpointing_is_on_for_the_cpu_and_a_small_gpu_and_off_where_activatio
     gpu_of(80)  # an 80 GiB card: checkpointed
     assert checkpoint_learner(QWEN25_15B, cuda, torch.bfloat16, 16384)
     assert not checkpoint_learner(QWEN25_15B, cuda, torch.bfloat16, 4096)  # a quarter of the tokens fit
+
+
+def _stage_timings():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "stage_timings", Path(__file__).resolve().parents[1] / "benchmarks" / "stage_timings.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _calls(tc, batches) -> list[tuple[types.ForwardBackwardOutput, object]]:
+    """One forward_backward per batch, each call's own gradient (discarded after it is read)."""
+    runs = []
+    for data in batches:
+        out = tc.forward_backward(data, "importance_sampling").result()
+        runs.append((out, tc.lora_gradient()))
+        tc.discard_gradients()
+    return runs
+
+
+def _same(a, b, tol: float) -> None:
+    (out_a, g_a), (out_b, g_b) = a, b
+    assert out_a.metrics["loss:sum"] == pytest.approx(out_b.metrics["loss:sum"], rel=tol, abs=tol)
+    for x, y in zip(out_a.loss_fn_outputs, out_b.loss_fn_outputs, strict=True):
+        assert torch.allclose(x["logprobs"].to_torch(), y["logprobs"].to_torch(), atol=tol, rtol=0)
+    assert abs(g_b).max() > 0 and abs(g_a - g_b).max() <= tol * abs(g_b).max()
+
+
+@pytest.mark.slow
+def test_the_compiled_learner_matches_the_eager_one_from_a_clients_third_call(tmp_path, tiny_model_dir, tiny_tokenizer,
+                                                                               caplog):
+    """The layers run compiled from the third forward_backward on (`COMPILE_LEARNER_AFTER`), at
+    the demo's 8 datums and the user's 64 (several microbatches of different padded lengths, one
+    graph), with the same logprobs, loss and gradients as the eager layers; after each call the
+    layers are the model's own again."""
+    assert local.COMPILE_LEARNER_AFTER == 3
+    batches = [_datums(tiny_tokenizer, 8, seed=s) for s in range(3)] + [_datums(tiny_tokenizer, 64, seed=3)]
+    eager = _client(tmp_path / "eager", tiny_model_dir, gradient_checkpointing=False, compile_learner=False)
+    compiled = _client(tmp_path / "compiled", tiny_model_dir, gradient_checkpointing=False, compile_learner=True)
+    base = compiled._engine.base
+    assert base.compile_learner and not eager._engine.base.compile_learner
+    want = _calls(eager, batches[:2])
+    got = _calls(compiled, batches[:2])
+    assert base._compiled_forwards is None  # two eager calls: the preflight's and a pilot's shapes
+    want += _calls(eager, batches[2:])
+    with caplog.at_level("INFO", logger="gs1.engine"):
+        got += _calls(compiled, batches[2:])
+    # one compile line, as benchmarks/stage_timings.py reads it
+    lines = [f"gs1.engine - {r.getMessage()}" for r in caplog.records if "learner:" in r.getMessage()]
+    assert len(lines) == 1 and _stage_timings().LEARNER.search(lines[0]).group(1) == "cpu"
+    assert base._compiled_forwards is not None and base.compile_learner  # compiled, and it held
+    assert len(compiled._engine.microbatches(batches[3])) > 1
+    assert not any("forward" in layer.__dict__ for layer in base.decoder.layers)
+    for a, b in zip(got, want):
+        _same(a, b, 1e-5)
+
+
+def test_a_failing_learner_compile_falls_back_to_the_eager_layers(tmp_path, tiny_model_dir, tiny_tokenizer,
+                                                                 monkeypatch, caplog):
+    def fake_compile(fn, **_):  # a fake compiler whose graphs fail when run
+        def broken(*args, **kwargs):
+            raise RuntimeError("fake compiler failure")
+        return broken
+
+    batches = [_datums(tiny_tokenizer, 4, seed=s) for s in range(3)]
+    want = _calls(_client(tmp_path / "eager", tiny_model_dir, gradient_checkpointing=False), batches)
+    tc = _client(tmp_path / "compiled", tiny_model_dir, gradient_checkpointing=False, compile_learner=True)
+    monkeypatch.setattr(local.torch, "compile", fake_compile)
+    with caplog.at_level("WARNING", logger="gs1.engine"):
+        got = _calls(tc, batches)
+    assert not tc._engine.base.compile_learner
+    assert "compiled decoder layers failed" in caplog.text and "fake compiler failure" in caplog.text
+    for a, b in zip(got, want):  # the failed microbatch reran from the gradients it started with
+        _same(a, b, 0.0)
+    # checkpointed layers are never compiled
+    ckpt = _client(tmp_path / "ckpt", tiny_model_dir, gradient_checkpointing=True, compile_learner=True)
+    assert not ckpt._engine.base.compile_learner

@@ -110,6 +110,18 @@ def test_the_printed_table_shows_compiles_compile_and_load_seconds(tmp_path, cap
     header, _, row, total = capsys.readouterr().out.strip().splitlines()
     cells = dict(zip([c.strip() for c in header.strip("|").split("|")], [c.strip() for c in row.strip("|").split("|")]))
     assert cells["stage"] == "correctness preflight"
-    assert (cells["decode graphs compiled"], cells["compile s"]) == ("1", "7.0")
+    assert (cells["graphs compiled (decode, learner)"], cells["compile s"]) == ("1", "7.0")
     assert (cells["model loads"], cells["model load s"]) == ("1", "12.5")
     assert total.startswith("| total |")
+
+
+def test_the_learner_compile_counts_in_its_stage_and_is_no_captured_graph():
+    log = "\n".join([
+        _finished("10:00:00.000", "calibration gate"),
+        _compile("10:00:20.000", "captured in 0.2 s"),
+        "10:01:10.000 | INFO    | gs1.engine - learner: decoder layers compiled on cuda:0 in 41.3 s "
+        "(first compiled microbatch, 16100 tokens)",
+        _finished("10:02:00.000", "train grpo_gs8-s0"),
+    ])
+    row = {r["stage"]: r for r in stage_timings.stage_table(log)}["train grpo_gs8-s0"]
+    assert (row["compiled"], row["compile_seconds"], row["captured"]) == (1, 41.3, 1)

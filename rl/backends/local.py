@@ -51,7 +51,9 @@ trained adapter's LoRA through `lora_bank.LoraAddon` (peft's float32 arithmetic,
 `learner_lora="peft"` runs peft's own path). The decoder layers are gradient-checkpointed
 (`gradient_checkpointing=True`: one more decoder forward, one hidden state per layer kept) on
 the CPU, and on a GPU whose memory a microbatch's activations would crowd
-(`checkpoint_learner`); otherwise they keep their activations.
+(`checkpoint_learner`); otherwise they keep their activations, and on CUDA they run through
+torch.compile (`compile_learner`, from a client's third forward_backward: one graph for every
+layer and shape; a failed compile falls back to the eager layers).
 The learner right-pads each microbatch and passes no attention mask: under causal attention
 that is exact, and it keeps training off the masked SDPA kernels of the cuDNN backward defect
 (`rl/backends/attention.py`; a CUDA engine also turns cuDNN attention off process-wide and
@@ -209,6 +211,12 @@ class LoraSpec:
         return mods
 
 
+# A client's first two forward_backward calls run eagerly: the preflight's checks (one call per
+# fresh client) and a two-step pilot never pay the learner's compile; a training run's arms
+# compile on their third step (once per process: the layers share one graph).
+COMPILE_LEARNER_AFTER = 3
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """How a base's engine batches and trains (one per service; `LocalServiceClient` owns the defaults)."""
@@ -231,6 +239,10 @@ class EngineSettings:
     compile_after_batches: int = COMPILE_AFTER_BATCHES
     # how the learner adds the trained adapter: "fused" (`lora_bank.LoraAddon`) or "peft" (peft's own path)
     learner_lora: str = "fused"
+    # the learner's decoder layers run through torch.compile (`_Base.compiled_layers`), from a
+    # client's `compile_learner_after`-th forward_backward on
+    compile_learner: bool = False
+    compile_learner_after: int = COMPILE_LEARNER_AFTER
 
 
 LEARNER_LORA = ("fused", "peft")
@@ -310,6 +322,10 @@ class _Base:
             checkpoint_learner(self.lm.config, device, dtype, settings.tokens_per_microbatch)
             if settings.gradient_checkpointing is None else settings.gradient_checkpointing)
         self.learner_lora = settings.learner_lora
+        # Compiled decoder layers for training: not with checkpointing (its recompute would rerun
+        # the compiled forward: untried), and off for good once a compile fails (`_learner_microbatch`).
+        self.compile_learner = settings.compile_learner and not self.gradient_checkpointing
+        self._compiled_forwards: list | None = None
         self.hidden_grads = HiddenStateGradients(self.decoder)
         self.logit_chunk_rows = max(1, self.generator.max_logit_elems // self.lm.config.vocab_size)
         # Checkpointed decoder layers keep one hidden state per layer for backward and recompute
@@ -625,13 +641,17 @@ class _Base:
         mbs = list(layout) if layout is not None else self.microbatches(data)
         ctx = torch.no_grad() if forward_only else torch.enable_grad()
         lora = self.bank.training(adapter.name) if self.learner_lora == "fused" else contextlib.nullcontext()
+        if not forward_only:
+            adapter.train_calls += 1
+        compiled = (not forward_only and self.compile_learner
+                    and adapter.train_calls >= self.settings.compile_learner_after)
         try:
             for layer in self.checkpointed_layers:
                 layer.training = not forward_only
             with ctx, lora:
                 for m, mb in enumerate(mbs):
                     try:
-                        total += self._microbatch(adapter, data, mb, loss_fn, forward_only, outputs)
+                        total += self._learner_microbatch(adapter, data, mb, loss_fn, forward_only, outputs, compiled)
                     except _NonFinite as bad:
                         bad.microbatch, bad.layout = m, mbs
                         raise
@@ -642,6 +662,53 @@ class _Base:
         return types.ForwardBackwardOutput(
             loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs,
             metrics={"loss:sum": float(total), "num_tokens:sum": float(n_tokens)})
+
+    @contextlib.contextmanager
+    def compiled_layers(self):
+        """The decoder layers' `forward` through torch.compile for the block's length (the worker
+        runs one job at a time, so no sampler forward sees them). One compile serves every layer
+        and every microbatch shape (`dynamic=True`); the layers' hooks stay outside the graph."""
+        layers = list(self.decoder.layers)
+        if self._compiled_forwards is None:
+            import torch._dynamo
+
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            self._compiled_forwards = [torch.compile(layer.forward, dynamic=True) for layer in layers]
+        for layer, forward in zip(layers, self._compiled_forwards):
+            layer.forward = forward
+        try:
+            yield
+        finally:
+            for layer in layers:
+                layer.__dict__.pop("forward", None)
+
+    def _learner_microbatch(self, adapter: "_Adapter", data, mb: Microbatch, loss_fn, forward_only,
+                            outputs, compiled: bool) -> float:
+        """`_microbatch`, through the compiled layers when `compiled`. A compile or run that fails
+        there (not a non-finite value, not out of memory) turns the compiled learner off for this
+        base with a warning and reruns the microbatch eagerly from the gradients it started with."""
+        if not (compiled and self.compile_learner):
+            return self._microbatch(adapter, data, mb, loss_fn, forward_only, outputs)
+        grads = [None if p.grad is None else p.grad.clone() for p in adapter.params]
+        first = self._compiled_forwards is None
+        t0 = time.perf_counter()
+        try:
+            with self.compiled_layers():
+                loss = self._microbatch(adapter, data, mb, loss_fn, forward_only, outputs)
+        except (_NonFinite, torch.OutOfMemoryError):
+            raise
+        except Exception as e:  # noqa: BLE001 -- any compiler failure; the eager rerun shows a real error
+            self.compile_learner = False
+            msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            _log.warning(f"learner: the compiled decoder layers failed on {self.device} "
+                         f"({type(e).__name__}: {msg}); training eagerly from now on")
+            for p, g in zip(adapter.params, grads):
+                p.grad = g
+            return self._microbatch(adapter, data, mb, loss_fn, forward_only, outputs)
+        if first:
+            _log.info(f"learner: decoder layers compiled on {self.device} in {time.perf_counter() - t0:.1f} s "
+                      f"(first compiled microbatch, {mb.tokens} tokens)")
+        return loss
 
     def _microbatch(self, adapter: "_Adapter", data, mb: Microbatch, loss_fn, forward_only, outputs) -> float:
         dev = self.device
@@ -757,6 +824,7 @@ class _Adapter:
         self.stepping = False  # its samples came back and it has not waited on new ones since
         self.stray = False  # not ready in time: not waited for until it waits on samples again
         self.thread: int | None = None  # the thread that last queued its requests or waited on them
+        self.train_calls = 0  # forward_backward calls (the compiled learner starts at `compile_learner_after`)
 
     def __getattr__(self, name: str):
         """The base's parts (device, dtype, tokenizer, generator, worker, settings), as each
@@ -1082,6 +1150,7 @@ class LocalTrainingClient:
             "tokens_per_microbatch": engine.tokens_per_microbatch,
             "gradient_checkpointing": engine.gradient_checkpointing,
             "learner_lora": engine.learner_lora,
+            "compile_learner": engine.compile_learner,  # replay runs eagerly
             "learner_attention_mask": engine.learner_attention_mask,
             "attn_implementation": getattr(engine.base.lm.config, "_attn_implementation", None),
             "sdpa_backends": sdpa_flags(), "versions": versions(),
@@ -1248,7 +1317,8 @@ class LocalServiceClient:
                  gradient_checkpointing: bool | None = None, learner_attention_mask: bool = False,
                  batch_across_clients: bool | None = None, gather_busy_s: float | None = None,
                  bank_decode: str | None = None, compile_after_batches: int | None = None,
-                 learner_lora: str = "fused"):
+                 learner_lora: str = "fused", compile_learner: bool | None = None,
+                 compile_learner_after: int | None = None):
         self.device = _pick_device(device)
         self.dtype = _pick_dtype(dtype, self.device)
         cache = cache_dir or os.environ.get("GS1_LOCAL_CACHE")
@@ -1259,6 +1329,11 @@ class LocalServiceClient:
         # ~1 minute per batch shape, then 11.6 -> 7.0 ms per step on an H200 (results/issue4).
         compile_decode = (os.environ.get("GS1_COMPILE_DECODE", "1") != "0"
                           if compile_decode is None else compile_decode)
+        # ... and the learner's decoder layers unless GS1_COMPILE_LEARNER=0: the eager layers'
+        # norms, rotary and casts were half of a forward_backward's CUDA time
+        # (results/h200-multi-adapter/session3); on the CPU only when asked (the tests' numbers)
+        compile_learner = (cuda and os.environ.get("GS1_COMPILE_LEARNER", "1") != "0"
+                           if compile_learner is None else compile_learner)
         self.settings = EngineSettings(
             # CUDA: twelve arms' 64-row steps, or an eval's 1024 prompts, in one batch (30 GB of KV
             # cache for a 1.5B model); CPU: small batches keep a test's memory small
@@ -1277,12 +1352,13 @@ class LocalServiceClient:
             gather_busy_s=gather_busy_s if gather_busy_s is not None else EngineSettings.gather_busy_s,
             bank_decode=bank_decode or os.environ.get("GS1_BANK_DECODE", DEFAULT_DECODE_FORM),
             compile_after_batches=compile_after_batches or COMPILE_AFTER_BATCHES,
-            learner_lora=learner_lora)
+            learner_lora=learner_lora, compile_learner=bool(compile_learner),
+            compile_learner_after=compile_learner_after or COMPILE_LEARNER_AFTER)
         if learner_lora not in LEARNER_LORA:
             raise UserError(f"learner LoRA path {learner_lora!r}: one of {', '.join(LEARNER_LORA)}")
         if self.settings.bank_decode not in DECODE_FORMS:
             raise UserError(f"bank decode form {self.settings.bank_decode!r}: one of {', '.join(DECODE_FORMS)}")
-        if cuda and compile_decode:
+        if cuda and (compile_decode or compile_learner):
             # inductor's on-disk caches: a later process finds every shape's kernels compiled
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))
         self._ids = itertools.count()

@@ -2,13 +2,14 @@
 # Issue 23's H200 session, started by the device command with `setsid nohup` from the device
 # checkout's root once the wheels are in /tmp/site and the model pieces in /root/m
 # (results/h200-gsm8k/README.md, "Device call sequence"; carry [".data", ".tok", ".tree_commit"]).
-# PARTS (default "spec comparison warm adapters peer") picks the parts, run in that order, each
-# one's output in its own file:
+# PARTS (default "spec warm adapters peer"; also learner, learner_paths, forms, comparison) picks
+# the parts, run in that order, each one's output in its own file:
 #   forms       `benchmarks/step_profile.py --adapters 1,2,6,12 --skip-train` for the bank's dense
 #               and tiled decode forms (eager-captured, no compiling): profile_dense.txt,
 #               profile_tiled.txt (measured in session4: tiled, now the default)
-#   learner     the learner at the user's shape (64 datums x 671 tokens, `engine.py --skip-sample`):
-#               peft's path checkpointed, the fused path checkpointed, the engine's choice
+#   learner     the learner at the user's shape (64 datums x 671 tokens, `engine.py --skip-sample`,
+#               the engine's checkpointing rule): eager layers, then compiled (learner_compile_*.txt)
+#   learner_paths  peft's path checkpointed, the fused path checkpointed, the engine's choice
 #               (learner_*.txt; measured in session4)
 #   spec        `gs1 run` of the user's spec (results/h200-gsm8k/spec_revised.json), cold, end to
 #               end (flow.log)
@@ -20,7 +21,7 @@
 # Writes everything under /root/work; `status` there says how far it got.
 set -u
 W=/root/work; mkdir -p "$W"
-PARTS=${PARTS:-spec comparison warm adapters peer}
+PARTS=${PARTS:-spec warm adapters peer}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1
 export GS1_LOCAL_CACHE=$W/cache
 now() { date +%s.%N; }
@@ -45,6 +46,13 @@ forms() {
 }
 
 learner() {
+  for c in off on; do
+    GS1_COMPILE_CACHE=$W/compile-learner python3 benchmarks/engine.py $B15 --skip-sample --repeats 3 \
+      --compile-learner $c > "$W/learner_compile_$c.txt" 2>&1
+  done
+}
+
+learner_paths() {
   for v in "peft on" "fused on" "fused auto"; do
     set -- $v
     python3 benchmarks/engine.py $B15 --skip-sample --repeats 2 --learner-lora $1 --gradient-checkpointing $2 \
