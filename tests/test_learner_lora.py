@@ -215,3 +215,39 @@ def test_a_failing_learner_compile_falls_back_to_the_eager_layers(tmp_path, tiny
     # checkpointed layers are never compiled
     ckpt = _client(tmp_path / "ckpt", tiny_model_dir, gradient_checkpointing=True, compile_learner=True)
     assert not ckpt._engine.base.compile_learner
+
+
+@pytest.mark.slow
+def test_one_compiled_graph_serves_every_adapter_and_shape(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """Two arms on one base, calls of 8, 64 (several microbatches) and 1 datum: one compiled graph
+    in all (no guard reads the adapter, the first layer's input or a batch size), each call as the
+    eager layers give it, and an arm's call leaves the other arm's gradients alone."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    def arms(compiled: bool):
+        svc = LocalServiceClient(device="cpu", cache_dir=tmp_path / str(compiled), gradient_checkpointing=False,
+                                 compile_learner=compiled, compile_learner_after=1)
+        return [svc.create_lora_training_client(str(tiny_model_dir), rank=8, seed=s).result() for s in (3, 4)]
+
+    calls = [(0, _datums(tiny_tokenizer, 8, seed=0)), (1, _datums(tiny_tokenizer, 8, seed=1)),
+             (0, _datums(tiny_tokenizer, 64, seed=2)), (1, _datums(tiny_tokenizer, 1, seed=3))]
+    eager, compiled = arms(False), arms(True)
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():  # B is zero at init: give both arms an addon of their own, the same in both services
+        for e, c in zip(eager, compiled):
+            for pe, pc in zip(e._engine.params, c._engine.params):
+                if pe.shape[1] == 8:
+                    pe.copy_(torch.randn(pe.shape, generator=g) * 0.2)
+                pc.copy_(pe)
+    torch._dynamo.reset()  # no graph of an earlier test's layers (same code) is found compiled
+    graphs = counters["stats"]["unique_graphs"]
+    assert len(compiled[0]._engine.microbatches(calls[2][1])) > 1
+    for k, data in calls:
+        want = _calls(eager[k], [data])[0]
+        got = _calls(compiled[k], [data])[0]
+        _same(got, want, 1e-5)
+    assert counters["stats"]["unique_graphs"] - graphs == 1
+    assert compiled[0]._engine.base.compile_learner
+    compiled[0].forward_backward(calls[0][1], "importance_sampling").result()
+    assert all(p.grad is None for p in compiled[1]._engine.params)

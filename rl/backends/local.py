@@ -665,20 +665,36 @@ class _Base:
 
     @contextlib.contextmanager
     def compiled_layers(self):
-        """The decoder layers' `forward` through torch.compile for the block's length (the worker
-        runs one job at a time, so no sampler forward sees them). One compile serves every layer
-        and every microbatch shape (`dynamic=True`); the layers' hooks stay outside the graph."""
+        """The decoder layers' `forward` through torch.compile for the decoder forward's length
+        (the worker runs one job at a time, so no sampler forward sees them); the layers' hooks
+        stay outside the graph. One graph serves every layer, microbatch shape and adapter, so
+        that nothing a guard reads differs between them:
+        - the shapes are symbolic from the first compile (`_symbolic_trainable`; `_microbatch`
+          keeps sizes of 1 out);
+        - the first layer's input requires grad as the others' do (the embedding's output is
+          marked; its gradient is computed and dropped);
+        - every adapter's LoRA weights in the layers require grad, not the trained one's alone
+          (peft's `set_adapter` turns the others off). Only the trained adapter's weights are
+          in the graph, so the others get no gradient."""
         layers = list(self.decoder.layers)
         if self._compiled_forwards is None:
             import torch._dynamo
 
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             self._compiled_forwards = [torch.compile(layer.forward, dynamic=True) for layer in layers]
+        frozen = [p for layer in layers for n, p in layer.named_parameters()
+                  if "lora_" in n and not p.requires_grad]
+        embed = self.decoder.get_input_embeddings().register_forward_hook(_symbolic_trainable)
         for layer, forward in zip(layers, self._compiled_forwards):
             layer.forward = forward
+        for p in frozen:
+            p.requires_grad_(True)
         try:
             yield
         finally:
+            embed.remove()
+            for p in frozen:
+                p.requires_grad_(False)
             for layer in layers:
                 layer.__dict__.pop("forward", None)
 
@@ -693,8 +709,7 @@ class _Base:
         first = self._compiled_forwards is None
         t0 = time.perf_counter()
         try:
-            with self.compiled_layers():
-                loss = self._microbatch(adapter, data, mb, loss_fn, forward_only, outputs)
+            loss = self._microbatch(adapter, data, mb, loss_fn, forward_only, outputs, compiled=True)
         except (_NonFinite, torch.OutOfMemoryError):
             raise
         except Exception as e:  # noqa: BLE001 -- any compiler failure; the eager rerun shows a real error
@@ -710,14 +725,17 @@ class _Base:
                       f"(first compiled microbatch, {mb.tokens} tokens)")
         return loss
 
-    def _microbatch(self, adapter: "_Adapter", data, mb: Microbatch, loss_fn, forward_only, outputs) -> float:
+    def _microbatch(self, adapter: "_Adapter", data, mb: Microbatch, loss_fn, forward_only, outputs,
+                    compiled: bool = False) -> float:
         dev = self.device
-        L = mb.padded_length
-        ids = torch.full((mb.size, L), self.pad_id, dtype=torch.long)
-        mask = torch.zeros(mb.size, L, dtype=torch.long)
-        tgt = torch.zeros(mb.size, L, dtype=torch.long)
-        coef_a = torch.zeros(mb.size, L, dtype=torch.float64)  # advantages or weights
-        old_lp = torch.zeros(mb.size, L, dtype=torch.float64)
+        # Compiled layers see at least 2 rows and 2 positions: dynamo specialises a size of 1 into
+        # a graph of its own. The extra rows and positions are pads, masked out of every logprob.
+        rows, L = (max(mb.size, 2), max(mb.padded_length, 2)) if compiled else (mb.size, mb.padded_length)
+        ids = torch.full((rows, L), self.pad_id, dtype=torch.long)
+        mask = torch.zeros(rows, L, dtype=torch.long)
+        tgt = torch.zeros(rows, L, dtype=torch.long)
+        coef_a = torch.zeros(rows, L, dtype=torch.float64)  # advantages or weights
+        old_lp = torch.zeros(rows, L, dtype=torch.float64)
         for b, i in enumerate(mb.datums):
             d = data[i]
             toks = d.model_input.to_ints()
@@ -745,7 +763,8 @@ class _Base:
         # SDPA kernel, so not the cuDNN backward defect, and flash attention on CUDA.
         attention_mask = mask if self.learner_attention_mask else LEARNER_ATTENTION_MASK
         check = not forward_only
-        with self.hidden_grads.watching() if check else contextlib.nullcontext():
+        layers = self.compiled_layers() if compiled else contextlib.nullcontext()
+        with self.hidden_grads.watching() if check else contextlib.nullcontext(), layers:
             hidden = self.decoder(input_ids=ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         # the real tokens only, row after row: datum b's n tokens are lp_N's next n entries
         lp_N = target_logprobs(hidden[valid], tgt[valid], lm_head_fn(self.lm), self.head_params(),
@@ -770,6 +789,17 @@ class _Base:
         for i, lp_n in zip(mb.datums, lp_cpu.split(mb.lengths)):
             outputs[i] = {"logprobs": types.TensorData.from_torch(lp_n.clone())}
         return float(loss.detach())
+
+
+def _symbolic_trainable(module, args, embeds: torch.Tensor) -> torch.Tensor:
+    """The embedding's output as the compiled layers take it (`_Base.compiled_layers`): requiring
+    grad, as every later layer's input does, with its rows and positions symbolic from the first
+    compile (else dynamo compiles the first shape static and a second graph for the next)."""
+    import torch._dynamo
+
+    torch._dynamo.maybe_mark_dynamic(embeds, 0)
+    torch._dynamo.maybe_mark_dynamic(embeds, 1)
+    return embeds.requires_grad_(True)
 
 
 def _adapter_config(path: Path) -> dict | None:

@@ -147,6 +147,7 @@ class AdapterBank:
         self._rank = 8  # the decode stacks' rank: only grows (a new rank is a new decode graph)
         self._slots = MIN_SLOTS  # the dense stacks' slots: only grow
         self.train_adapter: str | None = None  # set: the learner's forwards (`training`)
+        self.learning = False  # the same, as the hook reads it (a name read there would be a guard)
 
     # --- the model's adapted projections -------------------------------------------------
     def refresh(self, model) -> None:
@@ -324,13 +325,21 @@ class AdapterBank:
     def training(self, adapter: str):
         """The learner's forwards through `LoraAddon` for peft adapter `adapter` alone (its
         gradients flow; peft's own path is off meanwhile). Spans forward and backward, so a
-        checkpointed layer's recompute takes the same path."""
+        checkpointed layer's recompute takes the same path. Each projection the adapter adapts
+        holds it as `trained` (`_Trained`) meanwhile: the hook finds its weights there by position,
+        not by the adapter's name, so a compiled learner (`local._Base.compiled_layers`) has one
+        graph for every adapter."""
+        adapted = [m for m in self.layers if adapter in m.lora_A]
         with self._hooks_only():
-            self.train_adapter = adapter
+            for m in adapted:
+                m.trained = _Trained(m.lora_A[adapter], m.lora_B[adapter], float(m.scaling[adapter]))
+            self.train_adapter, self.learning = adapter, True
             try:
                 yield self
             finally:
-                self.train_adapter = None
+                self.train_adapter, self.learning = None, False
+                for m in adapted:
+                    del m.trained
 
     @contextmanager
     def serving(self):
@@ -382,16 +391,24 @@ class LoraAddon(torch.autograd.Function):
         return grad_x, (grad_y if need_out else None), grad_A, grad_B, None
 
 
+class _Trained(torch.nn.Module):
+    """The trained adapter's shrink and expand of one projection, and its scale, while it trains
+    (`AdapterBank.training`): the same modules as peft's, held at a fixed place."""
+
+    def __init__(self, A: torch.nn.Module, B: torch.nn.Module, scale: float):
+        super().__init__()
+        self.A, self.B, self.scale = A, B, scale
+
+
 def _add_bank(bank: AdapterBank, name: str, module, args, out):
     """The forward hook of one adapted projection: its rows' adapter addon, in peft's numerics
     (input cast to the bank's precision, one rounding of the sum to the output's dtype); in
     training, the trained adapter's (`LoraAddon`)."""
-    if bank.train_adapter is not None:
-        a = bank.train_adapter
-        if a not in module.lora_A:
+    if bank.learning:
+        t = getattr(module, "trained", None)
+        if t is None:
             return None
-        return LoraAddon.apply(args[0], out, module.lora_A[a].weight, module.lora_B[a].weight,
-                               float(module.scaling[a]))
+        return LoraAddon.apply(args[0], out, t.A.weight, t.B.weight, t.scale)
     if not bank.on or (bank.decode_bufs is None and not bank.groups):
         return None
     i = bank.index[name]
