@@ -108,7 +108,7 @@ def run_ours(model: str, data_dir: str, steps: int) -> dict:
                     seed=0, steps=steps, lora_rank=RANK, base_model="Qwen/Qwen2.5-Coder-1.5B-Instruct",
                     base_model_path=model, max_tokens=NEW_TOKENS)
     # a 40-step run's steady state: its decode shape and learner compiled on step 1 (not timed as
-    # steady, as TRL's step 1 is not), not on the 6th batch and 3rd call the engine waits for
+    # steady, as TRL's step 1 is not), not on the 8th batch and 3rd call the engine waits for
     service = make_service_client("local", compile_after_batches=1, compile_learner_after=1)
     training_client = service.create_lora_training_client(base_model=arm.base_model, rank=RANK, seed=0,
                                                           base_model_path=model).result()

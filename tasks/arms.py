@@ -6,15 +6,20 @@ resumes from its last checkpoint when the stage is run again after a crash (a tr
 created from that state with its optimizer, the SDK's supported resume).
 
 Every training client is held in `arm_client(...)`, which gives it back to the service when the
-stage is done with it: the pilot holds one at a time, each training arm one.
+stage is done with it: the pilot runs its treatment and baseline side by side (two clients, three
+when the treatment has a critic), each training arm one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
+import dataclasses
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -202,6 +207,57 @@ def _pilot_run_name() -> str:
     return pilot_name(task_run.parameters.get("stage", "pilot"))
 
 
+@dataclass(frozen=True)
+class _PilotArm:
+    """One arm's part of a pilot stage: seconds to create its clients and per step, its merged
+    rollouts, and for the treatment its held-out samples and the eval timing."""
+
+    setup_seconds: float
+    step_seconds: float
+    rollouts: str
+    heldout: str | None = None
+    eval_seconds_per_item: float | None = None
+
+
+def _pilot_arm(arm: ArmConfig, is_treatment: bool, pilot: Pilot, run: RunContext, layout: RunLayout, backend: str,
+               data_dir: str | None, stage: PilotStage) -> _PilotArm:
+    """One arm's pilot steps on fresh clients (the treatment's `pilot.steps` with held-out
+    samples, then a greedy eval of a few test items for its timing; the baseline's one step)."""
+    env = env_for(run, data_dir)
+    t0 = time.time()
+    with arm_client(run, arm, backend) as (training_client, renderer), critic_of(run, arm, backend) as critic_client:
+        setup_seconds = time.time() - t0
+        arm_dir = layout.pilot_arm_dir(stage, arm.name)
+        n_steps = pilot.steps if is_treatment else 1
+        heldout = HeldoutRequest(pilot.heldout_prompts, pilot.heldout_samples) if is_treatment else None
+        step_seconds: list[float] = []
+        report = _progress_reporter(arm, n_steps, 0, pilot_name(stage))  # a log line + progress per batch
+
+        def on_step(log: StepLog) -> None:
+            write_step_log(arm_dir, log)
+            step_seconds.append(log.metrics["step_seconds"])
+            report(log)
+
+        train_arm(arm, training_client=training_client, env=env, renderer=renderer, order=env.train_order(seed=0),
+                  steps=range(n_steps), window=new_window(arm), on_step=on_step, heldout=heldout,
+                  stage=pilot_name(stage), critic_client=critic_client,
+                  nonfinite_dir=layout.nonfinite_dir(f"{stage}-{arm.name}"))
+        rollouts_path, _ = merge_step_logs(arm_dir)
+        result = _PilotArm(setup_seconds, sum(step_seconds) / len(step_seconds), str(rollouts_path))
+        if not is_treatment:
+            return result
+        heldout_path = write_artifact("heldout", heldout.rows, layout.heldout_path(stage))
+        # Eval timing for feasibility: a few greedy test items on the pilot policy.
+        sampler = resolved(training_client.save_weights_and_get_sampling_client(), backend=backend,
+                           call="save_weights_and_get_sampling_client", expected="a sampling client")
+        problems = env.test_problems()[: getattr(pilot, "eval_timing_items", None) or 16]
+        _stage_logger().info(f"{pilot_name(stage)} {arm.name}: timing greedy eval on {len(problems)} test items")
+        t0 = time.time()
+        eval_rows(sampler, env=env, renderer=renderer, problems=problems, arm_name=arm.name, max_tokens=arm.max_tokens)
+        return dataclasses.replace(result, heldout=str(heldout_path),
+                                   eval_seconds_per_item=(time.time() - t0) / len(problems))
+
+
 @judging_task(name=pilot_name("pilot"), task_run_name=_pilot_run_name, **stage_end_hooks(), cache_policy=stage_cache(unread=(("arms", "steps"),)),
               persist_result=True)
 def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, layout: RunLayout, backend: str,
@@ -213,49 +269,23 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, l
     `wall_limit_s` seconds is a gate: a calibration pilot that takes longer fails.
     """
     started = time.time()
-    env = env_for(run, data_dir)
-    order = env.train_order(seed=0)
-    out = layout.pilot_dir(stage)
+    chosen = [arm.with_kernel_bandwidth(bandwidth) if arm.name == run.treatment and bandwidth is not None else arm
+              for arm in arms if arm.name in (run.treatment, run.baseline)]
+    # The arms side by side, as training runs them (on one GPU their steps share decodes); each
+    # thread carries the stage's context (its logger and artifacts).
+    with ThreadPoolExecutor(len(chosen), thread_name_prefix="gs1-pilot") as pool:
+        futures = [pool.submit(contextvars.copy_context().run, _pilot_arm, arm, arm.name == run.treatment,
+                               pilot, run, layout, backend, data_dir, stage) for arm in chosen]
+        done = [future.result() for future in futures]
+    paths: dict = {"dir": str(layout.pilot_dir(stage))}
     timings: dict = {"setup_seconds": {}, "step_seconds": {}}
-    paths: dict = {"dir": str(out)}
-    for arm in arms:
-        is_treatment = arm.name == run.treatment
-        if arm.name not in (run.treatment, run.baseline):
-            continue
-        if is_treatment and bandwidth is not None:
-            arm = arm.with_kernel_bandwidth(bandwidth)
-        t0 = time.time()
-        with arm_client(run, arm, backend) as (training_client, renderer), \
-                critic_of(run, arm, backend) as critic_client:  # one arm's clients at a time
-            timings["setup_seconds"][arm.name] = time.time() - t0
-            arm_dir = layout.pilot_arm_dir(stage, arm.name)
-            n_steps = pilot.steps if is_treatment else 1
-            heldout = HeldoutRequest(pilot.heldout_prompts, pilot.heldout_samples) if is_treatment else None
-            step_seconds: list[float] = []
-            report = _progress_reporter(arm, n_steps, 0, pilot_name(stage))  # a log line + progress per batch
-
-            def on_step(log: StepLog, arm_dir=arm_dir, step_seconds=step_seconds, report=report):
-                write_step_log(arm_dir, log)
-                step_seconds.append(log.metrics["step_seconds"])
-                report(log)
-
-            train_arm(arm, training_client=training_client, env=env, renderer=renderer, order=order,
-                      steps=range(n_steps), window=new_window(arm), on_step=on_step, heldout=heldout,
-                      stage=pilot_name(stage), critic_client=critic_client,
-                      nonfinite_dir=layout.nonfinite_dir(f"{stage}-{arm.name}"))
-            timings["step_seconds"][arm.name] = sum(step_seconds) / len(step_seconds)
-            rollouts_path, _ = merge_step_logs(arm_dir)
-            paths["treatment" if is_treatment else "baseline"] = str(rollouts_path)
-            if is_treatment:
-                paths["heldout"] = str(write_artifact("heldout", heldout.rows, layout.heldout_path(stage)))
-                # Eval timing for feasibility: a few greedy test items on the pilot policy.
-                sampler = resolved(training_client.save_weights_and_get_sampling_client(), backend=backend,
-                                    call="save_weights_and_get_sampling_client", expected="a sampling client")
-                problems = env.test_problems()[: getattr(pilot, "eval_timing_items", None) or 16]
-                _stage_logger().info(f"{pilot_name(stage)} {arm.name}: timing greedy eval on {len(problems)} test items")
-                t0 = time.time()
-                eval_rows(sampler, env=env, renderer=renderer, problems=problems, arm_name=arm.name, max_tokens=arm.max_tokens)
-                timings["eval_seconds_per_item"] = (time.time() - t0) / len(problems)
+    for arm, result in zip(chosen, done):
+        timings["setup_seconds"][arm.name] = result.setup_seconds
+        timings["step_seconds"][arm.name] = result.step_seconds
+        paths["treatment" if arm.name == run.treatment else "baseline"] = result.rollouts
+        if result.heldout is not None:
+            paths["heldout"] = result.heldout
+            timings["eval_seconds_per_item"] = result.eval_seconds_per_item
     timings["bandwidth"] = bandwidth
     timings["wall_seconds"] = time.time() - started
     paths["timings"] = str(write_json_atomic(layout.timings_json(stage), timings))

@@ -87,6 +87,12 @@ def test_clean_run_reaches_a_paired_decision(prefect_harness, tmp_path, repo_roo
         assert "compute_advantages" in json.loads(audit["grpo_gs8.max_abs_diff"]["observed"])["reference"]
     feasibility = json.loads((run_dir / "feasibility" / "feasibility.json").read_text())
     assert feasibility["status"] == "feasible" and feasibility["wall_seconds"] > 0
+    # The pilot ran its two arms side by side: the baseline's step overlaps the treatment's steps.
+    spans = {}
+    for arm in ("gs1_kernel", "grpo_gs8"):
+        m = read_rows("step_metrics", run_dir / "pilot" / arm / "step_metrics.parquet")
+        spans[arm] = (min(r["wall_time"] - r["step_seconds"] for r in m), max(r["wall_time"] for r in m))
+    assert max(a for a, _ in spans.values()) < min(b for _, b in spans.values()), spans
     # The flow ran its stages in the order of the one stage table (schemas.layout.STAGES), every
     # task run named by it; the same run's task runs, in the order they were started.
     assert_stages_in_table_order(state, expected={"spec", "preflight", "unit_checks", "pilot", "audit_pilot",

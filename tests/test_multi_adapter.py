@@ -313,7 +313,7 @@ def test_a_decode_shape_is_compiled_on_its_compile_after_th_batch_only(tmp_path,
     service = _service(tmp_path)
     a = _perturbed(service, tiny_model_dir, 4, 1)
     base = a._engine.base
-    assert base.generator.compile_after == COMPILE_AFTER_BATCHES == 6
+    assert base.generator.compile_after == COMPILE_AFTER_BATCHES == 8
     assert _service(tmp_path, compile_after_batches=1).settings.compile_after_batches == 1
     gen = Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank, compile_after=3)
     gen.compile_decode = True  # as on CUDA

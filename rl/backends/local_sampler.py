@@ -369,12 +369,16 @@ def decode_step(model, ids_B, pos_B, mask_B, cache) -> torch.Tensor:
 _COMPILED_DECODE = None
 DECODE_LENGTH_BUCKET = 1024  # static caches hold a multiple of this many positions
 MIN_GRAPHED_ROWS = 128  # graphed batches hold a multiple of this many rows
-# A decode shape is compiled on its 6th batch. Measured on the H200 (results/h200-multi-adapter):
-# a compile costs 53-61 s and saves ~4.6 ms of a step at 128 rows (7.98 against 12.6 ms eager),
-# ~5.5 ms at 512: it pays back after ~25 batches of ~450 steps. The fixed stages' shapes (the
-# preflight's and pilots' 5 batches of 128 rows, the held-out set's one 1024-row batch) and an
-# eval's few batches never do; a training loop's shape, 40 batches, does.
-COMPILE_AFTER_BATCHES = 6
+# A decode shape is compiled on its 8th batch. Measured on the H200 (results/h200-multi-adapter):
+# a compile costs 53-79 s cold (~20 s on a warm cache) and saves ~4 ms of a step at 128 rows
+# (8.7 against 12.6 ms eager): 2 s a batch of 512 steps, so it pays back after ~40 batches cold
+# (~10 warm). An eval's few batches never do, nor do the fixed stages: with a calibration they
+# make 7 batches of the 128-row shape (the preflight's 1; the
+# pilot's baseline step, treatment step 2 and eval timing; the calibration pilot's same three --
+# a treatment's first step rides with its held-out samples in a larger shape). On its 6th batch,
+# the user's spec compiled in its calibration pilot, 78.5 s before feasibility
+# (results/h200-multi-adapter/session5). On the 8th, a training loop's first step compiles it.
+COMPILE_AFTER_BATCHES = 8
 
 
 def compiled_decode_step():

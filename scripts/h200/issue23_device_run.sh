@@ -2,8 +2,9 @@
 # Issue 23's H200 session, started by the device command with `setsid nohup` from the device
 # checkout's root once the wheels are in /tmp/site and the model pieces in /root/m
 # (results/h200-gsm8k/README.md, "Device call sequence"; carry [".data", ".tok", ".tree_commit"]).
-# PARTS (default "spec warm adapters peer"; also learner, learner_paths, forms, comparison) picks
-# the parts, run in that order, each one's output in its own file:
+# PARTS (default "adapters peer comparison spec warm"; also learner, learner_paths, forms) picks
+# the parts, run in that order, each one's output in its own file. Session5 ran "spec warm" and
+# two rows of "adapters" in its 30 minutes; the default puts first what it did not reach.
 #   forms       `benchmarks/step_profile.py --adapters 1,2,6,12 --skip-train` for the bank's dense
 #               and tiled decode forms (eager-captured, no compiling): profile_dense.txt,
 #               profile_tiled.txt (measured in session4: tiled, now the default)
@@ -21,7 +22,7 @@
 # Writes everything under /root/work; `status` there says how far it got.
 set -u
 W=/root/work; mkdir -p "$W"
-PARTS=${PARTS:-spec warm adapters peer}
+PARTS=${PARTS:-adapters peer comparison spec warm}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1
 export GS1_LOCAL_CACHE=$W/cache
 now() { date +%s.%N; }
