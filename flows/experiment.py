@@ -27,6 +27,7 @@ from tasks.gates import (activation_gate, audit_gate, family_decision_record, fe
                          paired_decision_record)
 from tasks.preflight import correctness_preflight
 from tasks.report import run_report
+from tasks.services import engine_usage, log_engine_usage
 from tasks.spec import calibrated_plan, flow_run_name, validated_plan
 
 
@@ -106,15 +107,19 @@ def _stages(spec_path: str, layout: RunLayout, backend: str, data_dir: str | Non
         trained, evals = dispatched_units(dispatch, units, run, plan.n_eval, layout, backend, data_dir)
         audit_gate(units, [trained[u.unit].rollouts for u in units], layout, stage="train")
     else:
+        usage = engine_usage(backend)
         trained = {u.unit: trained_arm.submit(u, run, layout, backend, data_dir) for u in units}
         # Every unit finishes (and is cached) before a failed one ends the run: a resume retrains
         # only the failed unit. The audit reads them all.
         wait(list(trained.values()))
+        log_engine_usage(backend, usage, "train")
         trained = {name: future.result() for name, future in trained.items()}
         audit_gate(units, [trained[u.unit].rollouts for u in units], layout, stage="train")
+        usage = engine_usage(backend)
         evals = {u.unit: eval_items.submit(trained[u.unit], u, run, plan.n_eval, layout, backend, data_dir)
                  for u in units}
         wait(list(evals.values()))
+        log_engine_usage(backend, usage, "eval")
         evals = {name: future.result() for name, future in evals.items()}
     if len(units) < len(every_unit):  # a share of the sweep: the decision waits for the others
         waiting = [u.unit for u in every_unit if u.unit not in evals]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,3 +24,23 @@ def service_client(backend: str):
             kw = {"cache_dir": os.environ.get("GS1_LOCAL_CACHE") or str(Path.home() / ".cache" / "gs1" / "local")}
             _SERVICES[backend] = make_service_client(backend, **(kw if backend == "local" else {}))
         return _SERVICES[backend]
+
+
+def engine_usage(backend: str) -> tuple[float, dict] | None:
+    """The local engine's usage now (`LocalServiceClient.usage`) and the time, to bound a stage
+    with `log_engine_usage`; None on a hosted service."""
+    if backend != "local":  # never a hosted service's client for this (a resume may need none)
+        return None
+    return time.perf_counter(), service_client(backend).usage()
+
+
+def log_engine_usage(backend: str, before: tuple[float, dict] | None, stage: str) -> None:
+    """One `gs1.engine` line per base the stage used since `before`: the device's busy share and
+    its jobs (`rl.backends.local.usage_lines`)."""
+    if before is None:
+        return
+    from rl.backends.local import usage_lines
+
+    t0, usage = before
+    for line in usage_lines(usage, service_client(backend).usage(), time.perf_counter() - t0):
+        logging.getLogger("gs1.engine").info(f"{stage}: {line}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -46,9 +47,31 @@ def run_flow(tmp_path: Path, spec: dict):
     return state, run_dir
 
 
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
 def test_clean_run_reaches_a_paired_decision(prefect_harness, tmp_path, repo_root, tiny_model_dir):
-    state, run_dir = run_flow(tmp_path, flow_spec(repo_root, tiny_model_dir))
+    engine, lines = logging.getLogger("gs1.engine"), _Lines()
+    level = engine.level
+    engine.setLevel(logging.INFO)
+    engine.addHandler(lines)
+    try:
+        state, run_dir = run_flow(tmp_path, flow_spec(repo_root, tiny_model_dir))
+    finally:
+        engine.removeHandler(lines)
+        engine.setLevel(level)
     assert state.is_completed(), state.message
+    # the training and eval stages each say how busy the engine's device queue was, and on what
+    usage = {m.split(":")[0]: m for m in lines.lines if " busy " in m}
+    assert set(usage) == {"train", "eval"}, usage
+    assert "forward_backward" in usage["train"] and "optim_step" in usage["train"]
+    assert "sampling batches" in usage["eval"] and "forward_backward" not in usage["eval"]
     decision = json.loads((run_dir / "decision" / "decision.json").read_text())
     assert decision["verdict"] in {"noninferior", "inferior", "inconclusive"}
     assert decision["n"] == 48

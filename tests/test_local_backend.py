@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.util
+import time
 
 import pytest
 import torch
@@ -707,3 +708,32 @@ def test_clients_go_to_the_gpu_with_the_fewest_live_adapters(tmp_path, monkeypat
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     assert svc.place() == torch.device("cuda", 0)  # always an index: the engine's worker thread sets it
+
+
+def test_the_engine_usage_lines_say_how_long_the_worker_was_busy_and_on_what(tmp_path, tiny_model_dir):
+    """`LocalServiceClient.usage()` snapshots and `usage_lines`: per base, the worker's busy seconds
+    of the interval by job, counted by the jobs that ran in it (none before the first snapshot)."""
+    from rl.backends.local import LocalServiceClient, usage_lines
+
+    svc = LocalServiceClient(device="cpu", cache_dir=tmp_path)
+    tc = svc.create_lora_training_client(str(tiny_model_dir), rank=4, seed=0).result()
+    before, t0 = svc.usage(), time.perf_counter()
+    sc = tc.save_weights_and_get_sampling_client().result()
+    sc.sample(types.ModelInput.from_ints([1, 2, 3]), 2, types.SamplingParams(max_tokens=3, temperature=1.0)).result()
+    datum = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]),
+                        loss_fn_inputs={"target_tokens": [2, 3, 4], "logprobs": [-1.0] * 3, "advantages": [1.0] * 3})
+    tc.forward_backward([datum], "importance_sampling").result()
+    tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    after, seconds = svc.usage(), time.perf_counter() - t0
+    (name,) = after
+    assert name == f"{tiny_model_dir} on cpu"
+    u = after[name].since(before[name])
+    assert u.jobs["_checked_forward_backward"] == u.jobs["_optim_step"] == 1 and "add_adapter" not in u.jobs
+    assert u.jobs.get("_run_requests", 0) + u.jobs.get("_run_pending", 0) >= 1
+    assert 0 < sum(u.busy.values()) <= u.at <= seconds
+    (line,) = usage_lines(before, after, seconds)
+    assert line.startswith(f"{name}: busy ") and "forward_backward" in line and "optim_step" in line
+    assert "sampling batches" in line and "(1)" in line
+    assert usage_lines(after, svc.usage(), 1.0) == []  # nothing ran since
+    (whole,) = usage_lines({}, after, seconds)  # a base made in the interval: all its jobs
+    assert "clients created" in whole

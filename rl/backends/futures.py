@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import warnings
+from dataclasses import dataclass
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Generic, TypeVar
 
@@ -93,18 +95,51 @@ class LocalClientFuture(LocalFuture[T], Generic[T]):
         return f"<{type(self).__name__}: {state}>"
 
 
+@dataclass(frozen=True)
+class WorkerUsage:
+    """What a `SerialWorker` had run by `at` (`time.perf_counter()`): per job name, its count and
+    busy seconds. `since` gives what ran between two of them."""
+
+    at: float
+    jobs: dict[str, int]
+    busy: dict[str, float]
+
+    def since(self, before: "WorkerUsage") -> "WorkerUsage":
+        return WorkerUsage(self.at - before.at,
+                           {k: n - before.jobs.get(k, 0) for k, n in self.jobs.items() if n > before.jobs.get(k, 0)},
+                           {k: s - before.busy.get(k, 0.0) for k, s in self.busy.items() if self.jobs[k] > before.jobs.get(k, 0)})
+
+
 class SerialWorker:
     """One thread that runs submitted jobs in submission order (the device's queue).
-    `initializer` runs first in that thread (the local engine makes its CUDA stream current)."""
+    `initializer` runs first in that thread (the local engine makes its CUDA stream current).
+    Each job's seconds count under its function's name (`usage`)."""
 
     def __init__(self, name: str, initializer: Callable[[], None] | None = None):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=initializer)
+        self._jobs: dict[str, int] = {}
+        self._busy: dict[str, float] = {}
+        self._lock = threading.Lock()
 
     def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> LocalFuture[T]:
-        return LocalFuture(self._pool.submit(fn, *args, **kwargs))
+        return LocalFuture(self._pool.submit(self._timed, fn, *args, **kwargs))
 
     def submit_raw(self, fn: Callable[..., Any], *args: Any) -> Future:
-        return self._pool.submit(fn, *args)
+        return self._pool.submit(self._timed, fn, *args)
+
+    def _timed(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            name = getattr(fn, "__name__", type(fn).__name__)
+            with self._lock:
+                self._jobs[name] = self._jobs.get(name, 0) + 1
+                self._busy[name] = self._busy.get(name, 0.0) + time.perf_counter() - t0
+
+    def usage(self) -> WorkerUsage:
+        with self._lock:
+            return WorkerUsage(time.perf_counter(), dict(self._jobs), dict(self._busy))
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)

@@ -112,7 +112,7 @@ from rl.backends.attention import (
     sdpa_flags,
     versions,
 )
-from rl.backends.futures import LocalClientFuture, LocalFuture, SerialWorker
+from rl.backends.futures import LocalClientFuture, LocalFuture, SerialWorker, WorkerUsage
 from rl.backends.lora_bank import DECODE_FORMS, DEFAULT_DECODE_FORM, AdapterBank, AdapterWeights
 from rl.backends.local_sampler import (
     COMPILE_AFTER_BATCHES,
@@ -802,6 +802,35 @@ def _symbolic_trainable(module, args, embeds: torch.Tensor) -> torch.Tensor:
     return embeds.requires_grad_(True)
 
 
+# The worker's job names as a usage line says them (`usage_lines`); others go by their own name.
+JOB_LABELS = {
+    "_run_requests": "sampling batches", "_run_pending": "sampling batches",
+    "_checked_forward_backward": "forward_backward", "forward_backward": "forward", "_optim_step": "optim_step",
+    "<lambda>": "saves and sampling clients", "_load": "loads", "add_adapter": "clients created",
+    "remove_adapter": "clients given back",
+}
+
+
+def usage_lines(before: dict[str, WorkerUsage], after: dict[str, WorkerUsage], seconds: float) -> list[str]:
+    """One line per base used between two `LocalServiceClient.usage()` snapshots `seconds` apart:
+    how long its worker (the device's one queue) was busy, and on what, busiest first. The rest of
+    the interval the device waited on the callers (grading, advantages, a gather waiting for arms)."""
+    lines = []
+    for name, now in after.items():
+        u = now.since(before.get(name) or WorkerUsage(now.at, {}, {}))  # a base made meanwhile: all of it
+        if not u.jobs:
+            continue
+        jobs: dict[str, list] = {}
+        for k, n in u.jobs.items():
+            j = jobs.setdefault(JOB_LABELS.get(k, k), [0, 0.0])
+            j[0] += n
+            j[1] += u.busy[k]
+        busy = sum(s for _, s in jobs.values())
+        parts = ", ".join(f"{label} {s:.1f} s ({n})" for label, (n, s) in sorted(jobs.items(), key=lambda kv: -kv[1][1]))
+        lines.append(f"{name}: busy {busy:.1f} of {seconds:.1f} s ({100 * busy / max(seconds, 1e-9):.0f} %): {parts}")
+    return lines
+
+
 def _adapter_config(path: Path) -> dict | None:
     f = path / "adapter_config.json"
     return json.loads(f.read_text()) if f.is_file() else None
@@ -881,6 +910,7 @@ class _Adapter:
         with self.base._cv:
             self.jobs += 1
 
+        @functools.wraps(fn)  # the worker counts its seconds under fn's name
         def run():
             try:
                 return fn(*args)
@@ -1423,6 +1453,12 @@ class LocalServiceClient:
             if key not in self._bases:
                 self._bases[key] = _Base(src, device, self.dtype, self.settings)
             return self._bases[key]
+
+    def usage(self) -> dict[str, WorkerUsage]:
+        """Each base's worker so far (`SerialWorker.usage`), by "model on device"."""
+        with self._placing:
+            bases = list(self._bases.values())
+        return {f"{b.src.spec} on {b.device}": b.worker.usage() for b in bases}
 
     def create_lora_training_client(self, base_model: str, rank: int = 32, seed: int | None = None,
                                     train_mlp: bool = True, train_attn: bool = True,
