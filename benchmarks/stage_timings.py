@@ -4,7 +4,7 @@
 
 Prefect prints `HH:MM:SS.mmm | LEVEL | Task run 'NAME-abc' - Finished in state ...` when a stage
 ends, and the local engine `... | gs1.engine - decode graph R rows x P positions on DEV:
-[compiled and ]captured in S s`, `... | gs1.engine - learner: decoder layers compiled on DEV in S s`
+[compiled and ]captured in S s`, `... | gs1.engine - learner: decoder layers [re]compiled on DEV in S s`
 (rl/backends/local.py) and `... | gs1.engine - model SPEC loaded (HOW) in S s on DEV`
 (HOW: gguf, converted, weights, reused, tokenizer or tokenizer-cached; rl/backends/models.py).
 A stage runs from the end of the one before it (arms run side by side: the training and eval rows
@@ -27,7 +27,7 @@ from pathlib import Path
 LINE = re.compile(r"^(\d\d:\d\d:\d\d\.\d{3}) \| \w+\s*\| (.*)$")
 FINISHED = re.compile(r"Task run '(.+?)(-[0-9a-f]{3})?' - Finished in state (\w+)")
 COMPILE = re.compile(r"gs1\.engine - decode graph (\d+) rows x (\d+) positions on (\S+): (compiled and )?captured in ([\d.]+) s")
-LEARNER = re.compile(r"gs1\.engine - learner: decoder layers compiled on (\S+) in ([\d.]+) s")
+LEARNER = re.compile(r"gs1\.engine - learner: decoder layers (?:re)?compiled on (\S+) in ([\d.]+) s")
 LOAD = re.compile(r"gs1\.engine - model (.+) loaded \(([\w-]+)\) in ([\d.]+) s on (\S+)")
 
 

@@ -218,7 +218,7 @@ def test_a_failing_learner_compile_falls_back_to_the_eager_layers(tmp_path, tiny
 
 
 @pytest.mark.slow
-def test_one_compiled_graph_serves_every_adapter_and_shape(tmp_path, tiny_model_dir, tiny_tokenizer):
+def test_one_compiled_graph_serves_every_adapter_and_shape(tmp_path, tiny_model_dir, tiny_tokenizer, caplog):
     """Two arms on one base, calls of 8, 64 (several microbatches) and 1 datum: one compiled graph
     in all (no guard reads the adapter, the first layer's input or a batch size), each call as the
     eager layers give it, and an arm's call leaves the other arm's gradients alone."""
@@ -245,9 +245,12 @@ def test_one_compiled_graph_serves_every_adapter_and_shape(tmp_path, tiny_model_
     assert len(compiled[0]._engine.microbatches(calls[2][1])) > 1
     for k, data in calls:
         want = _calls(eager[k], [data])[0]
-        got = _calls(compiled[k], [data])[0]
+        with caplog.at_level("INFO", logger="gs1.engine"):
+            got = _calls(compiled[k], [data])[0]
         _same(got, want, 1e-5)
     assert counters["stats"]["unique_graphs"] - graphs == 1
+    said = [r.getMessage() for r in caplog.records if "learner: decoder layers" in r.getMessage()]
+    assert len(said) == 1 and "layers compiled" in said[0] and "1 graphs so far" in said[0]  # never "recompiled"
     assert compiled[0]._engine.base.compile_learner
     compiled[0].forward_backward(calls[0][1], "importance_sampling").result()
     assert all(p.grad is None for p in compiled[1]._engine.params)

@@ -118,6 +118,7 @@ from rl.backends.local_sampler import (
     COMPILE_AFTER_BATCHES,
     Generator,
     Row,
+    dynamo_graphs,
     install_gqa_decode_attention,
     row_key,
     score_tokens,
@@ -326,6 +327,7 @@ class _Base:
         # the compiled forward: untried), and off for good once a compile fails (`_learner_microbatch`).
         self.compile_learner = settings.compile_learner and not self.gradient_checkpointing
         self._compiled_forwards: list | None = None
+        self._learner_graphs = 0  # dynamo graphs the compiled layers made (one, unless a guard failed)
         self.hidden_grads = HiddenStateGradients(self.decoder)
         self.logit_chunk_rows = max(1, self.generator.max_logit_elems // self.lm.config.vocab_size)
         # Checkpointed decoder layers keep one hidden state per layer for backward and recompute
@@ -706,7 +708,7 @@ class _Base:
         if not (compiled and self.compile_learner):
             return self._microbatch(adapter, data, mb, loss_fn, forward_only, outputs)
         grads = [None if p.grad is None else p.grad.clone() for p in adapter.params]
-        first = self._compiled_forwards is None
+        first, graphs = self._compiled_forwards is None, dynamo_graphs()
         t0 = time.perf_counter()
         try:
             loss = self._microbatch(adapter, data, mb, loss_fn, forward_only, outputs, compiled=True)
@@ -720,9 +722,12 @@ class _Base:
             for p, g in zip(adapter.params, grads):
                 p.grad = g
             return self._microbatch(adapter, data, mb, loss_fn, forward_only, outputs)
-        if first:
-            _log.info(f"learner: decoder layers compiled on {self.device} in {time.perf_counter() - t0:.1f} s "
-                      f"(first compiled microbatch, {mb.tokens} tokens)")
+        new = dynamo_graphs() - graphs
+        if first or new:  # a recompile is a guard that failed: one graph should serve every call
+            self._learner_graphs += new
+            _log.info(f"learner: decoder layers {'compiled' if first else 'recompiled'} on {self.device} in "
+                      f"{time.perf_counter() - t0:.1f} s ({mb.size} datums x {mb.padded_length} positions; "
+                      f"{self._learner_graphs} graphs so far)")
         return loss
 
     def _microbatch(self, adapter: "_Adapter", data, mb: Microbatch, loss_fn, forward_only, outputs,

@@ -410,7 +410,8 @@ COMPILE_EVENTS: list[CompileEvent] = []  # this process's, in order
 _log = logging.getLogger("gs1.engine")
 
 
-def _unique_graphs() -> int:
+def dynamo_graphs() -> int:
+    """The graphs dynamo has compiled in this process so far (decode steps and the learner's)."""
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
@@ -713,10 +714,10 @@ class Generator:
                 dec.use_eager()
                 self.compile_decode = False
             try:
-                graphs, t0 = _unique_graphs(), time.perf_counter()
+                graphs, t0 = dynamo_graphs(), time.perf_counter()
                 dec.capture(cur)
                 event = CompileEvent(dec.B, dec.max_len, time.perf_counter() - t0,
-                                     _unique_graphs() > graphs, str(self.device))
+                                     dynamo_graphs() > graphs, str(self.device))
                 COMPILE_EVENTS.append(event)
                 _log.info(f"decode graph {dec.B} rows x {dec.max_len} positions on {event.device}: "
                           f"{'compiled and ' if event.compiled else ''}captured in {event.seconds:.1f} s "
