@@ -717,14 +717,16 @@ def test_the_engine_usage_lines_say_how_long_the_worker_was_busy_and_on_what(tmp
 
     svc = LocalServiceClient(device="cpu", cache_dir=tmp_path)
     tc = svc.create_lora_training_client(str(tiny_model_dir), rank=4, seed=0).result()
-    before, t0 = svc.usage(), time.perf_counter()
+    t0 = time.perf_counter()
+    before = svc.usage()
     sc = tc.save_weights_and_get_sampling_client().result()
     sc.sample(types.ModelInput.from_ints([1, 2, 3]), 2, types.SamplingParams(max_tokens=3, temperature=1.0)).result()
     datum = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]),
                         loss_fn_inputs={"target_tokens": [2, 3, 4], "logprobs": [-1.0] * 3, "advantages": [1.0] * 3})
     tc.forward_backward([datum], "importance_sampling").result()
     tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
-    after, seconds = svc.usage(), time.perf_counter() - t0
+    after = svc.usage()
+    seconds = time.perf_counter() - t0  # bounds the snapshots' interval
     (name,) = after
     assert name == f"{tiny_model_dir} on cpu"
     u = after[name].since(before[name])
