@@ -45,7 +45,7 @@ def stage_table(log: str, start: float | None = None) -> list[dict]:
     stages: list[dict] = []
     compiles: list[tuple[float, bool]] = []
     loads: list[tuple[float, bool]] = []  # (seconds, read from disk)
-    learner: list[float] = []  # the learner's compiles (seconds of the first compiled microbatch)
+    learner: list[float] = []  # the learner's compiles and recompiles (seconds of that microbatch)
     last = previous
     for m in lines:
         at = _clock(m.group(1), first_day)

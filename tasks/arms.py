@@ -18,9 +18,8 @@ import copy
 import dataclasses
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -207,7 +206,7 @@ def _pilot_run_name() -> str:
     return pilot_name(task_run.parameters.get("stage", "pilot"))
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class _PilotArm:
     """One arm's part of a pilot stage: seconds to create its clients and per step, its merged
     rollouts, and for the treatment its held-out samples and the eval timing."""

@@ -17,8 +17,8 @@ import asyncio
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
@@ -97,17 +97,16 @@ class LocalClientFuture(LocalFuture[T], Generic[T]):
 
 @dataclass(frozen=True)
 class WorkerUsage:
-    """What a `SerialWorker` had run by `at` (`time.perf_counter()`): per job name, its count and
-    busy seconds. `since` gives what ran between two of them."""
+    """What a `SerialWorker` had run so far: per job name, its count and busy seconds. `since`
+    gives what ran between two of them."""
 
-    at: float
     jobs: dict[str, int]
     busy: dict[str, float]
 
     def since(self, before: "WorkerUsage") -> "WorkerUsage":
-        return WorkerUsage(self.at - before.at,
-                           {k: n - before.jobs.get(k, 0) for k, n in self.jobs.items() if n > before.jobs.get(k, 0)},
-                           {k: s - before.busy.get(k, 0.0) for k, s in self.busy.items() if self.jobs[k] > before.jobs.get(k, 0)})
+        ran = [k for k, n in self.jobs.items() if n > before.jobs.get(k, 0)]
+        return WorkerUsage({k: self.jobs[k] - before.jobs.get(k, 0) for k in ran},
+                           {k: self.busy[k] - before.busy.get(k, 0.0) for k in ran})
 
 
 class SerialWorker:
@@ -139,7 +138,7 @@ class SerialWorker:
 
     def usage(self) -> WorkerUsage:
         with self._lock:
-            return WorkerUsage(time.perf_counter(), dict(self._jobs), dict(self._busy))
+            return WorkerUsage(dict(self._jobs), dict(self._busy))
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)

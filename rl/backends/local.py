@@ -822,7 +822,7 @@ def usage_lines(before: dict[str, WorkerUsage], after: dict[str, WorkerUsage], s
     the interval the device waited on the callers (grading, advantages, a gather waiting for arms)."""
     lines = []
     for name, now in after.items():
-        u = now.since(before.get(name) or WorkerUsage(now.at, {}, {}))  # a base made meanwhile: all of it
+        u = now.since(before.get(name) or WorkerUsage({}, {}))  # a base made meanwhile: all of it
         if not u.jobs:
             continue
         jobs: dict[str, list] = {}

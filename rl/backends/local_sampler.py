@@ -373,9 +373,9 @@ MIN_GRAPHED_ROWS = 128  # graphed batches hold a multiple of this many rows
 # a compile costs 53-79 s cold (~20 s on a warm cache) and saves ~4 ms of a step at 128 rows
 # (8.7 against 12.6 ms eager): 2 s a batch of 512 steps, so it pays back after ~40 batches cold
 # (~10 warm). An eval's few batches never do, nor do the fixed stages: with a calibration they
-# make 7 batches of the 128-row shape (the preflight's 1; the
-# pilot's baseline step, treatment step 2 and eval timing; the calibration pilot's same three --
-# a treatment's first step rides with its held-out samples in a larger shape). On its 6th batch,
+# make 7 batches of the 128-row shape (the preflight's 1; the pilot's baseline step, treatment
+# step 2 and eval timing; the calibration pilot's same three -- a treatment's first step rides
+# with its held-out samples in a larger shape). On its 6th batch,
 # the user's spec compiled in its calibration pilot, 78.5 s before feasibility
 # (results/h200-multi-adapter/session5). On the 8th, a training loop's first step compiles it.
 COMPILE_AFTER_BATCHES = 8

@@ -147,7 +147,6 @@ class AdapterBank:
         self._rank = 8  # the decode stacks' rank: only grows (a new rank is a new decode graph)
         self._slots = MIN_SLOTS  # the dense stacks' slots: only grow
         self.train_adapter: str | None = None  # set: the learner's forwards (`training`)
-        self.learning = False  # the same, as the hook reads it (a name read there would be a guard)
 
     # --- the model's adapted projections -------------------------------------------------
     def refresh(self, model) -> None:
@@ -333,11 +332,11 @@ class AdapterBank:
         with self._hooks_only():
             for m in adapted:
                 m.trained = _Trained(m.lora_A[adapter], m.lora_B[adapter], float(m.scaling[adapter]))
-            self.train_adapter, self.learning = adapter, True
+            self.train_adapter = adapter
             try:
                 yield self
             finally:
-                self.train_adapter, self.learning = None, False
+                self.train_adapter = None
                 for m in adapted:
                     del m.trained
 
@@ -404,10 +403,8 @@ def _add_bank(bank: AdapterBank, name: str, module, args, out):
     """The forward hook of one adapted projection: its rows' adapter addon, in peft's numerics
     (input cast to the bank's precision, one rounding of the sum to the output's dtype); in
     training, the trained adapter's (`LoraAddon`)."""
-    if bank.learning:
-        t = getattr(module, "trained", None)
-        if t is None:
-            return None
+    t = getattr(module, "trained", None)  # never the adapter's name: a compiled learner would guard on it
+    if t is not None:
         return LoraAddon.apply(args[0], out, t.A.weight, t.B.weight, t.scale)
     if not bank.on or (bank.decode_bufs is None and not bank.groups):
         return None
