@@ -454,6 +454,41 @@ def test_the_static_decode_at_the_users_shape_matches_each_adapter_alone(form, t
     assert len({tuple(alone[k][0].tokens) + tuple(round(x, 4) for x in alone[k][0].logprobs) for k in range(3)}) == 3
 
 
+@pytest.mark.parametrize("form", ["dense", "tiled"])
+def test_a_static_decode_moves_its_last_rows_to_a_smaller_decoder_and_keeps_their_tokens(form, tmp_path, tiny_model_dir,
+                                                                                         tiny_tokenizer):
+    """Rows that stop early (their max_tokens here, a stop token in an eval) leave a static decoder
+    mostly idle: once the rows still decoding fit in half its rows, they move to a decoder of that
+    many (tiles of one adapter each, as a batch is laid out). Two arms and the bare base, rows
+    of 1 to 12 new tokens: every row's tokens, stop reason and logprobs are those of the same batch
+    never compacted, and the decode did less work."""
+    from rl.backends.local_sampler import Generator, Row, row_key
+
+    service = _service(tmp_path, bank_decode=form)
+    tcs = [_perturbed(service, tiny_model_dir, 4, 1), _perturbed(service, tiny_model_dir, 8, 2, train_mlp=False)]
+    base = tcs[0]._engine.base
+    base.bank.tile_rows = 4  # small tiles, so that a few rows make a compacted batch smaller
+    snaps = [tc._engine.snapshot_live() for tc in tcs] + [None]
+    prompts = [tiny_tokenizer.encode("question %d " % i * (1 + i % 3)) for i in range(6)]
+    rows = [Row(prompt=p, max_tokens=1 + (5 * i + 3 * k + s) % 12, key=row_key(100 * k + i, s), adapter=a,
+                temperature=(0.0 if (i + s) % 4 == 0 else 1.0))
+            for i, p in enumerate(prompts) for k, a in enumerate(snaps) for s in range(2)]
+    results = {}
+    for compact in (False, True):
+        gen = Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank, compact=compact)
+        with base.bank.serving():
+            results[compact] = (gen.generate(rows), gen.stats)
+    (plain, plain_stats), (compacted, stats) = results[False], results[True]
+    assert plain_stats.compactions == 0 and stats.compactions >= 1
+    assert stats.row_steps < 0.8 * plain_stats.row_steps
+    for row, want, got in zip(rows, plain, compacted):
+        assert got.tokens == want.tokens and got.stop_reason == want.stop_reason
+        assert len(got.tokens) == row.max_tokens  # no stop tokens asked for: each runs to its length
+        assert max(abs(x - y) for x, y in zip(got.logprobs, want.logprobs)) < 1e-5
+    # the last decoder is the only static cache the generator keeps
+    assert len(gen._graphs) == 1 and next(iter(gen._graphs.values())).B < len(rows) // 2
+
+
 def test_an_unknown_bank_decode_form_is_refused(tmp_path):
     from schemas.errors import UserError
 

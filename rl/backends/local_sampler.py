@@ -11,7 +11,8 @@ the same shape). Rows that ask for `prompt_logprobs` get them from the same pref
 `_prefill`, `_decoder` (one interface, `step(tok_B, pos_B, cur) -> logits_B`: `_EagerDecoder`
 on a DynamicCache, or `_GraphedDecoder` on a static cache, replaying its CUDA graph), the loop
 `_decode` (sample_step, `_Progress.record` -- the stop check --, decoder step), and
-`_Progress.results` (unpack).
+`_Progress.results` (unpack). A static decoder whose rows still decoding fit in half of its rows
+hands them to a smaller one (`_compacted`): rows that stop early stop costing decode steps.
 
 Randomness is counter-based: row r draws its step-t uniform from splitmix64(key_r, t), so a
 row's tokens depend only on its own key and logits, never on which other requests shared its
@@ -104,6 +105,8 @@ class GenStats:
     decode_steps: int = 0
     sampled_tokens: int = 0
     graphed_batches: int = 0
+    row_steps: int = 0  # decode steps x the decoder's rows (pads included): the decode's work
+    compactions: int = 0  # times a batch's live rows moved to a smaller static decoder
     prefill_s: float = 0.0
     decode_s: float = 0.0
     extra: dict = field(default_factory=dict)
@@ -345,6 +348,15 @@ class _GraphedDecoder:
         self.set_length(cur_len)
         self.graph = g
 
+    def adopt(self, old: "_GraphedDecoder", src_K: torch.Tensor, cur: int) -> None:
+        """Take over rows src_K of `old` (same positions) at write slot `cur`: their keys, values
+        and mask, in place (a captured graph stays valid)."""
+        for k, v, k_old, v_old in zip(self.cache.k, self.cache.v, old.cache.k, old.cache.v):
+            k[:, :, :cur].copy_(k_old[:, :, :cur].index_select(0, src_K))
+            v[:, :, :cur].copy_(v_old[:, :, :cur].index_select(0, src_K))
+        self.mask.copy_(old.mask.index_select(0, src_K))
+        self.set_length(cur)
+
     def replay(self) -> torch.Tensor:
         assert self.graph is not None and self.logits is not None
         self.graph.replay()
@@ -509,6 +521,22 @@ def _pack(rows: list[Row], pad_id: int, share_prefill: bool, dev) -> _Packed:
         max_new=max(r.max_tokens for r in rows))
 
 
+@dataclass(frozen=True)
+class _Live:
+    """The rows of a compacted static decoder (`Generator._compacted`): its row k decodes the
+    batch's row rows_K[k]. A pad (filling a tile or the graphed row count) copies its neighbour's
+    row and writes nowhere; write_K are the real rows, write_B the batch rows they write to. The
+    rows' sampling settings, gathered once."""
+
+    rows_K: torch.Tensor
+    write_K: torch.Tensor
+    write_B: torch.Tensor
+    temps_K: torch.Tensor
+    keys_K: torch.Tensor
+    top_k_K: torch.Tensor | None
+    top_p_K: torch.Tensor | None
+
+
 class _Progress:
     """Each row's tokens and logprobs so far, and the stop check after every sampled token: a
     row stops at a stop token, a stop string (decoded on the host), or its max_tokens."""
@@ -522,8 +550,13 @@ class _Progress:
         self.done_B = b.max_tok_B <= 0
         self.by_stop_B = torch.zeros(b.B, dtype=torch.bool, device=dev)
 
-    def record(self, step: int, tok_B: torch.Tensor, lp_B: torch.Tensor) -> None:
+    def record(self, step: int, tok_B: torch.Tensor, lp_B: torch.Tensor, live: "_Live | None" = None) -> None:
+        """Record a step's tokens; with `live` (a compacted decoder's rows), `tok_B` and `lp_B`
+        are that decoder's and go to the rows they decode (the others are done: zeros)."""
         b = self.b
+        if live is not None:
+            tok_B = torch.zeros_like(self.n_out_B).index_copy_(0, live.write_B, tok_B.index_select(0, live.write_K))
+            lp_B = torch.zeros_like(self.lps_B_T[:, 0]).index_copy_(0, live.write_B, lp_B.index_select(0, live.write_K))
         active = ~self.done_B
         self.tokens_B_T[:, step] = tok_B
         self.lps_B_T[:, step] = lp_B
@@ -572,7 +605,7 @@ class Generator:
     def __init__(self, model, pad_id: int, tokenizer=None, use_cuda_graphs: bool | None = None,
                  static_cache: bool | None = None, share_prefill: bool = True,
                  max_logit_elems: int | None = None, compile_decode: bool = False, bank=None,
-                 compile_after: int = COMPILE_AFTER_BATCHES):
+                 compile_after: int = COMPILE_AFTER_BATCHES, compact: bool | None = None):
         self.model = model
         self.share_prefill = share_prefill  # False: one prefill row per row (for comparisons)
         self.pad_id = pad_id
@@ -589,6 +622,8 @@ class Generator:
         self.bank = bank
         self.compile_decode = compile_decode and cuda  # only the captured CUDA step is compiled
         self.compile_after = max(1, compile_after)  # batches of a shape before it is compiled
+        # a static decoder's rows still decoding move to a smaller one (`_compacted`); GS1_COMPACT_DECODE=0: never
+        self.compact = os.environ.get("GS1_COMPACT_DECODE", "1") != "0" if compact is None else compact
         self.stats = GenStats()
 
     def generate(self, rows: list[Row]) -> list[RowResult]:
@@ -667,18 +702,79 @@ class Generator:
     def _decode(self, b: _Packed, dec, logits_B: torch.Tensor, progress: _Progress) -> int:
         """The decode loop: sample a token per row, record it (stop check), step the decoder.
         Returns the steps run. Without stop strings on CUDA, whether every row is done is read
-        back every 16 steps only (a device sync)."""
+        back every 16 steps only (a device sync); there a static decoder also moves the rows
+        still decoding to a smaller one when they fit in half its rows (`_compacted`)."""
         sync_every = 1 if (self.device.type != "cuda" or b.str_rows) else 16
         pos_B = b.next_pos_B
+        live: _Live | None = None
         for step in range(b.max_new):
-            tok_B, lp_B = sample_step(logits_B, b.temps_B, b.keys_B, step, b.top_k_B, b.top_p_B,
-                                      b.any_greedy)
-            progress.record(step, tok_B, lp_B)
+            if live is None:
+                tok_B, lp_B = sample_step(logits_B, b.temps_B, b.keys_B, step, b.top_k_B, b.top_p_B, b.any_greedy)
+            else:
+                tok_B, lp_B = sample_step(logits_B, live.temps_K, live.keys_K, step, live.top_k_K, live.top_p_K,
+                                          b.any_greedy)
+            progress.record(step, tok_B, lp_B, live)
             if step + 1 == b.max_new or ((step + 1) % sync_every == 0 and progress.all_done()):
                 return step + 1
+            if (step + 1) % sync_every == 0:
+                shrunk = self._compacted(b, dec, live, progress, b.Lp + step)
+                if shrunk is not None:
+                    dec, live, src_K = shrunk
+                    tok_B, pos_B = tok_B.index_select(0, src_K), pos_B.index_select(0, src_K)
+            self.stats.row_steps += dec.B if isinstance(dec, _GraphedDecoder) else b.B
             logits_B = dec.step(tok_B, pos_B, b.Lp + step)  # b.Lp + step: the new token's slot
             pos_B = pos_B + 1
         return 0
+
+    def _compacted(self, b: _Packed, dec, live: _Live | None, progress: _Progress, cur: int):
+        """When the rows still decoding fit in at most half of a static decoder's rows (laid out
+        as `_layout` lays out a batch: tiles of one adapter each, the graphed row count), a
+        decoder of that many rows holding their keys and values from here on: a greedy eval's
+        1,024 rows run 512 steps while half of them stop by ~270 (GSM8K). Each row keeps its own
+        key, KV and adapter, so its tokens are those the full batch gives. Returns (decoder,
+        its rows, each one's row in `dec`), or None: keep `dec`."""
+        if not (self.compact and isinstance(dec, _GraphedDecoder)):
+            return None
+        rows_K = live.rows_K if live is not None else torch.arange(b.B, device=b.src_B.device)
+        decoding_K = (~progress.done_B).index_select(0, rows_K)
+        if live is not None:  # a pad copies a live row: only real rows count
+            real_K = torch.zeros_like(decoding_K).index_fill_(0, live.write_K, True)
+            decoding_K &= real_K
+        keep = decoding_K.nonzero().squeeze(1).tolist()
+        rows_host = rows_K.tolist()
+        order: list[int | None] = list(range(len(keep)))
+        if self.bank is not None and self.bank.tiled:
+            ids: dict[int, int] = {}
+            adapters = [b.rows[rows_host[k]].adapter for k in keep]
+            order = tile_layout([-1 if a is None else ids.setdefault(a.id, len(ids)) for a in adapters],
+                                self.bank.tile_rows)
+        if self.use_cuda_graphs:
+            order += [None] * (graphed_rows(len(order)) - len(order))
+        if not keep or len(order) > dec.B // 2:
+            return None
+        src: list[int] = []  # each new row's row in `dec`; a pad copies the row before it
+        for j, o in enumerate(order):
+            src.append(keep[o] if o is not None else src[j - 1])
+        dev = rows_K.device
+        src_K = torch.tensor(src, dtype=torch.long, device=dev)
+        write_K = torch.tensor([j for j, o in enumerate(order) if o is not None], dtype=torch.long, device=dev)
+        new_rows_K = rows_K.index_select(0, src_K)
+        self._use_rows([b.rows[rows_host[k]].adapter for k in src], decode=True)
+        total = dec.max_len
+        shape = (len(order), total, self.bank.version if self.bank is not None else 0)
+        compile_now = self._compile_now((len(order), total))
+        new = self._graphs.get(shape)
+        if new is None or (compile_now and not new.compiled):
+            new = _GraphedDecoder(self.model, len(order), total, compile_now)
+        for key in [k for k, d in self._graphs.items() if d is dec]:
+            del self._graphs[key]  # one live static cache at a time, once this copy is done
+        self._graphs[shape] = new
+        new.adopt(dec, src_K, cur)
+        new.capture_with = self._capture if self.use_cuda_graphs else None
+        pick = (lambda t: None if t is None else t.index_select(0, new_rows_K))
+        self.stats.compactions += 1
+        return new, _Live(new_rows_K, write_K, new_rows_K.index_select(0, write_K), pick(b.temps_B),
+                          pick(b.keys_B), pick(b.top_k_B), pick(b.top_p_B)), src_K
 
     def _decoder(self, b: _Packed, cache) -> "_EagerDecoder | _GraphedDecoder":
         """The batch's decoder, holding the prefill's keys and values: static-KV (graphed on
