@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import copy
 import dataclasses
 import logging
 import time
@@ -57,8 +56,10 @@ def env_for(run: RunContext, data_dir: str | None):
 def renderer_for(run: RunContext, tokenizer):
     """A renderer with its own tokenizer: arms run in parallel threads, and a Hugging Face fast
     tokenizer shared across threads fails with 'Already borrowed'."""
+    from rl.backends.models import own_tokenizer  # torch and transformers: only once a renderer is made
+
     name = run.renderer or model_info.get_recommended_renderer_name(run.base_model)
-    return renderers.get_renderer(name, copy.deepcopy(tokenizer))
+    return renderers.get_renderer(name, own_tokenizer(tokenizer))
 
 
 TRAINING_CLIENT = "a LoRA training client (a service may cap adapters per user; gs1 holds at most 3 at once)"

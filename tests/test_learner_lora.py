@@ -254,3 +254,21 @@ def test_one_compiled_graph_serves_every_adapter_and_shape(tmp_path, tiny_model_
     assert compiled[0]._engine.base.compile_learner
     compiled[0].forward_backward(calls[0][1], "importance_sampling").result()
     assert all(p.grad is None for p in compiled[1]._engine.params)
+
+
+def test_a_learner_recompile_says_which_guard_failed(tmp_path, tiny_model_dir, tiny_tokenizer, caplog):
+    """A second graph is a guard that failed: an arm of another rank (its A has other rows) makes
+    one, and the log line says so, with dynamo's own words for the guard."""
+    import torch._dynamo
+
+    svc = LocalServiceClient(device="cpu", cache_dir=tmp_path, gradient_checkpointing=False, compile_learner=True,
+                             compile_learner_after=1)
+    arms = [svc.create_lora_training_client(str(tiny_model_dir), rank=r, seed=3).result() for r in (8, 16)]
+    torch._dynamo.reset()
+    with caplog.at_level("INFO", logger="gs1.engine"):
+        for tc in arms:
+            tc.forward_backward(_datums(tiny_tokenizer, 4), "importance_sampling").result()
+    said = [r.getMessage() for r in caplog.records if "learner: decoder layers" in r.getMessage()]
+    assert len(said) == 2 and "layers compiled" in said[0] and "guard failed" not in said[0]
+    assert "recompiled" in said[1] and "2 graphs so far" in said[1]
+    assert "guard failed: " in said[1] and "size mismatch" in said[1] and "expected 8, actual 16" in said[1]

@@ -119,12 +119,14 @@ from rl.backends.local_sampler import (
     Generator,
     Row,
     dynamo_graphs,
+    guard_failures,
+    guard_failures_since,
     install_gqa_decode_attention,
     row_key,
     score_tokens,
     splitmix64,
 )
-from rl.backends.models import ModelSource, load_causal_lm, load_tokenizer_beside, resolve_model
+from rl.backends.models import ModelSource, load_causal_lm, load_tokenizer_beside, own_tokenizer, resolve_model
 from rl.backends.token_logprobs import lm_head_fn, target_logprobs
 from schemas.errors import NonFiniteStep, UserError
 
@@ -708,7 +710,7 @@ class _Base:
         if not (compiled and self.compile_learner):
             return self._microbatch(adapter, data, mb, loss_fn, forward_only, outputs)
         grads = [None if p.grad is None else p.grad.clone() for p in adapter.params]
-        first, graphs = self._compiled_forwards is None, dynamo_graphs()
+        first, graphs, failures = self._compiled_forwards is None, dynamo_graphs(), guard_failures()
         t0 = time.perf_counter()
         try:
             loss = self._microbatch(adapter, data, mb, loss_fn, forward_only, outputs, compiled=True)
@@ -725,9 +727,11 @@ class _Base:
         new = dynamo_graphs() - graphs
         if first or new:  # a recompile is a guard that failed: one graph should serve every call
             self._learner_graphs += new
+            why = guard_failures_since(failures)
             _log.info(f"learner: decoder layers {'compiled' if first else 'recompiled'} on {self.device} in "
                       f"{time.perf_counter() - t0:.1f} s ({mb.size} datums x {mb.padded_length} positions; "
-                      f"{self._learner_graphs} graphs so far)")
+                      f"{self._learner_graphs} graphs so far)"
+                      + (f"; guard failed: {' | '.join(w.splitlines()[0][:300] for w in why)}" if why else ""))
         return loss
 
     def _microbatch(self, adapter: "_Adapter", data, mb: Microbatch, loss_fn, forward_only, outputs,
@@ -878,7 +882,7 @@ class _Adapter:
         # The client's own tokenizer (made on the worker, which also uses the base's): a fast
         # tokenizer used from two threads at once fails ("Already borrowed"), and the arms on one
         # base run in parallel threads.
-        self.tokenizer = copy.deepcopy(base.tokenizer)
+        self.tokenizer = own_tokenizer(base.tokenizer)
         # what the sample queue's gather reads (`_Base._gather`), under the base's lock
         self.jobs = 0  # submitted and not finished
         self.samples = 0  # sample requests made by its sampling clients
@@ -1073,7 +1077,7 @@ class LocalSamplingClient:
                  model_path: str | None = None, owner: "_Adapter | None" = None):
         self._engine = engine
         # made on the worker: its owner's tokenizer (the same caller's thread), else a copy of its own
-        self._tokenizer = owner.tokenizer if owner is not None else copy.deepcopy(engine.tokenizer)
+        self._tokenizer = owner.tokenizer if owner is not None else own_tokenizer(engine.tokenizer)
         self._snapshot = snapshot
         self._owner = owner
         self._base_model = base_model

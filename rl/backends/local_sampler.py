@@ -429,6 +429,21 @@ def dynamo_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def guard_failures() -> int:
+    """The guard failures dynamo has recorded in this process so far (each made a recompile)."""
+    from torch._dynamo.utils import guard_failures as failures
+
+    return sum(len(reasons) for reasons in failures.values())
+
+
+def guard_failures_since(n: int) -> list[str]:
+    """The guard failures recorded after the first `n` (`guard_failures()`), oldest first: what
+    changed between a graph and the call that recompiled it."""
+    from torch._dynamo.utils import guard_failures as failures
+
+    return [str(r) for reasons in failures.values() for r in reasons][n:]
+
+
 def _bucket(n: int, q: int) -> int:
     return ((n + q - 1) // q) * q
 
