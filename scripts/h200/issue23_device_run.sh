@@ -2,9 +2,10 @@
 # Issue 23's H200 session, started by the device command with `setsid nohup` from the device
 # checkout's root once the wheels are in /tmp/site and the model pieces in /root/m
 # (results/h200-gsm8k/README.md, "Device call sequence"; carry [".data", ".tok", ".tree_commit"]).
-# PARTS (default "adapters peer comparison spec warm"; also learner, learner_paths, forms) picks
+# PARTS (default "spec warm peer"; also adapters, comparison, learner, learner_paths, forms) picks
 # the parts, run in that order, each one's output in its own file. Session5 ran "spec warm" and
-# two rows of "adapters" in its 30 minutes; the default puts first what it did not reach.
+# two rows of "adapters" in its 30 minutes, session6 "adapters comparison" and the peer's start
+# (results/h200-multi-adapter/session6); the default puts first what that did not reach.
 #   forms       `benchmarks/step_profile.py --adapters 1,2,6,12 --skip-train` for the bank's dense
 #               and tiled decode forms (eager-captured, no compiling): profile_dense.txt,
 #               profile_tiled.txt (measured in session4: tiled, now the default)
@@ -22,7 +23,7 @@
 # Writes everything under /root/work; `status` there says how far it got.
 set -u
 W=/root/work; mkdir -p "$W"
-PARTS=${PARTS:-adapters peer comparison spec warm}
+PARTS=${PARTS:-spec warm peer}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1
 export GS1_LOCAL_CACHE=$W/cache
 now() { date +%s.%N; }
