@@ -41,14 +41,16 @@ def run_trl(model: str, data_dir: str, steps: int) -> dict:
     from datasets import Dataset
     from peft import LoraConfig
     from tinker_cookbook.recipes.math_rl.math_env import MathEnv
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    path = Path(model)
-    kw = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
-    where = str(path.parent if kw else path)
-    tokenizer = AutoTokenizer.from_pretrained(where, **kw)
-    lm = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kw).to("cuda", torch.bfloat16)
+    from rl.backends.models import load_causal_lm, load_tokenizer, resolve_model
+
+    # the engine's loader: a GGUF dequantised to bf16 as our side gets it, read from $GS1_MODEL_CACHE
+    # when a run kept it there (the dequantising is no part of either side's steps)
+    src = resolve_model(model)
+    tokenizer = load_tokenizer(src)
+    lm = load_causal_lm(src, torch.bfloat16, "cuda")
     # Dequantised to bf16 on load, nothing quantised remains; the Trainer refuses a GGUF-marked model.
     lm.hf_quantizer = None
     try:

@@ -93,8 +93,8 @@ adapters() {
     > "$W/adapters.txt" 2>&1
 }
 
-peer() {
-  python3 benchmarks/peer_trl.py --model /root/m/model.gguf --data-dir /root/data/gsm8k --steps 4 > "$W/peer.txt" 2>&1
+peer() {  # on the model `spec` kept (each side loads it in seconds, not a minute of dequantising)
+  GS1_MODEL_CACHE=$W/models-spec python3 benchmarks/peer_trl.py --model /root/m/model.gguf --data-dir /root/data/gsm8k --steps 4 > "$W/peer.txt" 2>&1
 }
 
 for part in $PARTS; do
