@@ -29,6 +29,7 @@ the step's decode shape included), an arm's own adapter and AdamW state, and the
 from __future__ import annotations
 
 import argparse
+import logging
 import random
 import sys
 import tempfile
@@ -123,6 +124,10 @@ def main(argv=None) -> int:
     ap.add_argument("--bank-decode", choices=["dense", "tiled"], default=None,
                     help="the adapter bank's decode form (lora_bank.DECODE_FORMS; default: the engine's)")
     args = ap.parse_args(argv)
+    # the engine's own lines (compiles and recompiles with the guard that failed, captures, loads)
+    # on stderr beside the table: a timed row that holds a compile says so
+    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("gs1.engine").setLevel(logging.INFO)
 
     from tinker import types
 

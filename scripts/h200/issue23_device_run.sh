@@ -2,7 +2,7 @@
 # Issue 23's H200 session, started by the device command with `setsid nohup` from the device
 # checkout's root once the wheels are in /tmp/site and the model pieces in /root/m
 # (results/h200-gsm8k/README.md, "Device call sequence"; carry [".data", ".tok", ".tree_commit"]).
-# PARTS (default "spec warm peer"; also adapters, comparison, learner, learner_paths, forms) picks
+# PARTS (default "spec warm peer clients"; also adapters, comparison, learner, learner_paths, forms) picks
 # the parts, run in that order, each one's output in its own file. Session5 ran "spec warm" and
 # two rows of "adapters" in its 30 minutes, session6 "adapters comparison" and the peer's start
 # (results/h200-multi-adapter/session6); the default puts first what that did not reach.
@@ -20,10 +20,12 @@
 #               process (warm.log; stopped once feasibility is written)
 #   adapters    `benchmarks/engine.py --adapters 1,2,6,12`, compiled (adapters.txt)
 #   peer        the TRL peer against our grpo_gs8 arm (peer.txt)
+#   clients     `benchmarks/client_setup.py` on the GPU: a client's creation, the tokenizer copy's
+#               share (clients.txt; a client took 3.3 s in session6's comparison)
 # Writes everything under /root/work; `status` there says how far it got.
 set -u
 W=/root/work; mkdir -p "$W"
-PARTS=${PARTS:-spec warm peer}
+PARTS=${PARTS:-spec warm peer clients}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1
 export GS1_LOCAL_CACHE=$W/cache
 now() { date +%s.%N; }
@@ -95,6 +97,11 @@ adapters() {
 
 peer() {  # on the model `spec` kept (each side loads it in seconds, not a minute of dequantising)
   GS1_MODEL_CACHE=$W/models-spec python3 benchmarks/peer_trl.py --model /root/m/model.gguf --data-dir /root/data/gsm8k --steps 4 > "$W/peer.txt" 2>&1
+}
+
+clients() {
+  python3 benchmarks/client_setup.py --config qwen2.5-1.5b --tokenizer-dir .tok --device cuda --clients 5 \
+    > "$W/clients.txt" 2>&1
 }
 
 for part in $PARTS; do
