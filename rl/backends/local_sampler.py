@@ -255,7 +255,7 @@ class _EagerDecoder:
     def __init__(self, model, cache, b: "_Packed"):
         if b.src != list(range(b.B)):
             cache.batch_select_indices(b.src_B)
-        self.model, self.cache = model, cache
+        self.model, self.cache, self.B = model, cache, b.B
         self.mask = torch.zeros(b.B, 1, 1, b.Lp + b.max_new, dtype=torch.bool, device=b.src_B.device)
         self.mask[:, 0, 0, : b.Lp] = b.pmask_B
 
@@ -736,35 +736,26 @@ class Generator:
                 if shrunk is not None:
                     dec, live, src_K = shrunk
                     tok_B, pos_B = tok_B.index_select(0, src_K), pos_B.index_select(0, src_K)
-            self.stats.row_steps += dec.B if isinstance(dec, _GraphedDecoder) else b.B
+            self.stats.row_steps += dec.B
             logits_B = dec.step(tok_B, pos_B, b.Lp + step)  # b.Lp + step: the new token's slot
             pos_B = pos_B + 1
         return 0
 
     def _compacted(self, b: _Packed, dec, live: _Live | None, progress: _Progress, cur: int):
         """When the rows still decoding fit in at most half of a static decoder's rows (laid out
-        as `_layout` lays out a batch: tiles of one adapter each, the graphed row count), a
-        decoder of that many rows holding their keys and values from here on: a greedy eval's
-        1,024 rows run 512 steps while half of them stop by ~270 (GSM8K). Each row keeps its own
-        key, KV and adapter, so its tokens are those the full batch gives. Returns (decoder,
-        its rows, each one's row in `dec`), or None: keep `dec`."""
-        if not (self.compact and isinstance(dec, _GraphedDecoder)):
-            return None
+        by `_layout`, as a batch is), a decoder of that many rows holding their keys and values
+        from here on: a greedy eval's 1,024 rows run 512 steps while half of them stop by ~270
+        (GSM8K). Each row keeps its own key, KV and adapter, so its tokens are those the full
+        batch gives. Returns (decoder, its rows, each one's row in `dec`), or None: keep `dec`."""
+        if not (self.compact and isinstance(dec, _GraphedDecoder)) or len(self._layout([b.rows[0]])) > dec.B // 2:
+            return None  # a static decoder at its smallest layout (a training step's 128 rows): no read-back
         rows_K = live.rows_K if live is not None else torch.arange(b.B, device=b.src_B.device)
         decoding_K = (~progress.done_B).index_select(0, rows_K)
         if live is not None:  # a pad copies a live row: only real rows count
-            real_K = torch.zeros_like(decoding_K).index_fill_(0, live.write_K, True)
-            decoding_K &= real_K
+            decoding_K &= torch.zeros_like(decoding_K).index_fill_(0, live.write_K, True)
         keep = decoding_K.nonzero().squeeze(1).tolist()
         rows_host = rows_K.tolist()
-        order: list[int | None] = list(range(len(keep)))
-        if self.bank is not None and self.bank.tiled:
-            ids: dict[int, int] = {}
-            adapters = [b.rows[rows_host[k]].adapter for k in keep]
-            order = tile_layout([-1 if a is None else ids.setdefault(a.id, len(ids)) for a in adapters],
-                                self.bank.tile_rows)
-        if self.use_cuda_graphs:
-            order += [None] * (graphed_rows(len(order)) - len(order))
+        order = self._layout([b.rows[rows_host[k]] for k in keep])
         if not keep or len(order) > dec.B // 2:
             return None
         src: list[int] = []  # each new row's row in `dec`; a pad copies the row before it
@@ -775,16 +766,9 @@ class Generator:
         write_K = torch.tensor([j for j, o in enumerate(order) if o is not None], dtype=torch.long, device=dev)
         new_rows_K = rows_K.index_select(0, src_K)
         self._use_rows([b.rows[rows_host[k]].adapter for k in src], decode=True)
-        total = dec.max_len
-        shape = (len(order), total, self.bank.version if self.bank is not None else 0)
-        compile_now = self._compile_now((len(order), total))
-        new = self._graphs.get(shape)
-        if new is None or (compile_now and not new.compiled):
-            new = _GraphedDecoder(self.model, len(order), total, compile_now)
-        for key in [k for k, d in self._graphs.items() if d is dec]:
-            del self._graphs[key]  # one live static cache at a time, once this copy is done
-        self._graphs[shape] = new
+        new = self._static_decoder(len(order), dec.max_len, keep=dec)
         new.adopt(dec, src_K, cur)
+        self._graphs = {k: d for k, d in self._graphs.items() if d is new}  # the old one's cache goes
         new.capture_with = self._capture if self.use_cuda_graphs else None
         pick = (lambda t: None if t is None else t.index_select(0, new_rows_K))
         self.stats.compactions += 1
@@ -797,16 +781,23 @@ class Generator:
         if not self.static_cache:
             return _EagerDecoder(self.model, cache, b)
         total = _bucket(b.Lp + b.max_new, DECODE_LENGTH_BUCKET)
-        # the bank's tensors, read by address in a captured graph, are part of its shape
-        shape = (b.B, total, self.bank.version if self.bank is not None else 0)
         self._batches_of[(b.B, total)] += 1
-        compile_now = self._compile_now((b.B, total))
-        dec = self._graphs.get(shape)
-        if dec is None or (compile_now and not dec.compiled):
-            self._graphs.clear()  # one live static cache at a time bounds memory
-            dec = self._graphs[shape] = _GraphedDecoder(self.model, b.B, total, compile_now)
+        dec = self._static_decoder(b.B, total)
         dec.start(cache, b)
         dec.capture_with = self._capture if self.use_cuda_graphs else None
+        return dec
+
+    def _static_decoder(self, rows: int, total: int, keep: "_GraphedDecoder | None" = None) -> "_GraphedDecoder":
+        """The static decoder of `rows` x `total` positions on the bank's decode buffers (read by
+        address in a captured graph, so part of its shape), kept between batches and compiled
+        from the shape's `compile_after`-th batch. A new one drops every other static cache but
+        `keep` (the one a compaction copies from): one live cache at a time bounds memory."""
+        shape = (rows, total, self.bank.version if self.bank is not None else 0)
+        compile_now = self._compile_now((rows, total))
+        dec = self._graphs.get(shape)
+        if dec is None or (compile_now and not dec.compiled):
+            self._graphs = {k: d for k, d in self._graphs.items() if d is keep}
+            dec = self._graphs[shape] = _GraphedDecoder(self.model, rows, total, compile_now)
         return dec
 
     def _compile_now(self, rows_positions: tuple[int, int]) -> bool:
