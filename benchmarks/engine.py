@@ -292,6 +292,7 @@ def main(argv=None) -> int:
         est = learner_activation_bytes(eng.lm.config, eng.tokens_per_microbatch, eng.dtype) / 2**30
         print(f"\ngradient checkpointing: {eng.gradient_checkpointing} ({args.gradient_checkpointing}); "
               f"learner LoRA: {eng.learner_lora}; compiled layers: {eng.compile_learner}; "
+              f"TF32 float32 matmuls: {eng.base.settings.tf32} (GS1_TF32); "
               f"tokens per microbatch: {eng.tokens_per_microbatch}; "
               f"estimated unchecked activations of a full microbatch: {est:.1f} GiB")
         print("| phase | fwd+bwd s | fwd+bwd+optim s | trained tokens | trained tok/s "
@@ -381,6 +382,7 @@ def adapters_table(args, svc, model_dir: Path, device: str) -> int:
           f"new={args.new_tokens} rank={args.rank} compiled={arms[0]._engine.generator.compile_decode} "
           f"bank_decode={arms[0]._engine.settings.bank_decode} compiled_learner={arms[0]._engine.base.compile_learner} "
           f"gradient_checkpointing={arms[0]._engine.base.gradient_checkpointing} "
+          f"tf32={arms[0]._engine.base.settings.tf32} "
           f"torch={torch.__version__}; x: against the first row")
     print("| adapters | rows | batches | ms / decode step | x | sample s | train s per adapter | RL step s | x "
           "| GiB held | GiB held per arm | GiB adapter + AdamW of an arm | peak GiB |")

@@ -9,12 +9,19 @@ on that batch's static decoder, at a mid-decode length:
   rows (the base alone); `sample_step` alone; the masked decode attention alone (x layers);
 - the eager step's top kernels by CUDA time (torch.profiler).
 Then one arm's forward_backward of the `--batch` datums (prompt + new tokens) under the profiler:
-wall seconds and its top kernels. Prints tables only; nothing is written.
+wall seconds, its top kernels and its CUDA time by kind of kernel (`kernel_kind`). The learner is
+the engine's: compiled on CUDA (its first call compiles, before anything is timed), TF32 unless
+`GS1_TF32=0`. `--skip-decode` profiles the learner alone:
+
+    python benchmarks/step_profile.py --config qwen2.5-1.5b --device cuda --skip-decode
+
+Prints tables only; nothing is written.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import random
 import sys
 import tempfile
@@ -44,7 +51,10 @@ def main(argv=None) -> int:
                     help="the adapter bank's decode form (default: the engine's, lora_bank.DEFAULT_DECODE_FORM)")
     ap.add_argument("--tokenizer-dir", default=None, help="a saved Qwen tokenizer (default: the test fixture's)")
     ap.add_argument("--skip-train", action="store_true", help="the decode step only")
+    ap.add_argument("--skip-decode", action="store_true", help="the learner only")
     args = ap.parse_args(argv)
+    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")  # the engine's compile lines
+    logging.getLogger("gs1.engine").setLevel(logging.INFO)
 
     from torch.profiler import ProfilerActivity, profile
     from tinker import types
@@ -58,14 +68,15 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="gs1-profile-"))
     model_dir = build_model(args.config, work / "model", args.tokenizer_dir, args.device)
     counts = [int(x) for x in args.adapters.split(",")]
+    # the learner compiles on its first call (the profile's warm-up), as a run's does from its third
     svc = make_service_client("local", device=args.device, cache_dir=work / "cache", compile_decode=False,
                               max_batch_rows=args.batch * max(counts), batch_across_clients=True,
-                              bank_decode=args.bank_decode)
+                              bank_decode=args.bank_decode, compile_learner_after=1)
     rng = random.Random(0)
     sp = types.SamplingParams(max_tokens=args.new_tokens, temperature=1.0, stop=[])
     arms, prompts_A = [], []
     summary = []
-    for n in counts:
+    for n in [] if args.skip_decode else counts:
         while len(arms) < n:
             arms.append(svc.create_lora_training_client(str(model_dir), rank=args.rank, seed=len(arms)).result())
             prompts_A.append([types.ModelInput.from_ints([rng.randrange(1000, 150000) for _ in range(args.prompt_tokens)])
@@ -116,8 +127,11 @@ def main(argv=None) -> int:
         print(prof.key_averages().table(sort_by=sort, row_limit=22, max_name_column_width=70))
 
     if not args.skip_train:
-        train_profile(args, arms[0], rng, acts, sort)
+        tc = arms[0] if arms else svc.create_lora_training_client(str(model_dir), rank=args.rank, seed=0).result()
+        train_profile(args, tc, rng, acts, sort)
     print(f"\ndevice {torch.cuda.get_device_name() if cuda else 'cpu'} torch {torch.__version__}")
+    if not summary:
+        return 0
     keys = list(summary[0])
     print("| " + " | ".join(keys) + " |")
     print("|" + "---|" * len(keys))
@@ -127,7 +141,8 @@ def main(argv=None) -> int:
 
 
 def train_profile(args, tc, rng, acts, sort) -> None:
-    """One arm's forward_backward at the RL step's shape: wall seconds and its top kernels."""
+    """One arm's forward_backward at the RL step's shape: wall seconds (median of 3 after a warm-up)
+    and its top kernels."""
     from engine import sync
     from torch.profiler import profile
     from tinker import types
@@ -138,18 +153,64 @@ def train_profile(args, tc, rng, acts, sort) -> None:
     datums = [types.Datum(model_input=types.ModelInput.from_ints(t[:-1]),
                           loss_fn_inputs={"target_tokens": t[1:], "logprobs": [0.0] * (len(t) - 1),
                                           "advantages": [0.0] * ob + [1.0] * (len(t) - 1 - ob)}) for t in toks]
-    tc.forward_backward(datums, "importance_sampling").result()  # warm-up
-    sync()
-    t = time.perf_counter()
-    tc.forward_backward(datums, "importance_sampling").result()
-    sync()
-    t_fb = time.perf_counter() - t
+    tc.forward_backward(datums, "importance_sampling").result()  # warm-up (the compile)
+    times = []
+    for _ in range(3):
+        sync()
+        t = time.perf_counter()
+        tc.forward_backward(datums, "importance_sampling").result()
+        sync()
+        times.append(time.perf_counter() - t)
+    t_fb = sorted(times)[1]
     with profile(activities=acts) as prof:
         tc.forward_backward(datums, "importance_sampling").result()
         sync()
+    eng = tc._engine.base
     print(f"\n== training: forward_backward of {args.batch} datums x {len(toks[0]) - 1} tokens: {t_fb:.3f} s "
-          f"({args.batch * (len(toks[0]) - 1) / t_fb:.0f} tok/s)")
+          f"(median of {', '.join(f'{x:.3f}' for x in times)}; {args.batch * (len(toks[0]) - 1) / t_fb:.0f} tok/s); compiled layers: {eng.compile_learner}, "
+          f"checkpointing: {eng.gradient_checkpointing}, TF32: {eng.settings.tf32}, LoRA path: {eng.learner_lora}")
     print(prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=70))
+    print(kind_table(prof, cuda=sort.startswith("cuda")))
+
+
+# A kernel's kind from its name (cuBLAS, cuDNN, flash, inductor's Triton): the fragments below,
+# first match wins. GEMMs by operand type: bf16 (the base), TF32 or IEEE float32 (the adapters').
+KINDS = (
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("GEMM tf32", ("tf32",)),
+    ("GEMM bf16", ("bf16", "bfloat16")),
+    ("GEMM nvjet (cuBLASLt: the operand type is not in its name)", ("nvjet",)),
+    ("GEMM float32", ("gemm", "sgemm", "cutlass", "xmma", "cublas")),
+    ("triton (fused elementwise, reductions)", ("triton",)),
+    ("copies, casts, fills", ("copy", "cast", "fill", "memcpy", "memset", "to_copy")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    gemm = any(f in low for f in ("gemm", "nvjet", "cutlass", "xmma", "matmul", "_mm", "cublas"))
+    for kind, fragments in KINDS:
+        if kind.startswith("GEMM") and not gemm:
+            continue
+        if any(f in low for f in fragments):
+            return kind
+    return "other"
+
+
+def kind_table(prof, cuda: bool) -> str:
+    """Self device time by kernel kind, from the profile's events (each kernel once)."""
+    totals: dict[str, float] = {}
+    for e in prof.key_averages():
+        us = e.self_device_time_total if cuda else e.self_cpu_time_total
+        if us <= 0:
+            continue
+        k = kernel_kind(e.key)
+        totals[k] = totals.get(k, 0.0) + us / 1e6
+    whole = sum(totals.values())
+    if not whole:  # a CPU smoke run: the worker thread's ops are not in this thread's profile
+        return "(no kernel events recorded)"
+    rows = [f"| {k} | {s:.3f} | {100 * s / whole:.0f} % |" for k, s in sorted(totals.items(), key=lambda kv: -kv[1])]
+    return "\n".join(["| kind | self s | share |", "|---|---|---|", *rows, f"| all | {whole:.3f} | 100 % |"])
 
 
 if __name__ == "__main__":

@@ -119,6 +119,7 @@ def replay(path: Path, device: str | None = None) -> tuple[Dump, list[ReplayRun]
                                  gradient_checkpointing=s["gradient_checkpointing"],
                                  learner_lora=s.get("learner_lora", "peft"),  # a dump from before the fused path
                                  learner_attention_mask=bool(s.get("learner_attention_mask")),
+                                 tf32=bool(s.get("tf32")),  # a dump from before TF32 ran IEEE float32
                                  compile_learner=False)  # eager: the layers as written, whatever the dump ran
     tc = service.create_training_client_from_state_with_optimizer(str(dump.path)).result()
     saved = sdpa_flags()

@@ -18,7 +18,7 @@ from tinker import types
 
 from fixtures.tiny_model import tiny_model_dir, tiny_tokenizer  # noqa: F401
 from rl.backends import local
-from rl.backends.local import LocalServiceClient, checkpoint_learner, learner_activation_bytes
+from rl.backends.local import LocalServiceClient, checkpoint_learner, learner_activation_bytes, use_tf32
 from rl.backends.lora_bank import LoraAddon
 
 
@@ -135,6 +135,18 @@ def test_checkpointing_is_on_for_the_cpu_and_a_small_gpu_and_off_where_activatio
     gpu_of(80)  # an 80 GiB card: checkpointed
     assert checkpoint_learner(QWEN25_15B, cuda, torch.bfloat16, 16384)
     assert not checkpoint_learner(QWEN25_15B, cuda, torch.bfloat16, 4096)  # a quarter of the tokens fit
+
+
+def test_tf32_is_on_for_cuda_unless_turned_off_and_never_on_the_cpu(monkeypatch):
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    monkeypatch.delenv("GS1_TF32", raising=False)
+    assert use_tf32(cuda, None) and not use_tf32(cpu, None) and not use_tf32(cpu, True)
+    monkeypatch.setenv("GS1_TF32", "0")
+    assert not use_tf32(cuda, None) and use_tf32(cuda, True)  # an explicit setting wins over the variable
+    monkeypatch.setenv("GS1_TF32", "1")
+    assert use_tf32(cuda, None) and not use_tf32(cuda, False)
+    # the CPU engine's settings say so (its float32 matmuls are IEEE; the tests' numbers stay as they were)
+    assert LocalServiceClient(device="cpu", tf32=True).settings.tf32 is False
 
 
 def _stage_timings():

@@ -405,6 +405,49 @@ def test_the_step_profile_runs_each_bank_form_and_prints_its_table(form, capsys)
     assert "== training: forward_backward of 4 datums" in out
 
 
+def test_the_learner_profile_runs_alone_and_sorts_kernels_by_kind(capsys):
+    """`step_profile.py --skip-decode`: the learner's profile without any decode; its kernel kinds
+    from names cuBLAS, flash attention and inductor give their kernels."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        spec = importlib.util.spec_from_file_location("step_profile", bench / "step_profile.py")
+        profile = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(profile)
+        assert profile.main(["--config", "tiny", "--device", "cpu", "--skip-decode", "--batch", "4",
+                             "--prompt-tokens", "8", "--train-new-tokens", "8"]) == 0
+    finally:
+        sys.path.remove(str(bench))
+    out = capsys.readouterr().out
+    assert "== training: forward_backward of 4 datums x 15 tokens" in out and "== 1 adapters" not in out
+    assert "TF32: False" in out  # the CPU's float32 matmuls stay IEEE
+    kind = profile.kernel_kind
+    assert kind("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32") == "GEMM tf32"
+    assert kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n") == "GEMM bf16"
+    assert kind("ampere_sgemm_128x64_tn") == "GEMM float32"
+    assert kind("nvjet_sm90_tst_128x256_64x4_1x2_h_bz_coopB_NTT").startswith("GEMM nvjet")
+    assert kind("pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel") == "attention"
+    assert kind("triton_poi_fused__to_copy_add_mul_3") == "triton (fused elementwise, reductions)"
+    assert kind("void at::native::elementwise_kernel<128, 2, direct_copy_kernel_cuda>") == "copies, casts, fills"
+    assert kind("void at::native::reduce_kernel<512, 1>") == "other"
+
+    class FakeProfile:  # a fake profiler result: two GEMMs and a Triton kernel, in microseconds
+        def key_averages(self):
+            return [SimpleNamespace(key="ampere_sgemm_128x64_tn", self_device_time_total=300_000.0),
+                    SimpleNamespace(key="sm90_xmma_gemm_bf16bf16_bf16f32", self_device_time_total=600_000.0),
+                    SimpleNamespace(key="triton_red_fused_0", self_device_time_total=100_000.0),
+                    SimpleNamespace(key="aten::mm", self_device_time_total=0.0)]
+
+    table = profile.kind_table(FakeProfile(), cuda=True).splitlines()
+    assert table[2:] == ["| GEMM bf16 | 0.600 | 60 % |", "| GEMM float32 | 0.300 | 30 % |",
+                         "| triton (fused elementwise, reductions) | 0.100 | 10 % |", "| all | 1.000 | 100 % |"]
+
+
 def test_tile_layout_groups_rows_by_slot_in_whole_tiles():
     from rl.backends.lora_bank import tile_layout
 

@@ -48,7 +48,8 @@ The learner never holds a microbatch's full-vocabulary logits: it runs the decod
 LM head a chunk of tokens at a time, keeping each target token's logprob
 (`token_logprobs.target_logprobs`, recomputed in backward). Each adapted projection adds the
 trained adapter's LoRA through `lora_bank.LoraAddon` (peft's float32 arithmetic, fewer passes;
-`learner_lora="peft"` runs peft's own path). The decoder layers are gradient-checkpointed
+`learner_lora="peft"` runs peft's own path). On CUDA those float32 matmuls, and the adapter
+bank's in decode, run as TF32 unless `GS1_TF32=0` (`use_tf32`). The decoder layers are gradient-checkpointed
 (`gradient_checkpointing=True`: one more decoder forward, one hidden state per layer kept) on
 the CPU, and on a GPU whose memory a microbatch's activations would crowd
 (`checkpoint_learner`); otherwise they keep their activations, and on CUDA they run through
@@ -246,6 +247,9 @@ class EngineSettings:
     # client's `compile_learner_after`-th forward_backward on
     compile_learner: bool = False
     compile_learner_after: int = COMPILE_LEARNER_AFTER
+    # float32 matmuls (the LoRA's in the learner, the bank's in decode) on TF32 tensor cores
+    # (`use_tf32`): set process-wide by a CUDA base; no effect on the CPU
+    tf32: bool = False
 
 
 LEARNER_LORA = ("fused", "peft")
@@ -254,6 +258,17 @@ LEARNER_LORA = ("fused", "peft")
 # norms' inputs and outputs, q, k, v, the attention output, the MLP's gate, up, activation and
 # product). Checkpointing is left off when that estimate is at most this share of the GPU's memory.
 LEARNER_MEMORY_SHARE = 0.35
+
+
+def use_tf32(device: torch.device, tf32: bool | None) -> bool:
+    """Whether a base on `device` runs float32 matmuls as TF32: on CUDA unless `GS1_TF32=0` (or
+    `tf32=False`). The adapters' float32 matmuls are thin (rank 32) and read [tokens x width]
+    float32 operands; in IEEE float32 they run without tensor cores (session3's learner profile:
+    0.42 s of its 2.4 s of CUDA time). TF32 rounds only the LoRA addon's products (10-bit
+    mantissa, float32 accumulation); the base's matmuls are bf16 either way."""
+    if device.type != "cuda":
+        return False
+    return os.environ.get("GS1_TF32", "1") != "0" if tf32 is None else bool(tf32)
 
 
 def learner_activation_bytes(config, tokens: int, dtype: torch.dtype) -> int:
@@ -300,6 +315,8 @@ class _Base:
         self.src, self.device, self.dtype, self.settings = src, device, dtype, settings
         if device.type == "cuda":  # before any forward picks a kernel (rl/backends/attention.py)
             configure_cuda_attention()
+            # process-wide, like the attention backends: set before any graph is captured or compiled
+            torch.set_float32_matmul_precision("high" if settings.tf32 else "highest")
             check_training_attention(device, dtype)
         # The tokenizer (a GGUF's converted from its vocabulary: 30.9 s on the H200 machine's CPU)
         # loads beside the weights (51.1 s of dequantising), not before them.
@@ -1221,6 +1238,7 @@ class LocalTrainingClient:
             "learner_lora": engine.learner_lora,
             "compile_learner": engine.compile_learner,  # replay runs eagerly
             "learner_attention_mask": engine.learner_attention_mask,
+            "tf32": engine.base.settings.tf32,
             "attn_implementation": getattr(engine.base.lm.config, "_attn_implementation", None),
             "sdpa_backends": sdpa_flags(), "versions": versions(),
         }, indent=1))
@@ -1387,7 +1405,7 @@ class LocalServiceClient:
                  batch_across_clients: bool | None = None, gather_busy_s: float | None = None,
                  bank_decode: str | None = None, compile_after_batches: int | None = None,
                  learner_lora: str = "fused", compile_learner: bool | None = None,
-                 compile_learner_after: int | None = None):
+                 compile_learner_after: int | None = None, tf32: bool | None = None):
         self.device = _pick_device(device)
         self.dtype = _pick_dtype(dtype, self.device)
         cache = cache_dir or os.environ.get("GS1_LOCAL_CACHE")
@@ -1422,7 +1440,8 @@ class LocalServiceClient:
             bank_decode=bank_decode or os.environ.get("GS1_BANK_DECODE", DEFAULT_DECODE_FORM),
             compile_after_batches=compile_after_batches or COMPILE_AFTER_BATCHES,
             learner_lora=learner_lora, compile_learner=bool(compile_learner),
-            compile_learner_after=compile_learner_after or COMPILE_LEARNER_AFTER)
+            compile_learner_after=compile_learner_after or COMPILE_LEARNER_AFTER,
+            tf32=use_tf32(self.device, tf32))
         if learner_lora not in LEARNER_LORA:
             raise UserError(f"learner LoRA path {learner_lora!r}: one of {', '.join(LEARNER_LORA)}")
         if self.settings.bank_decode not in DECODE_FORMS:

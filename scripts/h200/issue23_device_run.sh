@@ -2,15 +2,18 @@
 # Issue 23's H200 session, started by the device command with `setsid nohup` from the device
 # checkout's root once the wheels are in /tmp/site and the model pieces in /root/m
 # (results/h200-gsm8k/README.md, "Device call sequence"; carry [".data", ".tok", ".tree_commit"]).
-# PARTS (default "spec warm peer clients"; also adapters, comparison, learner, learner_paths, forms) picks
-# the parts, run in that order, each one's output in its own file. Session5 ran "spec warm" and
-# two rows of "adapters" in its 30 minutes, session6 "adapters comparison" and the peer's start
-# (results/h200-multi-adapter/session6); the default puts first what that did not reach.
+# PARTS (default "spec learner warm clients peer"; also adapters, comparison, learner_compile,
+# learner_paths, forms) picks the parts, run in that order, each one's output in its own file.
+# Session5 ran "spec warm" and two rows of "adapters" in its 30 minutes, session6 "adapters
+# comparison" and the peer's start (results/h200-multi-adapter/session6); the default puts first
+# what that did not reach.
 #   forms       `benchmarks/step_profile.py --adapters 1,2,6,12 --skip-train` for the bank's dense
 #               and tiled decode forms (eager-captured, no compiling): profile_dense.txt,
 #               profile_tiled.txt (measured in session4: tiled, now the default)
-#   learner     the learner at the user's shape (64 datums x 671 tokens, `engine.py --skip-sample`,
-#               the engine's checkpointing rule): eager layers, then compiled (learner_compile_*.txt)
+#   learner     the compiled learner at the user's shape (64 datums x 671 tokens), TF32 then IEEE
+#               float32 (`GS1_TF32`), profiled by kernel kind (`step_profile.py --skip-decode`):
+#               learner_tf32_1.txt, learner_tf32_0.txt; on the inductor cache `spec` left
+#   learner_compile  `engine.py --skip-sample`: eager layers, then compiled (learner_compile_*.txt)
 #   learner_paths  peft's path checkpointed, the fused path checkpointed, the engine's choice
 #               (learner_*.txt; measured in session4)
 #   spec        `gs1 run` of the user's spec (results/h200-gsm8k/spec_revised.json), cold, end to
@@ -25,7 +28,7 @@
 # Writes everything under /root/work; `status` there says how far it got.
 set -u
 W=/root/work; mkdir -p "$W"
-PARTS=${PARTS:-spec warm peer clients}
+PARTS=${PARTS:-spec learner warm clients peer}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1
 export GS1_LOCAL_CACHE=$W/cache
 now() { date +%s.%N; }
@@ -50,6 +53,13 @@ forms() {
 }
 
 learner() {
+  for t in 1 0; do
+    GS1_TF32=$t GS1_COMPILE_CACHE=$W/compile-spec python3 benchmarks/step_profile.py --config qwen2.5-1.5b --device cuda \
+      --skip-decode --tokenizer-dir .tok > "$W/learner_tf32_$t.txt" 2>&1
+  done
+}
+
+learner_compile() {
   for c in off on; do
     GS1_COMPILE_CACHE=$W/compile-learner python3 benchmarks/engine.py $B15 --skip-sample --repeats 3 \
       --compile-learner $c > "$W/learner_compile_$c.txt" 2>&1
