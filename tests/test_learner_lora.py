@@ -137,14 +137,16 @@ def test_checkpointing_is_on_for_the_cpu_and_a_small_gpu_and_off_where_activatio
     assert not checkpoint_learner(QWEN25_15B, cuda, torch.bfloat16, 4096)  # a quarter of the tokens fit
 
 
-def test_tf32_is_on_for_cuda_unless_turned_off_and_never_on_the_cpu(monkeypatch):
+def test_tf32_is_on_for_cuda_only_when_asked_and_never_on_the_cpu(monkeypatch):
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     monkeypatch.delenv("GS1_TF32", raising=False)
-    assert use_tf32(cuda, None) and not use_tf32(cpu, None) and not use_tf32(cpu, True)
-    monkeypatch.setenv("GS1_TF32", "0")
-    assert not use_tf32(cuda, None) and use_tf32(cuda, True)  # an explicit setting wins over the variable
+    assert not use_tf32(cuda, None) and not use_tf32(cpu, None) and not use_tf32(cpu, True)
+    assert use_tf32(cuda, True)
     monkeypatch.setenv("GS1_TF32", "1")
-    assert use_tf32(cuda, None) and not use_tf32(cuda, False)
+    assert use_tf32(cuda, None) and not use_tf32(cuda, False)  # an explicit setting wins over the variable
+    assert not use_tf32(cpu, None)
+    monkeypatch.setenv("GS1_TF32", "0")
+    assert not use_tf32(cuda, None) and use_tf32(cuda, True)
     # the CPU engine's settings say so (its float32 matmuls are IEEE; the tests' numbers stay as they were)
     assert LocalServiceClient(device="cpu", tf32=True).settings.tf32 is False
 
@@ -254,12 +256,28 @@ def test_one_compiled_graph_serves_every_adapter_and_shape(tmp_path, tiny_model_
                 pc.copy_(pe)
     torch._dynamo.reset()  # no graph of an earlier test's layers (same code) is found compiled
     graphs = counters["stats"]["unique_graphs"]
-    assert len(compiled[0]._engine.microbatches(calls[2][1])) > 1
-    for k, data in calls:
-        want = _calls(eager[k], [data])[0]
-        with caplog.at_level("INFO", logger="gs1.engine"):
-            got = _calls(compiled[k], [data])[0]
-        _same(got, want, 1e-5)
+    layouts = compiled[0]._engine.microbatches(calls[2][1])
+    assert len(layouts) > 1
+    padded = {mb.padded_length for k, data in calls for mb in compiled[k]._engine.microbatches(data)}
+    assert any(L % local.LEARNER_LENGTH_MULTIPLE for L in padded)  # lengths the layers must not see as they are
+    seen: list[int] = []  # the positions each compiled call's first layer gets
+    first = compiled[0]._engine.base.decoder.layers[0]
+
+    def note_length(module, args, kwargs):
+        seen.append((args[0] if args else kwargs["hidden_states"]).shape[1])
+
+    hook = first.register_forward_pre_hook(note_length, with_kwargs=True)
+    try:
+        for k, data in calls:
+            want = _calls(eager[k], [data])[0]
+            with caplog.at_level("INFO", logger="gs1.engine"):
+                got = _calls(compiled[k], [data])[0]
+            _same(got, want, 1e-5)
+    finally:
+        hook.remove()
+    assert seen and all(L % local.LEARNER_LENGTH_MULTIPLE == 0 for L in seen)
+    m = local.LEARNER_LENGTH_MULTIPLE
+    assert sorted(set(seen)) == sorted({-(-L // m) * m for L in padded})
     assert counters["stats"]["unique_graphs"] - graphs == 1
     said = [r.getMessage() for r in caplog.records if "learner: decoder layers" in r.getMessage()]
     assert len(said) == 1 and "layers compiled" in said[0] and "1 graphs so far" in said[0]  # never "recompiled"

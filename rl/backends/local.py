@@ -49,7 +49,8 @@ LM head a chunk of tokens at a time, keeping each target token's logprob
 (`token_logprobs.target_logprobs`, recomputed in backward). Each adapted projection adds the
 trained adapter's LoRA through `lora_bank.LoraAddon` (peft's float32 arithmetic, fewer passes;
 `learner_lora="peft"` runs peft's own path). On CUDA those float32 matmuls, and the adapter
-bank's in decode, run as TF32 unless `GS1_TF32=0` (`use_tf32`). The decoder layers are gradient-checkpointed
+bank's in decode, run as TF32 with `GS1_TF32=1` (`use_tf32`; IEEE float32 by default).
+The decoder layers are gradient-checkpointed
 (`gradient_checkpointing=True`: one more decoder forward, one hidden state per layer kept) on
 the CPU, and on a GPU whose memory a microbatch's activations would crowd
 (`checkpoint_learner`); otherwise they keep their activations, and on CUDA they run through
@@ -219,6 +220,8 @@ class LoraSpec:
 # fresh client) and a two-step pilot never pay the learner's compile; a training run's arms
 # compile on their third step (once per process: the layers share one graph).
 COMPILE_LEARNER_AFTER = 3
+# the compiled learner's positions are a multiple of this (`_Base._microbatch`): one graph for every length
+LEARNER_LENGTH_MULTIPLE = 16
 
 
 @dataclass(frozen=True)
@@ -261,14 +264,16 @@ LEARNER_MEMORY_SHARE = 0.35
 
 
 def use_tf32(device: torch.device, tf32: bool | None) -> bool:
-    """Whether a base on `device` runs float32 matmuls as TF32: on CUDA unless `GS1_TF32=0` (or
-    `tf32=False`). The adapters' float32 matmuls are thin (rank 32) and read [tokens x width]
-    float32 operands; in IEEE float32 they run without tensor cores (session3's learner profile:
-    0.42 s of its 2.4 s of CUDA time). TF32 rounds only the LoRA addon's products (10-bit
-    mantissa, float32 accumulation); the base's matmuls are bf16 either way."""
+    """Whether a base on `device` runs float32 matmuls as TF32: on CUDA with `GS1_TF32=1` (or
+    `tf32=True`); never on the CPU. The adapters' float32 matmuls are thin (rank 32) and read
+    [tokens x width] float32 operands; in IEEE float32 they run without tensor cores (session3's
+    learner profile: 0.42 s of its 2.4 s of CUDA time). TF32 rounds only the LoRA addon's
+    products (10-bit mantissa, float32 accumulation); the base's matmuls are bf16 either way.
+    Off by default: on the H200 the learner's compile took 81.5 s with it against 57.8-59.4 s
+    without, and what it saves a step is not measured yet (results/h200-multi-adapter/session7)."""
     if device.type != "cuda":
         return False
-    return os.environ.get("GS1_TF32", "1") != "0" if tf32 is None else bool(tf32)
+    return os.environ.get("GS1_TF32", "0") == "1" if tf32 is None else bool(tf32)
 
 
 def learner_activation_bytes(config, tokens: int, dtype: torch.dtype) -> int:
@@ -754,9 +759,13 @@ class _Base:
     def _microbatch(self, adapter: "_Adapter", data, mb: Microbatch, loss_fn, forward_only, outputs,
                     compiled: bool = False) -> float:
         dev = self.device
-        # Compiled layers see at least 2 rows and 2 positions: dynamo specialises a size of 1 into
-        # a graph of its own. The extra rows and positions are pads, masked out of every logprob.
-        rows, L = (max(mb.size, 2), max(mb.padded_length, 2)) if compiled else (mb.size, mb.padded_length)
+        # Compiled layers see at least 2 rows, and positions in whole multiples of
+        # LEARNER_LENGTH_MULTIPLE: dynamo specialises a size of 1 into a graph of its own, and
+        # inductor guards on a length's alignment (on the H200, a graph compiled at 722 positions
+        # recompiled at 640: `not (L % 8 == 0 ...)`, 11 s). The extra rows and positions are pads,
+        # after every real token (causal attention: exact), masked out of every logprob.
+        rows, L = ((max(mb.size, 2), -(-mb.padded_length // LEARNER_LENGTH_MULTIPLE) * LEARNER_LENGTH_MULTIPLE)
+                   if compiled else (mb.size, mb.padded_length))
         ids = torch.full((rows, L), self.pad_id, dtype=torch.long)
         mask = torch.zeros(rows, L, dtype=torch.long)
         tgt = torch.zeros(rows, L, dtype=torch.long)
