@@ -198,9 +198,15 @@ def kernel_kind(name: str) -> str:
 
 
 def kind_table(prof, cuda: bool) -> str:
-    """Self device time by kernel kind, from the profile's events (each kernel once)."""
+    """Self device time by kernel kind: on CUDA the kernels' own events alone (an op's self
+    device time also holds the kernels it launched: counted there, a kernel would count twice);
+    on the CPU, the ops'."""
+    from torch.autograd import DeviceType
+
     totals: dict[str, float] = {}
     for e in prof.key_averages():
+        if cuda and (e.device_type != DeviceType.CUDA or getattr(e, "is_user_annotation", False)):
+            continue
         us = e.self_device_time_total if cuda else e.self_cpu_time_total
         if us <= 0:
             continue

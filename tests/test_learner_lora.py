@@ -137,6 +137,21 @@ def test_checkpointing_is_on_for_the_cpu_and_a_small_gpu_and_off_where_activatio
     assert not checkpoint_learner(QWEN25_15B, cuda, torch.bfloat16, 4096)  # a quarter of the tokens fit
 
 
+def test_microbatches_round_their_length_up_within_the_token_budget():
+    # `_Base.microbatches` reads only the token budget: a bare object stands for the base
+    base = SimpleNamespace(tokens_per_microbatch=90)
+    data = [types.Datum(model_input=types.ModelInput.from_ints(list(range(n))), loss_fn_inputs={})
+            for n in (13, 17, 30, 5, 40)]
+    as_they_are = local._Base.microbatches(base, data)
+    rounded = local._Base.microbatches(base, data, 16)
+    assert [(mb.datums, mb.padded_length) for mb in as_they_are] == [((0, 1, 2), 30), ((3, 4), 40)]
+    # three rows of 30 fit the 90 positions, three of 32 would not: the rounded length decides the split
+    assert [(mb.datums, mb.padded_length) for mb in rounded] == [((0, 1), 32), ((2, 3), 32), ((4,), 48)]
+    for mb in rounded:
+        assert mb.padded_length % 16 == 0 and mb.size * mb.padded_length <= 90
+        assert mb.padded_length >= max(mb.lengths) and mb.tokens == sum(mb.lengths)
+
+
 def test_tf32_is_on_for_cuda_only_when_asked_and_never_on_the_cpu(monkeypatch):
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     monkeypatch.delenv("GS1_TF32", raising=False)
@@ -224,8 +239,12 @@ def test_a_failing_learner_compile_falls_back_to_the_eager_layers(tmp_path, tiny
         got = _calls(tc, batches)
     assert not tc._engine.base.compile_learner
     assert "compiled decoder layers failed" in caplog.text and "fake compiler failure" in caplog.text
-    for a, b in zip(got, want):  # the failed microbatch reran from the gradients it started with
-        _same(a, b, 0.0)
+    _same(got[0], want[0], 0.0)  # the two eager calls, as they were
+    _same(got[1], want[1], 0.0)
+    # the failed microbatch reran from the gradients it started with (a second accumulation would
+    # double them), at the layout the compiled call made: lengths padded to a multiple of 16, so
+    # the eager layers sum in another order than at the bare length
+    _same(got[2], want[2], 1e-4)
     # checkpointed layers are never compiled
     ckpt = _client(tmp_path / "ckpt", tiny_model_dir, gradient_checkpointing=True, compile_learner=True)
     assert not ckpt._engine.base.compile_learner
@@ -258,8 +277,10 @@ def test_one_compiled_graph_serves_every_adapter_and_shape(tmp_path, tiny_model_
     graphs = counters["stats"]["unique_graphs"]
     layouts = compiled[0]._engine.microbatches(calls[2][1])
     assert len(layouts) > 1
-    padded = {mb.padded_length for k, data in calls for mb in compiled[k]._engine.microbatches(data)}
-    assert any(L % local.LEARNER_LENGTH_MULTIPLE for L in padded)  # lengths the layers must not see as they are
+    m = local.LEARNER_LENGTH_MULTIPLE
+    as_they_are = {mb.padded_length for k, data in calls for mb in compiled[k]._engine.microbatches(data)}
+    assert any(L % m for L in as_they_are)  # lengths the layers must not see as they are
+    rounded = {mb.padded_length for k, data in calls for mb in compiled[k]._engine.microbatches(data, m)}
     seen: list[int] = []  # the positions each compiled call's first layer gets
     first = compiled[0]._engine.base.decoder.layers[0]
 
@@ -275,9 +296,8 @@ def test_one_compiled_graph_serves_every_adapter_and_shape(tmp_path, tiny_model_
             _same(got, want, 1e-5)
     finally:
         hook.remove()
-    assert seen and all(L % local.LEARNER_LENGTH_MULTIPLE == 0 for L in seen)
-    m = local.LEARNER_LENGTH_MULTIPLE
-    assert sorted(set(seen)) == sorted({-(-L // m) * m for L in padded})
+    # the layers saw the rounded lengths alone: the ones the layout (and so a dump, a log line) records
+    assert seen and all(L % m == 0 for L in seen) and set(seen) == rounded
     assert counters["stats"]["unique_graphs"] - graphs == 1
     said = [r.getMessage() for r in caplog.records if "learner: decoder layers" in r.getMessage()]
     assert len(said) == 1 and "layers compiled" in said[0] and "1 graphs so far" in said[0]  # never "recompiled"

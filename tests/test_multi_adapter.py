@@ -379,10 +379,8 @@ def test_the_adapters_benchmark_runs_one_rl_step_of_every_arm_per_row(capsys):
     assert [(int(r[0]), int(r[1]), float(r[2])) for r in rows] == [(1, 2, 1.0), (3, 6, 1.0)]  # one batch each
 
 
-@pytest.mark.parametrize("form", ["dense", "tiled"])
-def test_the_step_profile_runs_each_bank_form_and_prints_its_table(form, capsys):
-    """`benchmarks/step_profile.py` on the tiny model (its CPU smoke path): a row per adapter
-    count, then the learner's profile."""
+def _step_profile(argv: list[str]):
+    """`benchmarks/step_profile.py` run on `argv` (the tiny model's CPU smoke path); its module."""
     import importlib.util
     import sys
     from pathlib import Path
@@ -393,11 +391,18 @@ def test_the_step_profile_runs_each_bank_form_and_prints_its_table(form, capsys)
         spec = importlib.util.spec_from_file_location("step_profile", bench / "step_profile.py")
         profile = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(profile)
-        assert profile.main(["--config", "tiny", "--device", "cpu", "--adapters", "1,2", "--batch", "4",
-                             "--prompt-tokens", "8", "--new-tokens", "4", "--train-new-tokens", "8",
-                             "--bank-decode", form]) == 0
+        assert profile.main(["--config", "tiny", "--device", "cpu", "--batch", "4", "--prompt-tokens", "8",
+                             "--train-new-tokens", "8", *argv]) == 0
     finally:
         sys.path.remove(str(bench))
+    return profile
+
+
+@pytest.mark.parametrize("form", ["dense", "tiled"])
+def test_the_step_profile_runs_each_bank_form_and_prints_its_table(form, capsys):
+    """`benchmarks/step_profile.py` on the tiny model (its CPU smoke path): a row per adapter
+    count, then the learner's profile."""
+    _step_profile(["--adapters", "1,2", "--new-tokens", "4", "--bank-decode", form])
     out = capsys.readouterr().out
     rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
     assert [(int(r[0]), int(r[1]), r[2].strip()) for r in rows] == [(1, 64 if form == "tiled" else 4, form),
@@ -408,24 +413,11 @@ def test_the_step_profile_runs_each_bank_form_and_prints_its_table(form, capsys)
 def test_the_learner_profile_runs_alone_and_sorts_kernels_by_kind(capsys):
     """`step_profile.py --skip-decode`: the learner's profile without any decode; its kernel kinds
     from names cuBLAS, flash attention and inductor give their kernels."""
-    import importlib.util
-    import sys
-    from pathlib import Path
     from types import SimpleNamespace
 
-    bench = Path(__file__).resolve().parents[1] / "benchmarks"
-    sys.path.insert(0, str(bench))
-    try:
-        spec = importlib.util.spec_from_file_location("step_profile", bench / "step_profile.py")
-        profile = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(profile)
-        assert profile.main(["--config", "tiny", "--device", "cpu", "--skip-decode", "--batch", "4",
-                             "--prompt-tokens", "8", "--train-new-tokens", "8"]) == 0
-    finally:
-        sys.path.remove(str(bench))
+    profile = _step_profile(["--skip-decode"])
     out = capsys.readouterr().out
     assert "== training: forward_backward of 4 datums x 15 tokens" in out and "== 1 adapters" not in out
-    assert "TF32: False" in out  # the CPU's float32 matmuls stay IEEE
     kind = profile.kernel_kind
     assert kind("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32") == "GEMM tf32"
     assert kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n") == "GEMM bf16"
@@ -436,12 +428,17 @@ def test_the_learner_profile_runs_alone_and_sorts_kernels_by_kind(capsys):
     assert kind("void at::native::elementwise_kernel<128, 2, direct_copy_kernel_cuda>") == "copies, casts, fills"
     assert kind("void at::native::reduce_kernel<512, 1>") == "other"
 
+    from torch.autograd import DeviceType
+
+    def event(key, us, device=DeviceType.CUDA):
+        return SimpleNamespace(key=key, self_device_time_total=us, device_type=device, is_user_annotation=False)
+
     class FakeProfile:  # a fake profiler result: two GEMMs and a Triton kernel, in microseconds
         def key_averages(self):
-            return [SimpleNamespace(key="ampere_sgemm_128x64_tn", self_device_time_total=300_000.0),
-                    SimpleNamespace(key="sm90_xmma_gemm_bf16bf16_bf16f32", self_device_time_total=600_000.0),
-                    SimpleNamespace(key="triton_red_fused_0", self_device_time_total=100_000.0),
-                    SimpleNamespace(key="aten::mm", self_device_time_total=0.0)]
+            return [event("ampere_sgemm_128x64_tn", 300_000.0), event("sm90_xmma_gemm_bf16bf16_bf16f32", 600_000.0),
+                    event("triton_red_fused_0", 100_000.0),
+                    # the op that launched the float32 GEMM: its self device time is that kernel's again
+                    event("aten::mm", 300_000.0, DeviceType.CPU)]
 
     table = profile.kind_table(FakeProfile(), cuda=True).splitlines()
     assert table[2:] == ["| GEMM bf16 | 0.600 | 60 % |", "| GEMM float32 | 0.300 | 30 % |",

@@ -86,6 +86,22 @@ def test_a_nan_advantage_reads_as_bad_data(tiny_model_dir, tmp_path):
     assert all(r.finite is False for r in runs), runs
     assert runs[0].detail == "loss in microbatch 1: datum 2, token 37"
     assert verdict(runs).startswith("verdict: not finite under every length, backend and mask: the data")
+    # a dump of a TF32 step replays under TF32: the engine replay makes is told so
+    made = {}
+
+    class FakeService:  # a fake service that records how replay makes it, then stops the replay
+        def __init__(self, **kwargs):
+            made.update(kwargs)
+            raise LookupError("fake service: made")
+
+    (tmp_path / e.dump / "settings.json").write_text(json.dumps({**settings, "tf32": True}))
+    import rl.replay
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rl.replay, "LocalServiceClient", FakeService)
+        with pytest.raises(LookupError, match="fake service"):
+            replay(tmp_path / e.dump, device="cpu")
+    assert made["tf32"] is True and made["learner_attention_mask"] is False
 
 
 def test_a_kernel_defect_at_one_shape_reads_as_the_kernel(tiny_model_dir, tmp_path, fake_defect):

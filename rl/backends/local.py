@@ -220,7 +220,10 @@ class LoraSpec:
 # fresh client) and a two-step pilot never pay the learner's compile; a training run's arms
 # compile on their third step (once per process: the layers share one graph).
 COMPILE_LEARNER_AFTER = 3
-# the compiled learner's positions are a multiple of this (`_Base._microbatch`): one graph for every length
+# The compiled learner's microbatches are padded to a multiple of this many positions
+# (`_Base.microbatches`): inductor guards on a length's alignment, so one graph serves every
+# length only if they all align (on the H200 a graph compiled at 722 positions recompiled at 640,
+# `not (L % 8 == 0 ...)`, 11 s). The pads follow every real token: exact under causal attention.
 LEARNER_LENGTH_MULTIPLE = 16
 
 
@@ -269,8 +272,9 @@ def use_tf32(device: torch.device, tf32: bool | None) -> bool:
     [tokens x width] float32 operands; in IEEE float32 they run without tensor cores (session3's
     learner profile: 0.42 s of its 2.4 s of CUDA time). TF32 rounds only the LoRA addon's
     products (10-bit mantissa, float32 accumulation); the base's matmuls are bf16 either way.
-    Off by default: on the H200 the learner's compile took 81.5 s with it against 57.8-59.4 s
-    without, and what it saves a step is not measured yet (results/h200-multi-adapter/session7)."""
+    Off by default: on the H200 the learner's compile took 81.5 s with it (in a full run) against
+    57.8-59.4 s without (observed, not isolated), and what it saves a step is not measured yet
+    (results/h200-multi-adapter/session7)."""
     if device.type != "cuda":
         return False
     return os.environ.get("GS1_TF32", "0") == "1" if tf32 is None else bool(tf32)
@@ -637,18 +641,22 @@ class _Base:
                 sequences=seqs, _prompt_logprobs_list=prompt_lps))
 
     # --- learner ----------------------------------------------------------------------------
-    def microbatches(self, data: Sequence[types.Datum]) -> list[Microbatch]:
-        """Consecutive datums, each microbatch's padded length x size within the token budget."""
+    def microbatches(self, data: Sequence[types.Datum], multiple: int = 1) -> list[Microbatch]:
+        """Consecutive datums, each microbatch's padded length x size within the token budget;
+        padded lengths rounded up to a multiple of `multiple` (the compiled learner's
+        `LEARNER_LENGTH_MULTIPLE`: the length it runs is the one logged, dumped and replayed)."""
+        def padded(indices: list[int]) -> int:
+            return -(-max(data[k].model_input.length for k in indices) // multiple) * multiple
+
         mbs: list[Microbatch] = []
         mb: list[int] = []
-        for i, d in enumerate(data):
-            L = d.model_input.length
-            if mb and (len(mb) + 1) * max(L, max(data[k].model_input.length for k in mb)) > self.tokens_per_microbatch:
-                mbs.append(Microbatch.of(data, mb))
+        for i in range(len(data)):
+            if mb and (len(mb) + 1) * padded(mb + [i]) > self.tokens_per_microbatch:
+                mbs.append(Microbatch.of(data, mb, padded(mb)))
                 mb = []
             mb.append(i)
         if mb:
-            mbs.append(Microbatch.of(data, mb))
+            mbs.append(Microbatch.of(data, mb, padded(mb)))
         return mbs
 
     def forward_backward(self, adapter: "_Adapter", data: Sequence[types.Datum], loss_fn: str,
@@ -664,13 +672,14 @@ class _Base:
         outputs: list[dict[str, types.TensorData]] = [{} for _ in data]
         total = 0.0
         n_tokens = 0
-        mbs = list(layout) if layout is not None else self.microbatches(data)
-        ctx = torch.no_grad() if forward_only else torch.enable_grad()
-        lora = self.bank.training(adapter.name) if self.learner_lora == "fused" else contextlib.nullcontext()
         if not forward_only:
             adapter.train_calls += 1
         compiled = (not forward_only and self.compile_learner
                     and adapter.train_calls >= self.settings.compile_learner_after)
+        mbs = (list(layout) if layout is not None
+               else self.microbatches(data, LEARNER_LENGTH_MULTIPLE if compiled else 1))
+        ctx = torch.no_grad() if forward_only else torch.enable_grad()
+        lora = self.bank.training(adapter.name) if self.learner_lora == "fused" else contextlib.nullcontext()
         try:
             for layer in self.checkpointed_layers:
                 layer.training = not forward_only
@@ -759,13 +768,10 @@ class _Base:
     def _microbatch(self, adapter: "_Adapter", data, mb: Microbatch, loss_fn, forward_only, outputs,
                     compiled: bool = False) -> float:
         dev = self.device
-        # Compiled layers see at least 2 rows, and positions in whole multiples of
-        # LEARNER_LENGTH_MULTIPLE: dynamo specialises a size of 1 into a graph of its own, and
-        # inductor guards on a length's alignment (on the H200, a graph compiled at 722 positions
-        # recompiled at 640: `not (L % 8 == 0 ...)`, 11 s). The extra rows and positions are pads,
-        # after every real token (causal attention: exact), masked out of every logprob.
-        rows, L = ((max(mb.size, 2), -(-mb.padded_length // LEARNER_LENGTH_MULTIPLE) * LEARNER_LENGTH_MULTIPLE)
-                   if compiled else (mb.size, mb.padded_length))
+        # Compiled layers see at least 2 rows and 2 positions: dynamo specialises a size of 1 into
+        # a graph of its own (their lengths are already multiples of LEARNER_LENGTH_MULTIPLE,
+        # `microbatches`). The extra rows and positions are pads, masked out of every logprob.
+        rows, L = (max(mb.size, 2), max(mb.padded_length, 2)) if compiled else (mb.size, mb.padded_length)
         ids = torch.full((rows, L), self.pad_id, dtype=torch.long)
         mask = torch.zeros(rows, L, dtype=torch.long)
         tgt = torch.zeros(rows, L, dtype=torch.long)
@@ -971,8 +977,8 @@ class _Adapter:
                 elif "lora_B" in name:
                     p.zero_()
 
-    def microbatches(self, data: Sequence[types.Datum]) -> list[Microbatch]:
-        return self.base.microbatches(data)
+    def microbatches(self, data: Sequence[types.Datum], multiple: int = 1) -> list[Microbatch]:
+        return self.base.microbatches(data, multiple)
 
     def forward_backward(self, data, loss_fn: str, forward_only: bool, layout=None) -> types.ForwardBackwardOutput:
         return self.base.forward_backward(self, data, loss_fn, forward_only, layout)

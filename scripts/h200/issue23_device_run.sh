@@ -12,7 +12,8 @@
 #               profile_tiled.txt (measured in session4: tiled, now the default)
 #   learner     the compiled learner at the user's shape (64 datums x 671 tokens), TF32 then IEEE
 #               float32 (`GS1_TF32`), profiled by kernel kind (`step_profile.py --skip-decode`):
-#               learner_tf32_1.txt, learner_tf32_0.txt; on the inductor cache `spec` left
+#               learner_tf32_1.txt, learner_tf32_0.txt; each on an empty inductor cache of its
+#               own, so that both compile times are cold
 #   learner_compile  `engine.py --skip-sample`: eager layers, then compiled (learner_compile_*.txt)
 #   learner_paths  peft's path checkpointed, the fused path checkpointed, the engine's choice
 #               (learner_*.txt; measured in session4)
@@ -37,7 +38,7 @@ echo assembling > "$W/status"
 mkdir -p /root/data && cp -r .data/gsm8k /root/data/ 2>/dev/null
 # the carried tokenizer, kept out of the checkout: a later device call's fresh tree no longer has
 # .tok (session7's learner and clients parts, run in the second call, found it gone)
-rm -rf /root/tok && cp -r .tok /root/tok
+if [ -d .tok ]; then rm -rf /root/tok && cp -r .tok /root/tok; fi
 if [ ! -s /root/m/model.gguf ]; then cat /root/m/q.* > /root/m/model.gguf && rm -f /root/m/q.*; fi
 echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  /root/m/model.gguf" | sha256sum -c - > "$W/model_sha.txt" 2>&1 \
   || { echo "model checksum failed" > "$W/status"; exit 1; }
@@ -58,7 +59,7 @@ forms() {
 
 learner() {
   for t in 1 0; do
-    GS1_TF32=$t GS1_COMPILE_CACHE=$W/compile-spec python3 benchmarks/step_profile.py --config qwen2.5-1.5b --device cuda \
+    GS1_TF32=$t GS1_COMPILE_CACHE=$W/compile-tf32-$t python3 benchmarks/step_profile.py --config qwen2.5-1.5b --device cuda \
       --skip-decode --tokenizer-dir /root/tok > "$W/learner_tf32_$t.txt" 2>&1
   done
 }
