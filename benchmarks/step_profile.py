@@ -170,7 +170,7 @@ def train_profile(args, tc, rng, acts, sort) -> None:
           f"(median of {', '.join(f'{x:.3f}' for x in times)}; {args.batch * (len(toks[0]) - 1) / t_fb:.0f} tok/s); compiled layers: {eng.compile_learner}, "
           f"checkpointing: {eng.gradient_checkpointing}, TF32: {eng.settings.tf32}, LoRA path: {eng.learner_lora}")
     print(prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=70))
-    print(kind_table(prof, cuda=sort.startswith("cuda")))
+    print(kind_table(prof, cuda=args.device.startswith("cuda")))
 
 
 # A kernel's kind from its name (cuBLAS, cuDNN, flash, inductor's Triton): the fragments below,

@@ -275,9 +275,8 @@ def test_one_compiled_graph_serves_every_adapter_and_shape(tmp_path, tiny_model_
                 pc.copy_(pe)
     torch._dynamo.reset()  # no graph of an earlier test's layers (same code) is found compiled
     graphs = counters["stats"]["unique_graphs"]
-    layouts = compiled[0]._engine.microbatches(calls[2][1])
-    assert len(layouts) > 1
     m = local.LEARNER_LENGTH_MULTIPLE
+    assert len(compiled[0]._engine.microbatches(calls[2][1], m)) > 1  # the 64 datums: several microbatches
     as_they_are = {mb.padded_length for k, data in calls for mb in compiled[k]._engine.microbatches(data)}
     assert any(L % m for L in as_they_are)  # lengths the layers must not see as they are
     rounded = {mb.padded_length for k, data in calls for mb in compiled[k]._engine.microbatches(data, m)}

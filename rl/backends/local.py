@@ -645,18 +645,21 @@ class _Base:
         """Consecutive datums, each microbatch's padded length x size within the token budget;
         padded lengths rounded up to a multiple of `multiple` (the compiled learner's
         `LEARNER_LENGTH_MULTIPLE`: the length it runs is the one logged, dumped and replayed)."""
-        def padded(indices: list[int]) -> int:
-            return -(-max(data[k].model_input.length for k in indices) // multiple) * multiple
+        def padded(length: int) -> int:
+            return -(-length // multiple) * multiple
 
         mbs: list[Microbatch] = []
         mb: list[int] = []
-        for i in range(len(data)):
-            if mb and (len(mb) + 1) * padded(mb + [i]) > self.tokens_per_microbatch:
-                mbs.append(Microbatch.of(data, mb, padded(mb)))
-                mb = []
+        longest = 0  # mb's longest datum
+        for i, d in enumerate(data):
+            L = d.model_input.length
+            if mb and (len(mb) + 1) * padded(max(longest, L)) > self.tokens_per_microbatch:
+                mbs.append(Microbatch.of(data, mb, padded(longest)))
+                mb, longest = [], 0
             mb.append(i)
+            longest = max(longest, L)
         if mb:
-            mbs.append(Microbatch.of(data, mb, padded(mb)))
+            mbs.append(Microbatch.of(data, mb, padded(longest)))
         return mbs
 
     def forward_backward(self, adapter: "_Adapter", data: Sequence[types.Datum], loss_fn: str,
