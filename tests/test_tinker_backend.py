@@ -166,14 +166,17 @@ def test_probe_sends_the_gateway_headers_the_sdk_sends(fake_tinker, monkeypatch)
 def test_a_step_of_64_requests_takes_about_one_latency(fake_tinker, clients):
     _, _, sampler = clients
     fake_tinker.reset_counters()
+    # Nothing is answered before all 64 arrive (or 10 s pass): the in-flight count proves the
+    # step submits every request before awaiting any, whatever the CI machine's load.
+    fake_tinker.hold_samples(64, timeout_s=10.0)
     start = time.monotonic()
     futures_P = submit_all(sampler, _prompts(64), 1, PARAMS)
     responses_P = [f.result() for f in futures_P]
     elapsed = time.monotonic() - start
-    # The proof is that all 64 were in flight together; the wall time only has to be of the
-    # order of one latency (SDK polling on a loaded CI machine adds ~1 s), never 64 x 0.3 s = 19.2 s.
     assert fake_tinker.max_samples_in_flight == 64
-    assert LATENCY_S <= elapsed < 8 * LATENCY_S
+    # Of the order of one latency plus submission and SDK polling on a loaded machine; one at a
+    # time would take 64 x 0.3 s = 19.2 s.
+    assert LATENCY_S <= elapsed < 20 * LATENCY_S
     assert fake_tinker.sample_requests == 64
     assert [r.sequences[0].tokens[0] for r in responses_P] == list(range(64))
 

@@ -124,6 +124,9 @@ class FakeTinkerServer:
         self.optim_steps = 0
         self.samples_in_flight = 0
         self.max_samples_in_flight = 0
+        # hold_samples(): no sample is answered before this many were submitted (or the deadline).
+        self._hold_remaining = 0
+        self._hold_deadline = 0.0
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.base_url = ""
@@ -140,12 +143,25 @@ class FakeTinkerServer:
         with self._lock:
             self._failing_samples += n
 
+    def hold_samples(self, count: int, timeout_s: float) -> None:
+        """Answer no sample request until `count` have been submitted since this call, or until
+        `timeout_s` has passed: a client that awaits each before submitting the next then shows
+        one in flight (and a slow test), never a timing-dependent count."""
+        with self._lock:
+            self._hold_remaining = count
+            self._hold_deadline = time.monotonic() + timeout_s
+
+    def _held(self) -> bool:
+        with self._lock:
+            return self._hold_remaining > 0 and time.monotonic() < self._hold_deadline
+
     def reset_counters(self) -> None:
         with self._lock:
             self.calls.clear()
             self.injected = self.auth_failures = 0
             self.sample_requests = self.fwd_bwd_requests = self.optim_steps = 0
             self.max_samples_in_flight = self.samples_in_flight
+            self._hold_remaining = 0
 
     # ---- lifecycle --------------------------------------------------------------------
 
@@ -442,6 +458,7 @@ class FakeTinkerServer:
         max_tokens = body["sampling_params"].get("max_tokens") or self.tokens_per_sample
         with self._lock:
             self.sample_requests += 1
+            self._hold_remaining = max(0, self._hold_remaining - 1)
             self.samples_in_flight += 1
             self.max_samples_in_flight = max(self.max_samples_in_flight, self.samples_in_flight)
             fail = self._failing_samples > 0
@@ -507,6 +524,8 @@ class FakeTinkerServer:
             return JSONResponse({"detail": "unknown request"}, status_code=404)
         # Long-poll like the real service: hold the call until the request is done.
         await asyncio.sleep(max(0.0, pending.ready_at - time.monotonic()))
+        while pending.is_sample and self._held():
+            await asyncio.sleep(0.01)
         with self._lock:
             if pending.is_sample and not pending.delivered:
                 self.samples_in_flight -= 1
