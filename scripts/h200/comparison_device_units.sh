@@ -1,26 +1,37 @@
 #!/bin/bash
-# Issue 17 item 5: some units of the comparison on the device (H200), started there with setsid
-# from the device checkout's root once the wheels are in /tmp/site and the model pieces in /root/m
-# (as results/h200-gsm8k/README.md, "Device call sequence"). Usage:
-#   UNITS=grpo_gs8-s0,gs1_kernel-s0 bash scripts/h200/comparison_device_units.sh
-# The gates run first (as in any run; their results cache in the run directory), then only UNITS
-# train and evaluate. Afterwards, on the development machine, from the fetched run directory:
+# The card's comparison on the H200, some units at a time (issues 24, 25): started by the device
+# command with `setsid nohup` from the device checkout's root once the wheels are in /tmp/site and
+# the model pieces (q.00..q.18) in /root/m (results/h200-gsm8k/README.md, "Device call sequence";
+# carry [".data", ".tree_commit"]). Usage:
+#   UNITS=grpo_gs8-s0,gs1_kernel-s0 setsid nohup bash scripts/h200/comparison_device_units.sh &
+#   WAIT=560 bash scripts/h200/comparison_device_poll.sh      # in the same call, then again
+# The gates run first, as in any run (their results cache in the run directory's .stage-results:
+# a later session that brings this run directory back finds them Cached), then the units train
+# side by side on one shared base and evaluate. Back on the development machine, from the fetched
+# and unpacked run directory RUN:
 #   gs1 decide --spec results/h200-comparison/spec_revised.json --units results/h200-comparison --collect RUN
+# Everything is written under /root/work; `status` there says how far it got.
 set -u
 : "${UNITS:?name the units, e.g. UNITS=grpo_gs8-s0,gs1_kernel-s0}"
 W=/root/work; mkdir -p "$W"
+SPEC=${SPEC:-results/h200-comparison/spec_revised.json}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1
 export GS1_LOCAL_CACHE=$W/cache GS1_COMPILE_CACHE=$W/compile GS1_MODEL_CACHE=$W/models
 echo assembling > "$W/status"
-if [ ! -s /root/m/model.gguf ]; then cat /root/m/p.* > /root/m/model.gguf && rm -f /root/m/p.*; fi
+mkdir -p /root/data && cp -r .data/gsm8k /root/data/ 2>/dev/null
+if [ ! -s /root/m/model.gguf ]; then cat /root/m/q.* > /root/m/model.gguf && rm -f /root/m/q.*; fi
 echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  /root/m/model.gguf" | sha256sum -c - > "$W/model_sha.txt" 2>&1 \
   || { echo "model checksum failed" > "$W/status"; exit 1; }
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$W/gpu.txt"
-nvidia-smi --query-gpu=timestamp,index,memory.used,utilization.gpu --format=csv,noheader -lms 1000 > "$W/gpu_samples.csv" &
+python3 -c 'import torch, transformers, peft, prefect, tinker; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "transformers", transformers.__version__, "peft", peft.__version__, "prefect", prefect.__version__, "tinker", tinker.__version__)' >> "$W/gpu.txt" 2>&1
+cat .tree_commit >> "$W/gpu.txt" 2>/dev/null  # the tree that ran (the device copy's .git is stale)
+nvidia-smi --query-gpu=timestamp,index,memory.used,utilization.gpu --format=csv,noheader -lms 2000 > "$W/gpu_samples.csv" &
 SMI=$!
 echo "running $UNITS" > "$W/status"
-python3 -m gs1 run results/h200-comparison/spec_revised.json --units "$UNITS" --run-dir "$W/run" \
-  --data-dir .data/gsm8k >> "$W/flow.log" 2>&1
+start=$(date +%s.%N)
+python3 -m gs1 run "$SPEC" --units "$UNITS" --run-dir "$W/run" --data-dir /root/data/gsm8k > "$W/flow.log" 2>&1
 rc=$?
+# its own file: a line appended to flow.log could land under the process's own last writes
+echo "gs1 run --units $UNITS: rc=$rc start=$start end=$(date +%s.%N)" > "$W/times.txt"
 kill $SMI
-echo "done rc=$rc" > "$W/status"
+echo "all-done rc=$rc" > "$W/status"

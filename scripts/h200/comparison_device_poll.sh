@@ -1,0 +1,23 @@
+#!/bin/bash
+# Waits up to ${WAIT:-560} s for comparison_device_units.sh to finish and prints where it is. Each
+# call packs what is there into $OUT (at most 8 files of 16 MiB come back): one archive per unit
+# whose eval file is written (its train/ and eval/ folders, no weights), and once the run has
+# ended the rest of the run directory (gates, audits, feasibility, decision, .stage-results: the
+# next session's stage cache) and the logs.
+W=/root/work
+end=$(( $(date +%s) + ${WAIT:-560} ))
+while [ "$(date +%s)" -lt "$end" ] && ! grep -q all-done "$W/status" 2>/dev/null; do sleep 5; done
+echo "status: $(cat "$W/status" 2>/dev/null)"
+grep -E "Finished in state|failed|Error|error:|gs1:|step [0-9]+/" "$W/flow.log" 2>/dev/null | tail -12
+[ -n "${OUT:-}" ] || exit 0
+cd "$W/run" 2>/dev/null || exit 0
+for done_eval in eval/*/eval.jsonl; do
+  [ -f "$done_eval" ] || continue
+  unit=$(basename "$(dirname "$done_eval")")
+  tar czf "$OUT/unit-$unit.tgz" --exclude='*.safetensors' --exclude='*.pt' "train/$unit" "eval/$unit"
+done
+if grep -q all-done "$W/status"; then
+  tar czf "$OUT/run-rest.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude='./train' --exclude='./eval' .
+  tar czf "$OUT/logs.tgz" -C "$W" flow.log times.txt status gpu.txt gpu_samples.csv model_sha.txt
+fi
+ls -la "$OUT"
