@@ -29,6 +29,9 @@ units gathered in a *units folder* (`UnitsLayout`, what `gs1 decide --units` rea
 
     <units_dir>/<unit>/                       rollouts.parquet, step_metrics.parquet, costs.parquet,
                                               final.json, eval.jsonl (copied from a run's train/ and eval/)
+    <units_dir>/runs/<run>/                   the gates' records of each run collected from (every
+                                              stage folder before training, and the train audit),
+                                              named by the run directory's folder name
     <units_dir>/decision/                     decision.{json,parquet,md}, once every unit is in
     <units_dir>/comparison.md                 the comparison table, and the units still missing
 """
@@ -381,6 +384,17 @@ UNIT_TRAIN_FILES = (ROLLOUTS_FILE, STEP_METRICS_FILE, COSTS_FILE, FINAL_FILE)
 UNIT_EVAL_FILES = (EVAL_JSONL_FILE,)
 
 
+def gate_record_folders() -> tuple[str, ...]:
+    """The run directory's folders that hold its gates' records: every stage's before training
+    (spec, preflight, unit checks, the pilots, their audits and gates, feasibility) and the train
+    audit; what a units folder keeps of each run its units came from."""
+    train = stage_info("train").order
+    folders = [s.folder for s in STAGES if s.order < train] + [stage_info("audit_train").folder]
+    # calibration's stages share a folder, and its gate's lies inside it: keep the outermost
+    return tuple(f for f in dict.fromkeys(folders)
+                 if not any(f != g and f.startswith(g + "/") for g in folders))
+
+
 @dataclass(frozen=True)
 class UnitsLayout:
     """A units folder: finished units of one sweep, gathered from the runs that made them."""
@@ -398,6 +412,13 @@ class UnitsLayout:
 
     def costs_path(self, unit: str) -> Path:
         return self.unit_dir(unit) / COSTS_FILE
+
+    def step_metrics_path(self, unit: str) -> Path:
+        return self.unit_dir(unit) / STEP_METRICS_FILE
+
+    def run_record_dir(self, run_name: str) -> Path:
+        """Where the gates' records of a run the units came from are kept."""
+        return self.root / "runs" / run_name
 
     @property
     def decision_dir(self) -> Path:

@@ -25,7 +25,7 @@ import numpy as np
 from schemas.cost import ArmCost
 from schemas.errors import UserError
 from schemas.io import write_bytes_atomic, write_text_atomic
-from schemas.layout import UNIT_EVAL_FILES, UNIT_TRAIN_FILES, RunLayout, UnitsLayout
+from schemas.layout import UNIT_EVAL_FILES, UNIT_TRAIN_FILES, RunLayout, UnitsLayout, gate_record_folders
 from schemas.plan import RunPlan
 from schemas.revision import experiment_hash
 from schemas.spec import ExperimentSpec, load_spec
@@ -45,6 +45,8 @@ class ArmStanding:
     pair: dict | None  # the paired record against the baseline (final: Holm's verdict; else interim)
     cost: ArmCost | None  # training over the common seeds
     relative_cost: dict  # cost / the baseline's over the same seeds
+    # a trust-gated kind (flash_reinforce): seed -> the gate's admit rate at each step; else empty
+    admit_rates: dict[int, tuple[float, ...]]
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,22 @@ def collect_units(spec: ExperimentSpec, run: RunLayout, out: UnitsLayout) -> lis
         for name in UNIT_EVAL_FILES:
             write_bytes_atomic(out.unit_dir(unit.unit) / name, (evaluated / name).read_bytes())
         collected.append(unit.unit)
+    if collected:
+        keep_gate_records(run, out)
     return collected
+
+
+def keep_gate_records(run: RunLayout, out: UnitsLayout) -> Path:
+    """Copy the run's gates' records (`schemas.layout.gate_record_folders`) into
+    `out/runs/<run folder name>/`: the units' evidence that they passed the same gates as any run."""
+    kept = out.run_record_dir(run.root.resolve().name)
+    for folder in gate_record_folders():
+        source = run.root / folder
+        if not source.is_dir():
+            continue
+        for path in sorted(p for p in source.rglob("*") if p.is_file()):
+            write_bytes_atomic(kept / path.relative_to(run.root), path.read_bytes())
+    return kept
 
 
 def units_standing(plan: RunPlan, folder: UnitsLayout) -> UnitsStanding:
@@ -107,6 +124,7 @@ def units_standing(plan: RunPlan, folder: UnitsLayout) -> UnitsStanding:
 
     evals = {u.unit: read_eval_items(folder.eval_jsonl(u.unit)) for u in present}
     costs = {u.unit: ArmCost.model_validate(read_rows("arm_costs", folder.costs_path(u.unit))[0]) for u in present}
+    admit = {u.unit: _admit_rates(folder.step_metrics_path(u.unit)) for u in present}
 
     def units_at(arm: str) -> dict[int, str]:
         return {u.order_seed: u.unit for u in present if u.name == arm}
@@ -128,8 +146,21 @@ def units_standing(plan: RunPlan, folder: UnitsLayout) -> UnitsStanding:
         arms.append(ArmStanding(
             arm=arm, role="baseline" if arm == baseline else "treatment" if arm == treatment else "",
             seeds=tuple(sorted(mine)), common_seeds=tuple(common), accuracy=accuracy, pair=pair, cost=cost,
-            relative_cost=cost.relative_to(base_cost) if cost and base_cost else {}))
+            relative_cost=cost.relative_to(base_cost) if cost and base_cost else {},
+            admit_rates={s: admit[u] for s, u in sorted(mine.items()) if admit[u]}))
     return UnitsStanding(present=tuple(u.unit for u in present), missing=missing, arms=tuple(arms), decision=decision)
+
+
+def _admit_rates(step_metrics: Path) -> tuple[float, ...]:
+    """A unit's trust-gate admit rate per step, in step order (empty for a kind without a gate,
+    or a folder from before step metrics were kept)."""
+    from schemas.artifacts import read_rows
+
+    if not step_metrics.is_file():
+        return ()
+    rows = sorted(read_rows("step_metrics", step_metrics), key=lambda r: r["step"])
+    rates = [r["trust_admit_rate"] for r in rows]
+    return tuple(float(r) for r in rates) if rates and all(r is not None for r in rates) else ()
 
 
 def _ratio(value: float | None) -> str:
@@ -155,10 +186,12 @@ def standing_markdown(plan: RunPlan, standing: UnitsStanding) -> str:
         if cost is None:
             cells += [dash] * 4
         else:
-            cells += [f"{cost.wall_seconds:.0f} s ({_ratio(rel.get('wall_seconds'))})",
+            critic = "" if cost.critic_calls is None else f"; critic {cost.critic_calls}"
+            cells += [f"{cost.wall_seconds:.0f} s, {cost.wall_seconds / cost.steps:.1f} s/step "
+                      f"({_ratio(rel.get('wall_seconds'))})",
                       f"{cost.sampler_tokens} ({_ratio(rel.get('sampler_tokens'))})",
                       f"{cost.trainer_tokens} ({_ratio(rel.get('trainer_tokens'))})",
-                      f"{cost.model_calls} ({_ratio(rel.get('model_calls'))})"]
+                      f"{cost.model_calls} ({_ratio(rel.get('model_calls'))}{critic})"]
         rows.append("| " + " | ".join(cells) + " |")
     alpha = plan.decision.alpha
     if standing.complete:
@@ -173,12 +206,39 @@ def standing_markdown(plan: RunPlan, standing: UnitsStanding) -> str:
         f"## Comparison against {baseline}\n\n{status}\n\n"
         "Accuracy: mean over the arm's seeds in the folder. Difference: arm minus baseline on the same eval items, "
         "paired within each common seed and averaged over seeds. Costs: training over the common seeds, and in "
-        "brackets divided by the baseline's over the same seeds.\n\n"
+        "brackets divided by the baseline's over the same seeds (the wall time's ratio is its steps' cost relative "
+        "to the baseline's steps: every arm runs the same number). Model calls count the service requests; a "
+        "critic's value model's share is named apart.\n\n"
         "| arm | role | seeds in | accuracy | difference | Hoeffding bounds | Holm p (noninferior) | verdict | "
         "wall time | sampler tokens | trainer tokens | model calls |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
+        + _admit_table(standing) +
         f"Units in ({len(standing.present)}): {', '.join(standing.present) or 'none'}.\n\n"
         f"Units missing ({len(standing.missing)}): {', '.join(standing.missing) or 'none'}.\n"
+    )
+
+
+def _admit_table(standing: UnitsStanding) -> str:
+    """The trust gate's admit rate at each step of every trust-gated unit (flash_reinforce): one
+    column per unit, its mean and minimum below; nothing when no unit in has a gate."""
+    columns = [(f"{a.arm}-s{seed}", rates) for a in standing.arms for seed, rates in a.admit_rates.items()]
+    if not columns:
+        return ""
+    steps = max(len(rates) for _, rates in columns)
+
+    def cell(rates: tuple[float, ...], step: int) -> str:
+        return f"{rates[step]:.3f}" if step < len(rates) else "—"
+
+    rows = [f"| {step + 1} | " + " | ".join(cell(r, step) for _, r in columns) + " |" for step in range(steps)]
+    rows.append("| mean | " + " | ".join(f"{np.mean(r):.3f}" for _, r in columns) + " |")
+    rows.append("| min | " + " | ".join(f"{np.min(r):.3f}" for _, r in columns) + " |")
+    return (
+        "### Trust gate: admit rate per step\n\n"
+        "The share of a step's rollouts the FlashREINFORCE gate admitted: its per-token mean Bernoulli KL between "
+        "the sampler's and the learner's token probabilities within the arm's trust delta (a rollout not admitted "
+        "carries no gradient).\n\n"
+        "| step | " + " | ".join(name for name, _ in columns) + " |\n"
+        "|---|" + "---|" * len(columns) + "\n" + "\n".join(rows) + "\n\n"
     )
 
 

@@ -63,6 +63,12 @@ def test_units_run_in_shares_and_the_folder_decides_as_the_flow_does(prefect_har
         assert sorted(p.name for p in (units_dir / unit).iterdir()) == sorted(
             ["rollouts.parquet", "step_metrics.parquet", "costs.parquet", "final.json", "eval.jsonl"])
     assert not (units_dir / "decision").exists()
+    # the gates' records of the run the units came from, kept beside them byte for byte
+    kept = units_dir / "runs" / "run"
+    for record in ("spec/spec.json", "preflight/gate_report.parquet", "gate/gate_report.parquet",
+                   "audit/pilot/gate_report.parquet", "feasibility/feasibility.json"):
+        assert (kept / record).read_bytes() == (run_dir / record).read_bytes(), record
+    assert not (kept / "train").exists() and not (kept / "eval").exists() and not (kept / ".stage-results").exists()
     table = (units_dir / "comparison.md").read_text()
     assert "No decision yet" in table and ", ".join(second) in table
     # the interim difference: seed 0 only, recomputed from the copied eval files
@@ -118,18 +124,40 @@ def test_an_unknown_unit_or_a_foreign_run_is_one_line_exit_2(tmp_path, repo_root
     assert "not both" in capsys.readouterr().err
 
 
+def _fake_step_metrics(unit, steps: int, admit_rates: list[float] | None) -> list[dict]:
+    """Step metrics rows as a trained unit's folder holds them (made up: a fake, no training)."""
+    from schemas.artifacts import STEP_EXTRA_METRICS
+
+    return [{"step": k, "arm": unit.name, "seed": unit.order_seed, "reward_mean": 0.5, "reward_std": 0.5,
+             "advantage_abs_mean": 0.5, "frac_nonzero_advantage": 1.0, "baseline_mean": 0.5, "loss": None,
+             "num_datums": 64, "num_tokens": 1000, "effective_neighbors_p10": None, "sample_seconds": 1.0,
+             "train_seconds": 1.0, "step_seconds": 2.0, "wall_time": 1.0e9 + k,
+             **dict.fromkeys(STEP_EXTRA_METRICS),
+             "trust_admit_rate": None if admit_rates is None else admit_rates[k]} for k in range(steps)]
+
+
+def five_arm_spec(repo_root: Path, model_dir: Path) -> dict:
+    """The three arms, and the two kinds that cost more than a policy: flash_reinforce, critic."""
+    spec = three_arm_spec(repo_root, model_dir)
+    for kind in ("flash_reinforce", "critic"):
+        spec["arms"].append({"name": kind, "advantage": kind, "group_size": 1, "groups_per_batch": 16, "lr": 1e-3})
+    return spec
+
+
 @pytest.mark.parametrize("missing", [(), ("gs1_kernel-s1",)])
 def test_the_table_reads_what_the_folder_holds(tmp_path, repo_root, tiny_model_dir, missing):
     """Made-up unit files (a fake units folder, no training): accuracy, the paired difference over
-    the common seeds and costs relative to the baseline over those same seeds."""
+    the common seeds, costs relative to the baseline over those same seeds, the critic's share of
+    the model calls and the trust gate's admit rate at each step."""
     from schemas.artifacts import write_artifact
     from schemas.cost import ArmCost
     from schemas.layout import UnitsLayout
     from schemas.spec import parse_spec
     from tasks.spec import plan_from_spec
-    from tasks.units import units_standing
+    from tasks.units import standing_markdown, units_standing
 
-    plan = plan_from_spec(parse_spec(three_arm_spec(repo_root, tiny_model_dir)))
+    plan = plan_from_spec(parse_spec(five_arm_spec(repo_root, tiny_model_dir)))
+    admit = {s: [0.9 - 0.1 * k - 0.01 * s for k in range(2)] for s in (0, 1)}
     rng = np.random.default_rng(3)
     outcomes = {}
     for unit in plan.units():
@@ -141,10 +169,15 @@ def test_the_table_reads_what_the_folder_holds(tmp_path, repo_root, tiny_model_d
         (folder / "eval.jsonl").write_text("".join(json.dumps({"item_id": f"i{i}", "correct": bool(c)}) + "\n"
                                                    for i, c in enumerate(outcomes[unit.unit])))
         tokens = 1000 * (1 + len(unit.name)) + unit.order_seed
+        critic = unit.name == "critic"
         write_artifact("arm_costs", [ArmCost(arm=unit.name, seed=unit.order_seed, unit=unit.unit, steps=2,
                                              wall_seconds=10.0 + unit.order_seed, sample_seconds=5.0, train_seconds=5.0,
                                              sampler_tokens=tokens, trainer_tokens=tokens // 2,
-                                             model_calls=8).model_dump()], folder / "costs.parquet")
+                                             model_calls=12 if critic else 8, critic_seconds=1.0 if critic else None,
+                                             critic_tokens=300 if critic else None,
+                                             critic_calls=4 if critic else None).model_dump()], folder / "costs.parquet")
+        rates = admit[unit.order_seed] if unit.name == "flash_reinforce" else None
+        write_artifact("step_metrics", _fake_step_metrics(unit, 2, rates), folder / "step_metrics.parquet")
     standing = units_standing(plan, UnitsLayout(tmp_path))
     assert standing.missing == missing and standing.complete == (not missing)
     rows = {a.arm: a for a in standing.arms}
@@ -162,3 +195,15 @@ def test_the_table_reads_what_the_folder_holds(tmp_path, repo_root, tiny_model_d
     assert kernel.relative_cost["sampler_tokens"] == pytest.approx(mine_tokens / base_tokens)
     assert rows["batch_mean"].common_seeds == (0, 1)
     assert (tmp_path / "decision" / "decision.json").exists() == (not missing)
+    assert rows["critic"].relative_cost["model_calls"] == pytest.approx(1.5)
+
+    table = standing_markdown(plan, standing)
+    critic_row = next(line for line in table.splitlines() if line.startswith("| critic |"))
+    assert "| 24 (1.50x; critic 8) |" in critic_row  # two seeds of 12 calls, 4 of them the critic's
+    assert "| 21 s, 5.2 s/step (1.00x) |" in critic_row  # (10 + 11) s over 4 steps, as the baseline's
+    assert "critic" not in next(line for line in table.splitlines() if line.startswith("| batch_mean |")).split("|")[-2]
+    assert {a.arm: a.admit_rates for a in standing.arms if a.admit_rates} == {
+        "flash_reinforce": {s: tuple(admit[s]) for s in (0, 1)}}
+    admit_rows = table.split("### Trust gate: admit rate per step", 1)[1].splitlines()
+    assert "| step | flash_reinforce-s0 | flash_reinforce-s1 |" in admit_rows
+    assert "| 2 | 0.800 | 0.790 |" in admit_rows and "| min | 0.800 | 0.790 |" in admit_rows
