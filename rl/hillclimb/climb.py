@@ -22,6 +22,10 @@ columns, so every feature enters on the same scale):
 - ridge: a ridge regression of reward on the z-scored features, refit each step on the `window`
   most recent rollouts of earlier steps only (no lookahead); penalty lambda * n = bandwidth * n;
   predictions clipped to the training rewards' range; step 0 uses the batch mean without i.
+- crossfit: a small learned regressor cross-fitted on the window: ridge on random Fourier features
+  (a Gaussian kernel of unit bandwidth on the scaled window z-scores), fit on the window's other
+  folds and predicting each batch row from the fold it is not in, so b_i never sees r_i but does
+  see the current batch's other rewards, as a kernel does; lambda = bandwidth, clipped as ridge.
 
 What the gs1_kernel arm runs (rl.estimators.gs1_kernel_step): gaussian, laplace and knn over the
 features the training loop logs (log_prompt_num_tokens, prompt_mean_logprob), with scales.
@@ -49,20 +53,22 @@ from rl.hillclimb.data import EMBEDDING, RolloutLog, Stream, make_streams
 from rl.kernels import FEATURE_NAMES, knn_k, standardize
 from schemas.kernel import KernelForm, KernelSpec
 
-FAMILIES = ("gaussian", "laplace", "knn", "constant", "ridge")
+FAMILIES = ("gaussian", "laplace", "knn", "constant", "ridge", "crossfit")
 BANDWIDTHS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 KNN_KS = (1, 2, 4, 8, 16, 32, 64, 128)
 RIDGE_LAMBDAS = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
 WINDOWS = (64, 128, 256, 512)
 RIDGE_HISTORIES = (256, 1024)
+CROSSFIT_FOLDS = 4
+CROSSFIT_FOURIER_FEATURES = 64
 SPEC_FEATURES = FEATURE_NAMES  # the features the training loop logs, hence all the arm can use
 
 
 class KernelRecipe(KernelForm):
     """One candidate baseline: the kernel form (schemas.kernel) over the search's wider space, the
-    families constant and ridge and any feature the log has included. `kernel_spec()` is the
-    arm's KernelSpec of it, and `to_fragment()` the gs1_kernel arm's optional `kernel` object
-    (`kernel.json`). The bandwidth is lambda for ridge, and None for constant."""
+    families constant, ridge and crossfit and any feature the log has included. `kernel_spec()` is
+    the arm's KernelSpec of it, and `to_fragment()` the gs1_kernel arm's optional `kernel` object
+    (`kernel.json`). The bandwidth is lambda for ridge and crossfit, and None for constant."""
 
     def __init__(self, family: str, features: tuple[str, ...], scales: tuple[float, ...] | None,
                  bandwidth: float | None, window: int, min_mass: float = 1e-3):
@@ -117,8 +123,11 @@ class KernelRecipe(KernelForm):
             f if self.scales is None or self.scales[i] == 1 else f"{self.scales[i]:g}*{f}"
             for i, f in enumerate(self.features)
         )
-        bw = "" if self.bandwidth is None else f" {'k' if self.family == 'knn' else 'lam' if self.family == 'ridge' else 'h'}={self.bandwidth:g}"
+        bw = "" if self.bandwidth is None else f" {_BANDWIDTH_NAME.get(self.family, 'h')}={self.bandwidth:g}"
         return f"{self.family}[{feats}]{bw} W={self.window}"
+
+
+_BANDWIDTH_NAME = {"knn": "k", "ridge": "lam", "crossfit": "lam"}  # what a family's bandwidth field holds
 
 
 def spec_recipe(window: int | None = None) -> KernelRecipe:
@@ -280,6 +289,55 @@ def ridge_baselines(stream: Stream, batch_size: int, history: int, feature_names
     return list(out)
 
 
+def crossfit_baselines(stream: Stream, batch_size: int, window: int, feature_names, lambdas, scales=None,
+                       folds: int = CROSSFIT_FOLDS, n_fourier: int = CROSSFIT_FOURIER_FEATURES,
+                       seed: int = 0) -> list[np.ndarray]:
+    """b_N for each lambda: ridge on random Fourier features of the window's scaled z-scores,
+    cross-fitted over `folds` folds of the window (module docstring).
+
+    A step's window is its batch plus the most recent earlier rollouts, `window` in all (as the
+    kernels'); window slot s is in fold s % folds. A multi-column feature's z-scores are divided by
+    sqrt(d), so each feature enters the distance on one scale, as in `WindowedStream`. With fewer
+    than 2 training rows in a fold, its rows get the window mean without i.
+    """
+    B, N = int(batch_size), stream.n
+    rng = np.random.default_rng(seed)
+    blocks = [stream.features[f] for f in feature_names]
+    widths = [b.shape[1] for b in blocks]
+    X_N_p = np.concatenate(blocks, axis=1)
+    scale_p = np.concatenate([np.full(d, (1.0 if scales is None else float(scales[i])) / math.sqrt(d))
+                              for i, d in enumerate(widths)])
+    omega_p_D = rng.normal(size=(X_N_p.shape[1], n_fourier))  # a unit-bandwidth Gaussian kernel's spectrum
+    phase_D = rng.uniform(0.0, 2.0 * math.pi, n_fourier)
+    r_N = stream.reward_N
+    out = np.empty((len(lambdas), N))
+    for start in range(0, N, B):
+        stop = min(start + B, N)
+        lo = max(0, stop - max(int(window), stop - start))
+        phi_W_D = math.sqrt(2.0 / n_fourier) * np.cos(standardize(X_N_p[lo:stop]) * scale_p @ omega_p_D + phase_D)
+        y_W = r_N[lo:stop]
+        fold_W = np.arange(stop - lo) % folds
+        batch = np.arange(start - lo, stop - lo)
+        for f in range(folds):
+            rows = batch[fold_W[batch] == f]
+            if rows.size == 0:
+                continue
+            train = fold_W != f
+            if train.sum() < 2:  # too few to fit: the window mean without i
+                out[:, lo + rows] = (y_W.sum() - y_W[rows]) / max(len(y_W) - 1, 1)
+                continue
+            phi_tr, y_tr = phi_W_D[train], y_W[train]
+            y_bar = y_tr.mean()
+            e, V = np.linalg.eigh(phi_tr.T @ phi_tr)
+            proj = phi_W_D[rows] @ V
+            rhs = V.T @ (phi_tr.T @ (y_tr - y_bar))
+            e = np.maximum(e, 0.0)
+            for li, lam in enumerate(lambdas):
+                pred = y_bar + proj @ (rhs / (e + lam * len(y_tr)))
+                out[li, lo + rows] = np.clip(pred, y_tr.min(), y_tr.max())
+    return list(out)
+
+
 # ----------------------------------------------------------------------------------------------
 # Scoring
 
@@ -288,12 +346,28 @@ def score(stream: Stream, b_N: np.ndarray, kish_N: np.ndarray | None) -> dict[st
     return geff.baseline_metrics(b_N, stream.held, stream.sigma2_N, kish_P=kish_N)
 
 
-def evaluate_recipe(stream: Stream, recipe: KernelRecipe, batch_size: int) -> dict[str, float]:
-    """Metrics of one recipe on one stream (NaN metrics when the stream lacks a feature)."""
+METRICS = ("g_eff", "mse", "sigma2", "bias", "corr", "kish_p10", "n")
+INTERVAL = ("g_eff_lo", "g_eff_hi")  # the bootstrap interval over prompts (geff.g_eff_interval)
+
+
+def evaluate_recipe(stream: Stream, recipe: KernelRecipe, batch_size: int, interval: bool = False,
+                    seed: int = 0) -> dict[str, float]:
+    """Metrics of one recipe on one stream (NaN metrics when the stream lacks a feature); with
+    `interval`, G_eff's bootstrap interval over the stream's prompts too."""
     b, kish = recipe_baselines(stream, recipe, batch_size)
     if b is None:
-        return {k: float("nan") for k in ("g_eff", "mse", "sigma2", "bias", "corr", "kish_p10", "n")}
-    return score(stream, b, kish)
+        return {k: float("nan") for k in (*METRICS, *(INTERVAL if interval else ()))}
+    m = score(stream, b, kish)
+    if interval:
+        lo, hi = geff.g_eff_interval(stream.sigma2_N, geff.squared_error_P(b, stream.held), seed=seed)
+        m.update(g_eff_lo=lo, g_eff_hi=hi)
+    return m
+
+
+def squared_errors(stream: Stream, recipe: KernelRecipe, batch_size: int) -> np.ndarray | None:
+    """Each prompt's noise-corrected squared error under the recipe (None if a feature is missing)."""
+    b, _ = recipe_baselines(stream, recipe, batch_size)
+    return None if b is None else geff.squared_error_P(b, stream.held)
 
 
 def recipe_baselines(stream: Stream, recipe: KernelRecipe, batch_size: int):
@@ -302,6 +376,9 @@ def recipe_baselines(stream: Stream, recipe: KernelRecipe, batch_size: int):
         return None, None
     if recipe.family == "ridge":
         (b,) = ridge_baselines(stream, batch_size, recipe.window, recipe.features, [recipe.bandwidth])
+        return b, None
+    if recipe.family == "crossfit":
+        (b,) = crossfit_baselines(stream, batch_size, recipe.window, recipe.features, [recipe.bandwidth], recipe.scales)
         return b, None
     ws = WindowedStream(stream, batch_size, recipe.window, recipe.features)
     if recipe.family == "constant":
@@ -394,7 +471,7 @@ def search(
     batch_size: int = 64,
     budget: int = 4000,
     windows=WINDOWS,
-    families=("gaussian", "laplace", "knn", "constant", "ridge"),
+    families=FAMILIES,
     min_mass: float = 1e-3,
     climb_starts: int = 3,
     window: int = 256,
@@ -402,7 +479,8 @@ def search(
     """Grid then coordinate hill-climb over kernel recipes, scored by G_eff on `stream` only.
 
     Order (deterministic, truncated at `budget` candidates): the constant kernel at each window;
-    ridge over feature sets x histories x lambdas; every feature subset (unit scales) x family x
+    ridge over feature sets x histories x lambdas; crossfit over feature sets x windows x lambdas;
+    every feature subset (unit scales) x family x
     bandwidth at the home `window`; the `climb_starts` best of those at every other window; then
     from the `climb_starts` best configurations, repeated moves that double, halve, drop or add
     one feature's scale, each scored over the family's whole bandwidth grid, taking the best
@@ -431,6 +509,17 @@ def search(
                     break
                 for lam, b in zip(lams, ridge_baselines(stream, batch_size, hist, feats, lams)):
                     s.record(KernelRecipe("ridge", feats, None, float(lam), hist, min_mass), b, None)
+
+    if "crossfit" in families:
+        scalar = tuple(n for n in names if n != EMBEDDING)
+        sets = list(dict.fromkeys(x for x in [scalar, tuple(names)] if x))
+        for feats in sets:
+            for w in windows:
+                lams = list(RIDGE_LAMBDAS)[: max(s.left, 0)]
+                if not lams:
+                    break
+                for lam, b in zip(lams, crossfit_baselines(stream, batch_size, w, feats, lams)):
+                    s.record(KernelRecipe("crossfit", feats, None, float(lam), w, min_mass), b, None)
 
     smooth = [f for f in ("gaussian", "laplace", "knn") if f in families]
     subsets = _feature_subsets(names)
@@ -555,7 +644,8 @@ def analyse(
         )
 
     def both(recipe):
-        return evaluate_recipe(eval_stream, recipe, batch_size), evaluate_recipe(search_stream, recipe, batch_size)
+        return (evaluate_recipe(eval_stream, recipe, batch_size, interval=True, seed=seed),
+                evaluate_recipe(search_stream, recipe, batch_size))
 
     arm_winner = best_arm_recipe(result, spec_kernel)
     add("winner", result.best, *both(result.best))
@@ -571,24 +661,29 @@ def analyse(
     for method, recipe in reference_recipes(batch_size, window, spec_kernel).items():
         add(method, recipe, *both(recipe))
     K_min = int(np.min(np.sum(~np.isnan(eval_stream.rewards_N_K), axis=1)))
-    for G in (2, 4, 8):
-        if K_min >= G + 2:
+    search_full = bool(np.all(np.sum(~np.isnan(search_stream.rewards_N_K), axis=1) >= K_min))
+    # GRPO at G = 2, 4, 8 and the oracle: the prompt's own success rate from all of its samples but
+    # the two it is judged on (GRPO at G = K - 2), the ceiling of a baseline that knew each prompt
+    for method, G in [*((f"grpo_{g}", g) for g in (2, 4, 8)), ("oracle", K_min - 2)]:
+        if G >= 1 and K_min >= G + 2:
             full = eval_stream.rewards_N_K[:, :K_min]
             m_eval = geff.grpo_metrics(full, G, seed=seed)
-            m_search = geff.grpo_metrics(search_stream.rewards_N_K[:, :K_min], G, seed=seed) if np.all(
-                np.sum(~np.isnan(search_stream.rewards_N_K), axis=1) >= K_min
-            ) else {"g_eff": float("nan")}
+            err_P = geff.grpo_squared_error_P(full, G, seed=seed)
+            lo, hi = geff.g_eff_interval(geff.prompt_reward_variance(full), err_P, seed=seed)
+            m_eval.update(g_eff_lo=lo, g_eff_hi=hi)
+            m_search = geff.grpo_metrics(search_stream.rewards_N_K[:, :K_min], G, seed=seed) if search_full else {
+                "g_eff": float("nan")}
         else:  # the prompt has too few samples to hold out 2 beyond the group
-            m_eval = {k: float("nan") for k in ("g_eff", "mse", "sigma2", "bias", "corr", "kish_p10", "n")}
+            m_eval = {k: float("nan") for k in (*METRICS, *INTERVAL)}
             m_search = {"g_eff": float("nan")}
-        add(f"grpo_{G}", None, m_eval, m_search)
+        add(method, None, m_eval, m_search)
 
     sweep = []
     for fam, c in best_by_family.items():
         r = c["recipe"]
         if fam == "constant":
             continue
-        grid = RIDGE_LAMBDAS if fam == "ridge" else _grid_for(fam)
+        grid = RIDGE_LAMBDAS if fam in ("ridge", "crossfit") else _grid_for(fam)
         for x in grid:
             rr = r.with_bandwidth(float(x))  # fam is r's family
             e, s_ = both(rr)
@@ -608,16 +703,49 @@ def analyse(
     )
 
 
+@dataclass(frozen=True)
+class TransferVerdict:
+    """Does another benchmark's recipe do as well on this one as its own? The best transferred
+    recipe (highest G_eff on this benchmark's eval split among the other rows) against the
+    benchmark's own, with a paired bootstrap interval of the difference over its prompts."""
+
+    benchmark: str
+    best_from: str | None  # the row whose recipe transferred best; None when none applies
+    transferred: float  # its G_eff here
+    own: float  # the benchmark's own recipe's G_eff here
+    diff_lo: float  # interval of transferred - own
+    diff_hi: float
+
+    @property
+    def transfers(self) -> bool:
+        """The interval reaches 0 or above: the data cannot tell the transferred recipe is worse."""
+        return self.best_from is not None and self.diff_hi >= 0.0
+
+    def sentence(self) -> str:
+        if self.best_from is None:
+            return f"{self.benchmark}: needs its own (no other benchmark's recipe applies to it)."
+        how = "transfers" if self.transfers else "needs its own"
+        return (f"{self.benchmark}: {how} — {self.best_from}'s recipe scores G_eff {self.transferred:.2f} here against "
+                f"its own {self.own:.2f} (difference {self.diff_lo:+.2f} to {self.diff_hi:+.2f}, "
+                f"{geff.BOOT_LEVEL:.0%} paired bootstrap over prompts).")
+
+
 @dataclass
 class TransferReport:
     names: list[str]
     winners: list[KernelRecipe]
     g_eff: np.ndarray  # [row tuned on, column applied to], eval split of the column
+    g_eff_lo: np.ndarray  # its bootstrap interval over the column's prompts
+    g_eff_hi: np.ndarray
     own_best: np.ndarray  # column's own winner on its eval split (the diagonal)
     arm_winners: list[KernelRecipe]  # each row's best recipe the gs1_kernel arm runs
     g_eff_arm: np.ndarray  # the same matrix for arm_winners
+    g_eff_arm_lo: np.ndarray
+    g_eff_arm_hi: np.ndarray
     spec_kernel: np.ndarray  # spec kernel on each column's eval split
     batch_mean: np.ndarray
+    verdicts: list[TransferVerdict]  # per column, for the unrestricted winners
+    arm_verdicts: list[TransferVerdict]  # ... for the arm winners
     reports: list[HillclimbReport]
 
 
@@ -637,24 +765,50 @@ def transfer(
     spec_kernel = spec_kernel or spec_recipe(window=window)
     reports = [analyse(log, seed, batch_size, window, budget, spec_kernel) for log in logs]
     streams = [make_streams(log, seed) for log in logs]
-    n = len(logs)
-    mat = np.full((n, n), np.nan)
-    mat_arm = np.full((n, n), np.nan)
-    for i, rep in enumerate(reports):
-        for j in range(n):
-            if compatible(rep.winner, streams[j][1], streams[i][1]):
-                mat[i, j] = evaluate_recipe(streams[j][1], rep.winner, batch_size)["g_eff"]
-            if compatible(rep.arm_winner, streams[j][1], streams[i][1]):
-                mat_arm[i, j] = evaluate_recipe(streams[j][1], rep.arm_winner, batch_size)["g_eff"]
+    names = [log.name for log in logs]
+    winners, arm_winners = [r.winner for r in reports], [r.arm_winner for r in reports]
+    mat, mat_lo, mat_hi = transfer_matrix(winners, streams, batch_size, seed)
+    mat_arm, mat_arm_lo, mat_arm_hi = transfer_matrix(arm_winners, streams, batch_size, seed)
     ref = reference_recipes(batch_size, window, spec_kernel)
     return TransferReport(
-        names=[log.name for log in logs],
-        winners=[r.winner for r in reports],
-        g_eff=mat,
+        names=names,
+        winners=winners,
+        g_eff=mat, g_eff_lo=mat_lo, g_eff_hi=mat_hi,
         own_best=np.diag(mat).copy(),
-        arm_winners=[r.arm_winner for r in reports],
-        g_eff_arm=mat_arm,
+        arm_winners=arm_winners,
+        g_eff_arm=mat_arm, g_eff_arm_lo=mat_arm_lo, g_eff_arm_hi=mat_arm_hi,
         spec_kernel=np.array([evaluate_recipe(s[1], ref["spec_kernel"], batch_size)["g_eff"] for s in streams]),
         batch_mean=np.array([evaluate_recipe(s[1], ref["batch_mean"], batch_size)["g_eff"] for s in streams]),
+        verdicts=transfer_verdicts(names, winners, mat, streams, batch_size, seed),
+        arm_verdicts=transfer_verdicts(names, arm_winners, mat_arm, streams, batch_size, seed),
         reports=reports,
     )
+
+
+def transfer_matrix(recipes: list[KernelRecipe], streams, batch_size: int, seed: int):
+    """G_eff of each row's recipe on each column's eval split, with its bootstrap interval (NaN
+    where the column lacks a feature of the recipe)."""
+    n = len(recipes)
+    out = [np.full((n, n), np.nan) for _ in range(3)]
+    for i, recipe in enumerate(recipes):
+        for j in range(n):
+            if compatible(recipe, streams[j][1], streams[i][1]):
+                m = evaluate_recipe(streams[j][1], recipe, batch_size, interval=True, seed=seed)
+                out[0][i, j], out[1][i, j], out[2][i, j] = m["g_eff"], m["g_eff_lo"], m["g_eff_hi"]
+    return tuple(out)
+
+
+def transfer_verdicts(names, recipes, mat: np.ndarray, streams, batch_size: int, seed: int) -> list[TransferVerdict]:
+    """Per column: the best other row's recipe against the column's own, paired over its prompts."""
+    verdicts = []
+    for j, name in enumerate(names):
+        others = [i for i in range(len(names)) if i != j and not np.isnan(mat[i, j])]
+        if not others:
+            verdicts.append(TransferVerdict(name, None, float("nan"), float(mat[j, j]), float("nan"), float("nan")))
+            continue
+        best = max(others, key=lambda i: mat[i, j])
+        column = streams[j][1]
+        lo, hi = geff.g_eff_difference_interval(column.sigma2_N, squared_errors(column, recipes[best], batch_size),
+                                                squared_errors(column, recipes[j], batch_size), seed=seed)
+        verdicts.append(TransferVerdict(name, names[best], float(mat[best, j]), float(mat[j, j]), lo, hi))
+    return verdicts

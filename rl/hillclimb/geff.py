@@ -181,3 +181,73 @@ def grpo_metrics(rewards_P_K: np.ndarray, group_size: int, seed: int = 0, repeat
         "kish_p10": float(group_size),
         "n": float(r.shape[0]),
     }
+
+
+# ----------------------------------------------------------------------------------------------
+# Intervals: a percentile bootstrap over prompts. G_eff is a ratio of two prompt means (sigma^2 and
+# the noise-corrected squared error), so a resample redraws prompts, not rollouts: the error bar
+# says how much the number depends on which prompts the log happened to hold.
+
+BOOT_RESAMPLES = 1000
+BOOT_LEVEL = 0.90
+
+
+def squared_error_P(baseline_P: np.ndarray, held: HeldOut) -> np.ndarray:
+    """Each prompt's noise-corrected squared error (b_i - p_i)^2 - s_i^2 / m_i (the G_eff
+    denominator is its mean)."""
+    b = np.asarray(baseline_P, dtype=np.float64)
+    if b.shape != held.mean_P.shape:
+        raise ValueError("baseline_P and held-out stats differ in length")
+    return (b - held.mean_P) ** 2 - held.var_P / held.n_P
+
+
+def grpo_squared_error_P(rewards_P_K: np.ndarray, group_size: int, seed: int = 0, repeats: int = 4) -> np.ndarray:
+    """Each prompt's noise-corrected squared error under simulated GRPO at `group_size`, averaged
+    over the same `repeats` splits `grpo_metrics` draws (its mse is this array's mean)."""
+    b_R, mean_R, var_R, n_R = grpo_split(rewards_P_K, group_size, np.random.default_rng(seed), repeats)
+    return np.mean((b_R - mean_R) ** 2 - var_R / n_R, axis=0)
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """num / den elementwise, +inf where den <= 0 < num (a near-perfect baseline), NaN where both <= 0."""
+    safe = np.where(den > 0, den, 1.0)
+    return np.where(den > 0, num / safe, np.where(num > 0, np.inf, np.nan))
+
+
+def _resample_index(n: int, resamples: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+
+
+def _percentiles(values: np.ndarray, level: float) -> tuple[float, float]:
+    """The (1 - level) / 2 and (1 + level) / 2 percentiles by rank: +inf sorts last, NaN is dropped."""
+    v = np.sort(values[~np.isnan(values)])
+    if v.size == 0:
+        return float("nan"), float("nan")
+    lo = v[int(np.floor((1 - level) / 2 * (v.size - 1)))]
+    hi = v[int(np.ceil((1 + level) / 2 * (v.size - 1)))]
+    return float(lo), float(hi)
+
+
+def g_eff_interval(sigma2_P: np.ndarray, sq_error_P: np.ndarray, *, resamples: int = BOOT_RESAMPLES,
+                   level: float = BOOT_LEVEL, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of G_eff = mean(sigma2_P) / mean(sq_error_P) over prompts."""
+    sigma2_P, sq_error_P = np.asarray(sigma2_P, np.float64), np.asarray(sq_error_P, np.float64)
+    if sigma2_P.shape != sq_error_P.shape or sigma2_P.ndim != 1 or sigma2_P.size == 0:
+        raise ValueError("sigma2_P and sq_error_P need one entry per prompt")
+    idx_R_P = _resample_index(sigma2_P.size, resamples, seed)
+    return _percentiles(_ratio(sigma2_P[idx_R_P].mean(1), sq_error_P[idx_R_P].mean(1)), level)
+
+
+def g_eff_difference_interval(sigma2_P: np.ndarray, sq_error_a_P: np.ndarray, sq_error_b_P: np.ndarray, *,
+                              resamples: int = BOOT_RESAMPLES, level: float = BOOT_LEVEL,
+                              seed: int = 0) -> tuple[float, float]:
+    """Paired bootstrap interval of G_eff(a) - G_eff(b) on the same prompts: each resample redraws
+    the prompts once for both baselines (a transferred recipe against the column's own)."""
+    sigma2_P = np.asarray(sigma2_P, np.float64)
+    a_P, b_P = np.asarray(sq_error_a_P, np.float64), np.asarray(sq_error_b_P, np.float64)
+    if not (sigma2_P.shape == a_P.shape == b_P.shape) or sigma2_P.ndim != 1 or sigma2_P.size == 0:
+        raise ValueError("sigma2_P and both sq_error arrays need one entry per prompt")
+    idx_R_P = _resample_index(sigma2_P.size, resamples, seed)
+    num_R = sigma2_P[idx_R_P].mean(1)
+    with np.errstate(invalid="ignore"):  # inf - inf: both near-perfect on a resample, dropped as NaN
+        return _percentiles(_ratio(num_R, a_P[idx_R_P].mean(1)) - _ratio(num_R, b_P[idx_R_P].mean(1)), level)

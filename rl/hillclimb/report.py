@@ -14,7 +14,8 @@ import numpy as np
 import pyarrow as pa
 from matplotlib.figure import Figure  # no pyplot: no global figure state, no GUI backend
 
-from rl.hillclimb.climb import HillclimbReport, KernelRecipe, TransferReport
+from rl.hillclimb.climb import HillclimbReport, KernelRecipe, TransferReport, TransferVerdict
+from rl.hillclimb.geff import BOOT_LEVEL, BOOT_RESAMPLES
 from schemas.io import write_bytes_atomic, write_json_atomic, write_parquet_atomic, write_text_atomic
 
 CANDIDATES_SCHEMA = pa.schema(
@@ -73,11 +74,16 @@ def _md_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(out)
 
 
+def _interval(lo, hi) -> str:
+    return f"[{_fmt(lo)}, {_fmt(hi)}]"
+
+
 def summary_markdown(report: HillclimbReport) -> str:
-    cols = ["method", "recipe", "G_eff (eval)", "G_eff (search)", "Kish p10", "bias", "corr(b, p)", "n"]
+    cols = ["method", "recipe", "G_eff (eval)", f"{BOOT_LEVEL:.0%} interval", "G_eff (search)", "Kish p10", "bias",
+            "corr(b, p)", "n"]
     rows = [
-        [r["method"], r["recipe"] or "-", r["eval_g_eff"], r["search_g_eff"], r["eval_kish_p10"], r["eval_bias"],
-         r["eval_corr"], r["eval_n"]]
+        [r["method"], r["recipe"] or "-", r["eval_g_eff"], _interval(r["eval_g_eff_lo"], r["eval_g_eff_hi"]),
+         r["search_g_eff"], r["eval_kish_p10"], r["eval_bias"], r["eval_corr"], r["eval_n"]]
         for r in report.summary_rows
     ]
     s = report.search
@@ -92,7 +98,10 @@ def summary_markdown(report: HillclimbReport) -> str:
             "",
             "G_eff = mean per-prompt reward variance / noise-corrected mean (b - p)^2, with p from the prompt's "
             "samples other than the drawn one (rl/hillclimb/geff.py). GRPO rows: the mean of G samples of the prompt, "
-            "judged against its remaining samples. Bias = mean(b - p); corr = Pearson(b, p).",
+            "judged against its remaining samples; oracle: the prompt's own success rate from all of its samples but "
+            "the two it is judged on (GRPO at G = K - 2), what a baseline that knew each prompt would score. "
+            f"Interval: {BOOT_LEVEL:.0%} percentile bootstrap over the eval half's prompts ({BOOT_RESAMPLES} "
+            "resamples). Bias = mean(b - p); corr = Pearson(b, p).",
             "",
             _md_table(cols, rows),
             "",
@@ -150,7 +159,7 @@ def plot_sweep(report: HillclimbReport, path: Path) -> None:
                 ax.axhline(v, ls=style, color="gray", lw=0.8)
                 ax.annotate(name, (x[0], v), fontsize=7, color="gray", va="bottom")
         ax.set_xscale("log")
-        ax.set_xlabel({"knn": "k", "ridge": "lambda"}.get(fam, "bandwidth h"))
+        ax.set_xlabel({"knn": "k", "ridge": "lambda", "crossfit": "lambda"}.get(fam, "bandwidth h"))
         ax.set_ylabel("G_eff")
         ax.set_title(f"{fam}: {pts[0]['recipe'].split(']')[0]}]" if pts else fam, fontsize=8)
         ax.legend(fontsize=7)
@@ -189,8 +198,12 @@ def transfer_rows(tr: TransferReport) -> list[dict]:
                     "applied_to": col,
                     "recipe": tr.winners[i].label(),
                     "g_eff": float(tr.g_eff[i, j]),
+                    "g_eff_lo": float(tr.g_eff_lo[i, j]),
+                    "g_eff_hi": float(tr.g_eff_hi[i, j]),
                     "arm_recipe": tr.arm_winners[i].label(),
                     "arm_g_eff": float(tr.g_eff_arm[i, j]),
+                    "arm_g_eff_lo": float(tr.g_eff_arm_lo[i, j]),
+                    "arm_g_eff_hi": float(tr.g_eff_arm_hi[i, j]),
                     "column_own_best": float(tr.own_best[j]),
                     "column_spec_kernel": float(tr.spec_kernel[j]),
                     "column_batch_mean": float(tr.batch_mean[j]),
@@ -199,13 +212,23 @@ def transfer_rows(tr: TransferReport) -> list[dict]:
     return rows
 
 
+def _with_interval(mat, lo, hi, i: int) -> list[str]:
+    return [f"{_fmt(float(mat[i, j]))} {_interval(float(lo[i, j]), float(hi[i, j]))}" if not np.isnan(mat[i, j])
+            else "n/a" for j in range(mat.shape[1])]
+
+
+def _verdict_lines(verdicts: list[TransferVerdict]) -> str:
+    return "\n".join(f"- {v.sentence()}" for v in verdicts)
+
+
 def transfer_markdown(tr: TransferReport) -> str:
     header = ["tuned on \\ applied to"] + tr.names
-    rows = [[tr.names[i]] + [float(v) for v in tr.g_eff[i]] for i in range(len(tr.names))]
+    rows = [[tr.names[i]] + _with_interval(tr.g_eff, tr.g_eff_lo, tr.g_eff_hi, i) for i in range(len(tr.names))]
     rows.append(["(column's own best)"] + [float(v) for v in tr.own_best])
     rows.append(["(spec kernel)"] + [float(v) for v in tr.spec_kernel])
     rows.append(["(batch mean)"] + [float(v) for v in tr.batch_mean])
-    rows_arm = [[tr.names[i]] + [float(v) for v in tr.g_eff_arm[i]] for i in range(len(tr.names))]
+    rows_arm = [[tr.names[i]] + _with_interval(tr.g_eff_arm, tr.g_eff_arm_lo, tr.g_eff_arm_hi, i)
+                for i in range(len(tr.names))]
     rows_arm.append(["(column's own arm winner)"] + [float(v) for v in np.diag(tr.g_eff_arm)])
     rows_arm.append(["(column's own unrestricted best)"] + [float(v) for v in tr.own_best])
     rows_arm.append(["(spec kernel)"] + [float(v) for v in tr.spec_kernel])
@@ -221,7 +244,21 @@ def transfer_markdown(tr: TransferReport) -> str:
             "",
             "Each row's winning recipe (found on the row's search split) applied to each column's eval split; "
             "the recipe transfers, not fitted numbers (z-scores are per window; ridge refits on earlier "
-            "windows). n/a: the column lacks a feature the recipe uses.",
+            f"windows). In brackets: {BOOT_LEVEL:.0%} percentile bootstrap interval over the column's eval prompts. "
+            "n/a: the column lacks a feature the recipe uses.",
+            "",
+            "## Does a kernel transfer?",
+            "",
+            "Per benchmark, the best other benchmark's recipe against its own, paired over its eval prompts: it "
+            "transfers when the interval of the difference reaches 0.",
+            "",
+            "Unrestricted winners:",
+            "",
+            _verdict_lines(tr.verdicts),
+            "",
+            "Arm winners (`kernel.json`):",
+            "",
+            _verdict_lines(tr.arm_verdicts),
             "",
             "## Unrestricted winners (any feature in the logs, any family; may need features the loop does not log)",
             "",
