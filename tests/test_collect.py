@@ -12,8 +12,19 @@ from tinker import types
 from schemas.errors import UserError
 from rl.hillclimb import collect
 from rl.envs.reasoning_gym_env import REASONING_GYM_ENVS, make_reasoning_gym_env
-from rl.hillclimb.data import load_log
+from rl.hillclimb.data import load_log, log_from_table, synthetic_log_table
+from rl.hillclimb.text_features import NUMBER, text_features
 from schemas.io import write_parquet_atomic
+
+
+TEXT_COLUMNS = (
+    "text_question_log_chars",
+    "text_question_numbers",
+    "text_question_log_max_number",
+    "text_answer_is_number",
+    "text_answer_log_magnitude",
+    "text_answer_log_chars",
+)
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +119,75 @@ def test_collect_rows_features_and_metadata(tokenizer, renderer, tmp_path):
     assert b'"k": 8' in meta[b"gs1.sampling"]
     # the log is what the hill-climb reads
     log = load_log(path)
-    assert set(log.features) == {"log_prompt_num_tokens", "prompt_mean_logprob", "value_easy_logprob", "embedding"}
+    text_cols = sorted(c for c in table.column_names if c.startswith("text_"))
+    assert text_cols == sorted(TEXT_COLUMNS)
+    assert set(log.features) == {"log_prompt_num_tokens", "prompt_mean_logprob", "value_easy_logprob", "embedding",
+                                 *TEXT_COLUMNS}
     assert log.rewards_P_K.shape == (10, 8)
+    # text_* columns: one value per prompt, the problem's own, and kernel features of the same name
+    by_id = {p.id: text_features(p.question, p.answer) for p in problems}
+    for row in rows:
+        assert {c: row[c] for c in text_cols} == by_id[row["prompt_id"]]
+    assert len({by_id[p.id]["text_question_log_max_number"] for p in problems}) > 1  # the columns vary by prompt
+    from_table = log_from_table(table, "t")
+    for c in TEXT_COLUMNS:
+        np.testing.assert_array_equal(log.features[c][:, 0], [by_id[pid][c] for pid in log.prompt_ids_P])
+        np.testing.assert_array_equal(from_table.features[c], log.features[c])
+
+
+def _expected_text(question: str, numbers: list[float], answer: float | str | None, answer_chars: int) -> dict:
+    """The text_* columns from hand-read numbers: what text_features must find on its own."""
+    is_number = isinstance(answer, float)
+    return {
+        "text_question_log_chars": np.log(1 + len(question)),
+        "text_question_numbers": float(len(numbers)),
+        "text_question_log_max_number": np.log(1 + max(map(abs, numbers))) if numbers else 0.0,
+        "text_answer_is_number": float(is_number),
+        "text_answer_log_magnitude": np.log(1 + abs(answer)) if is_number else 0.0,
+        "text_answer_log_chars": np.log(1 + answer_chars),
+    }
+
+
+@pytest.mark.parametrize(
+    "question, numbers, answer, parsed, answer_chars",
+    [
+        # thousands commas are one number; a trailing full stop is not a decimal point
+        ("A farm sold 1,234 eggs and 56 hens for $2,000,000.", [1234, 56, 2_000_000], "1,290", 1290.0, 5),
+        # decimals, and a negative answer
+        ("Pay 3.75 per kg for 0.5 kg.", [3.75, 0.5], "-1.875", -1.875, 6),
+        # a minus after a digit or ")" is subtraction, elsewhere a sign
+        ("Calculate -12 + (7-3) * -250 - 4.", [-12, 7, 3, -250, 4], " -1012 ", -1012.0, 5),
+        ("What is the capital of France?", [], "Paris", "not a number", 5),
+        ("Use 6, 34 and 98 to make 164.", [6, 34, 98, 164], "6*(98 - 34)", "not a number", 11),
+        ("Sum 12 and 30.", [12, 30], None, None, 0),
+        ("Sum 12 and 30.", [12, 30], "", None, 0),
+    ],
+)
+def test_text_features(question, numbers, answer, parsed, answer_chars):
+    got = text_features(question, answer)
+    want = _expected_text(question, numbers, parsed, answer_chars)
+    assert list(got) == list(want)
+    for name in want:
+        assert got[name] == pytest.approx(want[name], rel=1e-12, abs=0), name
+    assert text_features(question, answer) == got  # deterministic
+
+
+def test_text_number_signs():
+    # only |x| enters the features, so the sign rule is pinned on the matches themselves
+    assert NUMBER.findall("x = -5, 7-3, (2)-1, -1,250.5") == ["-5", "7", "3", "2", "1", "-1,250.5"]
+
+
+def test_text_features_stay_finite_past_float_range():
+    got = text_features("Add " + "9" * 400 + " and 1.", "1" + "0" * 400)
+    assert got["text_question_log_max_number"] == pytest.approx(400 * np.log(10), rel=1e-12)
+    assert got["text_answer_log_magnitude"] == pytest.approx(400 * np.log(10), rel=1e-12)
+    assert all(np.isfinite(v) for v in got.values())
+
+
+def test_log_without_text_columns_has_no_text_features():
+    """Logs collected before the text_* columns load with the feature names they always had."""
+    log = log_from_table(synthetic_log_table(12, k=4, emb_dim=3), "old")
+    assert log.feature_names == ["log_prompt_num_tokens", "prompt_mean_logprob", "value_easy", "embedding"]
 
 
 def test_logprob_helpers():

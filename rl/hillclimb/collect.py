@@ -11,6 +11,8 @@ Per rollout (one Parquet row, `rollout_log_table`):
 - `response_num_tokens` (action-dependent: logged, never a kernel feature)
 - `value_easy_logprob`: the policy's cheap value signal, the mean logprob of the fixed assistant
   continuation VALUE_CONTINUATION right after the prompt ("is this easy?" as the model sees it)
+- `text_*`: text statistics of the problem's question and reference answer
+  (`rl.hillclimb.text_features`), computed from the problem alone, no model call
 - `emb_0..emb_{d-1}`: the prompt embedding, the mean over prompt tokens of the model's last hidden
   state. Only the local backend exposes hidden states: the embedding is computed from the local
   engine's own torch model (base weights, on its worker thread) and the Parquet metadata says so;
@@ -32,6 +34,7 @@ from tinker_cookbook import renderers
 
 from rl.backends import make_service_client
 from rl.envs import get_env
+from rl.hillclimb.text_features import text_features
 from rl.kernels import prompt_mean_logprob
 from schemas.errors import UserError
 
@@ -118,6 +121,7 @@ def collect_rollouts(
             response = sample_futures_P[i].result()
             prompt_lp = prompt_mean_logprob(prompt_lp_futures_P[i].result(), prompt.length)  # the loop's own feature
             value_lp = continuation_logprob(value_lp_futures_P[i].result(), len(cont_tokens))
+            text = text_features(problem.question, problem.answer)
             for s, seq in enumerate(response.sequences):
                 tokens = list(seq.tokens)
                 row = {
@@ -130,6 +134,7 @@ def collect_rollouts(
                     "stop_reason": str(seq.stop_reason),
                     "value_easy_logprob": value_lp,
                     "response": tokenizer.decode(tokens),
+                    **text,
                 }
                 if emb_P_d is not None:
                     row.update({f"emb_{c}": float(v) for c, v in enumerate(emb_P_d[i])})

@@ -8,6 +8,7 @@ per prompt; collection uses K >= 8), `reward`, and prompt-level feature columns:
 | `prompt_num_tokens` | `log_prompt_num_tokens` (its log) |
 | `prompt_mean_logprob` | `prompt_mean_logprob` |
 | `value_*` (float) | the same name: the policy's cheap value signals |
+| `text_*` (float) | the same name: text statistics of the question and reference answer (`text_features`) |
 | `emb_0 .. emb_{d-1}` or list column `prompt_embedding` | `embedding` (one group of d columns) |
 
 Response-level columns (`response_num_tokens`, `num_tokens`) are read but never used as kernel
@@ -34,6 +35,7 @@ from schemas.io import read_parquet
 EMBEDDING = "embedding"
 MIN_SAMPLES_PER_PROMPT = 3  # the drawn rollout plus 2 held-out samples (a held-out variance)
 REQUIRED_COLUMNS = ("prompt_id", "sample_idx", "reward")
+SCALAR_FEATURE_PREFIXES = ("value_", "text_")  # prompt-level float columns kept under their own name
 
 
 @dataclass
@@ -105,7 +107,7 @@ def log_from_table(table: pa.Table, name: str, metadata: dict | None = None, whe
     if "prompt_mean_logprob" in table.column_names:
         features["prompt_mean_logprob"] = _numeric(table, "prompt_mean_logprob", where)[first_row_P][:, None]
     for col in table.column_names:
-        if col.startswith("value_"):
+        if col.startswith(SCALAR_FEATURE_PREFIXES):
             features[col] = _numeric(table, col, where)[first_row_P][:, None]
     emb_cols = sorted((c for c in table.column_names if c.startswith("emb_") and c[4:].isdigit()), key=lambda c: int(c[4:]))
     if emb_cols:
@@ -124,7 +126,8 @@ def log_from_table(table: pa.Table, name: str, metadata: dict | None = None, whe
             raise UserError(f"{where}: feature {fname} has missing or non-finite values")
     if not features:
         raise UserError(
-            f"{where}: no feature columns (prompt_num_tokens, prompt_mean_logprob, value_*, emb_* or prompt_embedding)"
+            f"{where}: no feature columns (prompt_num_tokens, prompt_mean_logprob, value_*, text_*, emb_* "
+            "or prompt_embedding)"
         )
     return RolloutLog(
         name=name,
