@@ -57,11 +57,12 @@ def _atomic_write(path: Path, write) -> Path:
     return path
 
 
-def write_parquet_atomic(table: pa.Table, path: str | Path, schema: pa.Schema | None = None) -> Path:
+def write_parquet_atomic(table: pa.Table, path: str | Path, schema: pa.Schema | None = None,
+                         compression: str = "snappy") -> Path:
     """Write `table` (cast to `schema` when given) to `path` atomically."""
     if schema is not None:
         table = table.select(schema.names).cast(schema)
-    return _atomic_write(Path(path), lambda tmp: pq.write_table(table, tmp))
+    return _atomic_write(Path(path), lambda tmp: pq.write_table(table, tmp, compression=compression))
 
 
 def write_bytes_atomic(path: str | Path, payload: bytes) -> Path:

@@ -8,8 +8,7 @@ from pathlib import Path
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
-from rl.hillclimb.collect import CollectSettings, run_collection
-from schemas.io import write_parquet_atomic
+from rl.hillclimb.collect import CollectSettings, run_collection, write_rollout_log
 from tasks.cache import stage_cache
 from tasks.running import stage_end_hooks
 from tasks.services import service_client
@@ -20,7 +19,7 @@ def rollout_log(settings: dict, out_path: str, data_dir: str | None = None, embe
     """Sample `settings` (CollectSettings fields) through the process's backend; returns the log path."""
     cfg = CollectSettings(**settings)
     table = run_collection(cfg, service=service_client(cfg.backend), data_dir=data_dir, embed=embed)
-    path = write_parquet_atomic(table, Path(out_path))
+    path = write_rollout_log(table, Path(out_path))
     rewards = table.column("reward").to_pylist()
     create_markdown_artifact(
         key=f"rollout-log-{cfg.env.replace('_', '-')}",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from tinker import types
@@ -14,7 +15,6 @@ from rl.hillclimb import collect
 from rl.envs.reasoning_gym_env import REASONING_GYM_ENVS, make_reasoning_gym_env
 from rl.hillclimb.data import load_log, log_from_table, synthetic_log_table
 from rl.hillclimb.text_features import NUMBER, text_features
-from schemas.io import write_parquet_atomic
 
 
 TEXT_COLUMNS = (
@@ -91,13 +91,21 @@ def test_collect_rows_features_and_metadata(tokenizer, renderer, tmp_path):
         emb_calls.append(len(prompts))
         return np.array([[len(p), 1.0, -float(len(p))] for p in prompts])
 
+    question_calls = []
+
+    def FakeQuestionEmbedder(questions):
+        question_calls.append(list(questions))
+        return np.array([[len(q), 0.5] for q in questions])
+
     rows = collect.collect_rollouts(
-        fake, env, renderer, problems, 8, types.SamplingParams(max_tokens=16), tokenizer, FakeEmbedder, chunk_prompts=4
+        fake, env, renderer, problems, 8, types.SamplingParams(max_tokens=16), tokenizer, FakeEmbedder, chunk_prompts=4,
+        question_embedder=FakeQuestionEmbedder,
     )
     assert len(rows) == 80
     # per chunk: all sample and logprob requests are submitted before results are read
     assert fake.calls[:12] == ["sample"] * 4 + ["logprobs"] * 8
     assert emb_calls == [4, 4, 2]
+    assert question_calls == [[p.question for p in problems[i:i + 4]] for i in (0, 4, 8)]
     r = np.array([row["reward"] for row in rows])
     np.testing.assert_array_equal(r, np.tile([1.0, 0.0], 40))
     first = rows[0]
@@ -108,22 +116,35 @@ def test_collect_rows_features_and_metadata(tokenizer, renderer, tmp_path):
     cont = tokenizer.encode(collect.VALUE_CONTINUATION, add_special_tokens=False)
     m = n + len(cont)
     assert first["value_easy_logprob"] == pytest.approx(np.mean([-(i % 3) - 0.25 for i in range(m - len(cont), m)]))
-    assert first["emb_0"] == n and first["emb_2"] == -n
+    assert first["prompt_embedding"] == [n, 1.0, -n]
+    assert first["question_embedding"] == [len(problems[0].question), 0.5]
+    # prompt-level vectors on each prompt's first sample row only
+    assert all(row["prompt_embedding"] is None and row["question_embedding"] is None
+               for row in rows if row["sample_idx"] != 0)
     assert {row["sample_idx"] for row in rows} == set(range(8))
 
     settings = collect.CollectSettings(env="rg_chain_sum", n_prompts=10, k=8, base_model="fake", renderer="qwen3_instruct")
-    table = collect.rollout_log_table(rows, settings, "FakeEmbedder")
-    path = write_parquet_atomic(table, tmp_path / "log.parquet")
+    table = collect.rollout_log_table(rows, settings, "FakeEmbedder", "FakeQuestionEmbedder")
+    assert table.schema.field("prompt_embedding").type == pa.list_(pa.float16())
+    path = collect.write_rollout_log(table, tmp_path / "log.parquet")
+    assert pq.ParquetFile(path).metadata.row_group(0).column(0).compression == "ZSTD"
     meta = pq.read_table(path).schema.metadata
     assert meta[b"gs1.env"] == b"rg_chain_sum" and meta[b"gs1.embedding"] == b"FakeEmbedder"
+    assert meta[b"gs1.question_embedding"] == b"FakeQuestionEmbedder"
     assert b'"k": 8' in meta[b"gs1.sampling"]
     # the log is what the hill-climb reads
     log = load_log(path)
     text_cols = sorted(c for c in table.column_names if c.startswith("text_"))
     assert text_cols == sorted(TEXT_COLUMNS)
     assert set(log.features) == {"log_prompt_num_tokens", "prompt_mean_logprob", "value_easy_logprob", "embedding",
-                                 *TEXT_COLUMNS}
+                                 "question_embedding", *TEXT_COLUMNS}
     assert log.rewards_P_K.shape == (10, 8)
+    # the embeddings as the hill-climb reads them: each prompt's own vector (float16 holds these exactly)
+    by_question = {p.id: p.question for p in problems}
+    np.testing.assert_array_equal(log.features["question_embedding"],
+                                  [[len(by_question[pid]), 0.5] for pid in log.prompt_ids_P])
+    np.testing.assert_array_equal(log.features["embedding"][:, 1], np.ones(10))
+    np.testing.assert_array_equal(log.features["embedding"][:, 0], -log.features["embedding"][:, 2])
     # text_* columns: one value per prompt, the problem's own, and kernel features of the same name
     by_id = {p.id: text_features(p.question, p.answer) for p in problems}
     for row in rows:

@@ -203,3 +203,22 @@ def test_the_transfer_files_carry_the_intervals_and_a_sentence_per_benchmark(tmp
         assert sum(line.startswith(f"- {name}: ") for line in verdicts.splitlines()) == 2
     summary = (out / "bench0" / "summary.md").read_text()
     assert "| oracle |" in summary and "90% interval" in summary
+
+
+def test_a_second_embedding_is_a_feature_of_its_own_and_the_regressions_try_it_alone():
+    """A log with the sampler's prompt embedding and a question embedding (list columns, each on
+    its prompt's first row only, as collection writes them)."""
+    import pyarrow as pa
+
+    k, n = 6, 120
+    table = synthetic_log_table(n, k, seed=2, emb_dim=3)
+    first = np.asarray(table.column("sample_idx").to_pylist()) == 0
+    qemb = np.random.default_rng(0).normal(size=(len(first), 4))
+    column = pa.array([list(v) if f else None for v, f in zip(qemb, first)], pa.list_(pa.float16()))
+    log = log_from_table(table.append_column("question_embedding", column), "two")
+    assert log.features["question_embedding"].shape == (n, 4)
+    np.testing.assert_array_equal(log.features["question_embedding"], qemb[first].astype(np.float16))
+    stream = make_stream(log, np.ones(n, dtype=bool), 0, "all")
+    ridge_sets = {c["recipe"].features for c in hc.search(stream, 32, budget=40).candidates
+                  if c["recipe"].family == "ridge"}
+    assert {(EMBEDDING,), ("question_embedding",)} <= ridge_sets

@@ -43,8 +43,7 @@ def default_renderer(base_model: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rl.hillclimb.collect import CollectSettings, run_collection  # lazy: start-up time
-    from schemas.io import write_parquet_atomic
+    from rl.hillclimb.collect import CollectSettings, run_collection, write_rollout_log  # lazy: start-up time
 
     if args.out.suffix != ".parquet":
         raise UserError(f"--out must be a .parquet file, got {args.out}")
@@ -55,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         chunk_prompts=args.chunk_prompts,
     )
     table = run_collection(settings, data_dir=args.data_dir, embed=not args.no_embedding)
-    write_parquet_atomic(table, args.out)
+    write_rollout_log(table, args.out)
     import numpy as np  # lazy: start-up time
 
     reward = np.asarray(table.column("reward").to_pylist())

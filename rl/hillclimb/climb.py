@@ -49,7 +49,7 @@ import numpy as np
 from pydantic import ValidationError, model_validator
 
 from rl.hillclimb import geff
-from rl.hillclimb.data import EMBEDDING, RolloutLog, Stream, make_streams
+from rl.hillclimb.data import RolloutLog, Stream, make_streams
 from rl.kernels import FEATURE_NAMES, knn_k, standardize
 from schemas.kernel import KernelForm, KernelSpec
 
@@ -498,10 +498,11 @@ def search(
             b, kish = s.windowed(w).constant()
             s.record(KernelRecipe("constant", (), None, None, w, min_mass), b, kish)
 
+    # the regressions' feature sets: the scalar features, all of them, each multi-column one alone
+    scalar = tuple(n for n in names if stream.features[n].shape[1] == 1)
+    wide = [(n,) for n in names if stream.features[n].shape[1] > 1]
     if "ridge" in families:
-        scalar = tuple(n for n in names if n != EMBEDDING)
-        sets = [x for x in [scalar, tuple(names), (EMBEDDING,) if EMBEDDING in names else ()] if x]
-        sets = list(dict.fromkeys(sets))
+        sets = list(dict.fromkeys(x for x in [scalar, tuple(names), *wide] if x))
         for feats in sets:
             for hist in RIDGE_HISTORIES:
                 lams = list(RIDGE_LAMBDAS)[: max(s.left, 0)]
@@ -511,7 +512,6 @@ def search(
                     s.record(KernelRecipe("ridge", feats, None, float(lam), hist, min_mass), b, None)
 
     if "crossfit" in families:
-        scalar = tuple(n for n in names if n != EMBEDDING)
         sets = list(dict.fromkeys(x for x in [scalar, tuple(names)] if x))
         for feats in sets:
             for w in windows:

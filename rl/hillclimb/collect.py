@@ -13,12 +13,17 @@ Per rollout (one Parquet row, `rollout_log_table`):
   continuation VALUE_CONTINUATION right after the prompt ("is this easy?" as the model sees it)
 - `text_*`: text statistics of the problem's question and reference answer
   (`rl.hillclimb.text_features`), computed from the problem alone, no model call
-- `emb_0..emb_{d-1}`: the prompt embedding, the mean over prompt tokens of the model's last hidden
+- `prompt_embedding`: the prompt embedding, the mean over prompt tokens of the model's last hidden
   state. Only the local backend exposes hidden states: the embedding is computed from the local
   engine's own torch model (base weights, on its worker thread) and the Parquet metadata says so;
-  with other backends the columns are absent.
-Metadata (`gs1.*` keys): env, model, backend, renderer, sampling settings, value continuation,
-embedding source.
+  with other backends the column is absent.
+- `question_embedding`: the question text embedded by a small model from a package
+  (`rl.hillclimb.question_embedding`), when a question embedder is given: what a client that
+  cannot read the policy's hidden states (a Tinker client) can compute on its own.
+Both embeddings are prompt-level: float16 vectors on each prompt's first sample row (sample_idx 0),
+null on the others, so that a log of 512 prompts x K samples stays a few MB (`write_rollout_log`,
+zstd). Metadata (`gs1.*` keys): env, model, backend, renderer, sampling settings, value
+continuation, embedding sources.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +43,7 @@ from rl.envs import get_env
 from rl.hillclimb.text_features import text_features
 from rl.kernels import prompt_mean_logprob
 from schemas.errors import UserError
+from schemas.io import write_parquet_atomic
 
 VALUE_CONTINUATION = "This is easy."
 MIN_K = 8
@@ -101,6 +108,7 @@ def collect_rollouts(
     tokenizer,
     embedder: Callable[[list[list[int]]], np.ndarray] | None = None,
     chunk_prompts: int = 32,
+    question_embedder: Callable[[list[str]], np.ndarray] | None = None,
 ) -> list[dict]:
     """One dict per rollout (module docstring), prompts in the given order, K samples each."""
     cont_tokens = tokenizer.encode(VALUE_CONTINUATION, add_special_tokens=False)
@@ -117,6 +125,7 @@ def collect_rollouts(
         ]
         tokens_P = [m.to_ints() for m in prompts_P]
         emb_P_d = embedder(tokens_P) if embedder is not None else None
+        qemb_P_d = question_embedder([p.question for p in chunk]) if question_embedder is not None else None
         for i, (problem, prompt) in enumerate(zip(chunk, prompts_P)):
             response = sample_futures_P[i].result()
             prompt_lp = prompt_mean_logprob(prompt_lp_futures_P[i].result(), prompt.length)  # the loop's own feature
@@ -136,18 +145,28 @@ def collect_rollouts(
                     "response": tokenizer.decode(tokens),
                     **text,
                 }
+                # prompt-level vectors once per prompt (the loader reads a prompt's first row)
                 if emb_P_d is not None:
-                    row.update({f"emb_{c}": float(v) for c, v in enumerate(emb_P_d[i])})
+                    row["prompt_embedding"] = [float(v) for v in emb_P_d[i]] if s == 0 else None
+                if qemb_P_d is not None:
+                    row["question_embedding"] = [float(v) for v in qemb_P_d[i]] if s == 0 else None
                 rows.append(row)
     return rows
 
 
-def rollout_log_table(rows: list[dict], settings: CollectSettings, embedding_source: str) -> pa.Table:
+EMBEDDING_COLUMNS = ("prompt_embedding", "question_embedding")
+
+
+def rollout_log_table(rows: list[dict], settings: CollectSettings, embedding_source: str,
+                      question_embedding_source: str = "none") -> pa.Table:
     """The rows as a Parquet-ready table with the settings in its schema metadata."""
     table = pa.Table.from_pylist(rows)
-    types_ = {"sample_idx": pa.int32(), "prompt_num_tokens": pa.int32(), "response_num_tokens": pa.int32()}
+    types_ = {"sample_idx": pa.int32(), "prompt_num_tokens": pa.int32(), "response_num_tokens": pa.int32(),
+              # float16 holds a bf16 model's hidden state without loss and halves the log
+              **{c: pa.list_(pa.float16()) for c in EMBEDDING_COLUMNS}}
     for name, t in types_.items():
-        table = table.set_column(table.column_names.index(name), name, table.column(name).cast(t))
+        if name in table.column_names:
+            table = table.set_column(table.column_names.index(name), name, table.column(name).cast(t))
     meta = {
         "gs1.env": settings.env,
         "gs1.base_model": settings.base_model,
@@ -160,8 +179,14 @@ def rollout_log_table(rows: list[dict], settings: CollectSettings, embedding_sou
         "gs1.settings": json.dumps(asdict(settings), sort_keys=True),
         "gs1.value_continuation": VALUE_CONTINUATION,
         "gs1.embedding": embedding_source,
+        "gs1.question_embedding": question_embedding_source,
     }
     return table.replace_schema_metadata(meta)
+
+
+def write_rollout_log(table: pa.Table, path) -> Path:
+    """A rollout log on disk: zstd (the responses' text and the embeddings compress 2-3x better)."""
+    return write_parquet_atomic(table, path, compression="zstd")
 
 
 def pick_problems(env, split: str, n_prompts: int, seed: int) -> list:
@@ -175,11 +200,15 @@ def make_env(name: str, data_dir=None):
     return get_env(name, data_dir)
 
 
-def run_collection(settings: CollectSettings, service=None, data_dir=None, embed: bool = True) -> pa.Table:
+def run_collection(settings: CollectSettings, service=None, data_dir=None, embed: bool = True,
+                   question_embedder: Callable[[list[str]], np.ndarray] | None = None,
+                   question_embedding_source: str = "none") -> pa.Table:
     """Build the env, renderer and sampling client for `settings`, collect, and return the table.
 
     `service`: a backend service client (`rl.backends.make_service_client`); built from
-    `settings.backend` when None.
+    `settings.backend` when None. `question_embedder`: texts -> (P, d) vectors
+    (`rl.hillclimb.question_embedding.question_embedder`), named in the metadata by
+    `question_embedding_source`.
     """
     if settings.k < MIN_K:
         raise UserError(f"--k must be at least {MIN_K} (got {settings.k})")
@@ -199,6 +228,6 @@ def run_collection(settings: CollectSettings, service=None, data_dir=None, embed
         max_tokens=settings.max_tokens, temperature=settings.temperature, stop=env.stop_sequences(renderer)
     )
     rows = collect_rollouts(sampler, env, renderer, problems, settings.k, params, tokenizer, embedder,
-                            settings.chunk_prompts)
+                            settings.chunk_prompts, question_embedder)
     source = "mean-pooled last hidden state of the local engine's model (sampler weights)" if embedder else "none"
-    return rollout_log_table(rows, settings, source)
+    return rollout_log_table(rows, settings, source, question_embedding_source if question_embedder else "none")

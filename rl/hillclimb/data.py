@@ -10,6 +10,10 @@ per prompt; collection uses K >= 8), `reward`, and prompt-level feature columns:
 | `value_*` (float) | the same name: the policy's cheap value signals |
 | `text_*` (float) | the same name: text statistics of the question and reference answer (`text_features`) |
 | `emb_0 .. emb_{d-1}` or list column `prompt_embedding` | `embedding` (one group of d columns) |
+| list column `question_embedding` | `question_embedding`: the question text embedded by a small packaged model (`question_embedding.py`) |
+
+A list column needs its vector on each prompt's first row only (collection writes it there, in
+float16, and leaves the other rows null: the log stays small).
 
 Response-level columns (`response_num_tokens`, `num_tokens`) are read but never used as kernel
 features: they depend on the rollout's own action, and a baseline that depends on the action
@@ -33,6 +37,8 @@ from schemas.errors import UserError
 from schemas.io import read_parquet
 
 EMBEDDING = "embedding"
+QUESTION_EMBEDDING = "question_embedding"
+LIST_FEATURES = {"prompt_embedding": EMBEDDING, QUESTION_EMBEDDING: QUESTION_EMBEDDING}  # list column -> feature
 MIN_SAMPLES_PER_PROMPT = 3  # the drawn rollout plus 2 held-out samples (a held-out variance)
 REQUIRED_COLUMNS = ("prompt_id", "sample_idx", "reward")
 SCALAR_FEATURE_PREFIXES = ("value_", "text_")  # prompt-level float columns kept under their own name
@@ -112,22 +118,24 @@ def log_from_table(table: pa.Table, name: str, metadata: dict | None = None, whe
     emb_cols = sorted((c for c in table.column_names if c.startswith("emb_") and c[4:].isdigit()), key=lambda c: int(c[4:]))
     if emb_cols:
         features[EMBEDDING] = np.stack([_numeric(table, c, where)[first_row_P] for c in emb_cols], axis=1)
-    elif "prompt_embedding" in table.column_names:
-        col = table.column("prompt_embedding").combine_chunks()
+    for column, fname in LIST_FEATURES.items():
+        if column not in table.column_names or fname in features:
+            continue
+        col = table.column(column).combine_chunks()
         try:
             emb = np.asarray(col.take(pa.array(first_row_P)).to_pylist(), dtype=np.float64)
         except (TypeError, ValueError):
-            raise UserError(f"{where}: column prompt_embedding must be a list of equal-length float vectors") from None
+            raise UserError(f"{where}: column {column} must be a list of equal-length float vectors") from None
         if emb.ndim != 2:
-            raise UserError(f"{where}: column prompt_embedding must be a list of equal-length float vectors")
-        features[EMBEDDING] = emb
+            raise UserError(f"{where}: column {column} must be a list of equal-length float vectors")
+        features[fname] = emb
     for fname, values in features.items():
         if not np.all(np.isfinite(values)):
             raise UserError(f"{where}: feature {fname} has missing or non-finite values")
     if not features:
         raise UserError(
-            f"{where}: no feature columns (prompt_num_tokens, prompt_mean_logprob, value_*, text_*, emb_* "
-            "or prompt_embedding)"
+            f"{where}: no feature columns (prompt_num_tokens, prompt_mean_logprob, value_*, text_*, emb_*, "
+            "prompt_embedding or question_embedding)"
         )
     return RolloutLog(
         name=name,

@@ -35,8 +35,7 @@ def main() -> int:
     import numpy as np
 
     from rl.backends import make_service_client
-    from rl.hillclimb.collect import CollectSettings, run_collection
-    from schemas.io import write_parquet_atomic
+    from rl.hillclimb.collect import CollectSettings, run_collection, write_rollout_log
 
     t0 = time.perf_counter()
     service = make_service_client("local")
@@ -56,7 +55,7 @@ def main() -> int:
         except Exception:
             print(f"[collect] {env} FAILED:\n{traceback.format_exc()}", flush=True)
             continue
-        path = write_parquet_atomic(table, args.out / f"{env}.parquet")
+        path = write_rollout_log(table, args.out / f"{env}.parquet")
         r = np.asarray(table.column("reward").to_pylist())
         stop = table.column("stop_reason").to_pylist()
         print(f"[collect] {env}: {table.num_rows} rows -> {path}; mean reward {r.mean():.3f}; "
