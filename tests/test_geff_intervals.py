@@ -222,3 +222,15 @@ def test_a_second_embedding_is_a_feature_of_its_own_and_the_regressions_try_it_a
     ridge_sets = {c["recipe"].features for c in hc.search(stream, 32, budget=40).candidates
                   if c["recipe"].family == "ridge"}
     assert {(EMBEDDING,), ("question_embedding",)} <= ridge_sets
+
+
+def test_the_report_says_after_how_many_kernels_each_best_was_found():
+    log = log_from_table(synthetic_log_table(600, 10, seed=7), "effort")
+    rep = hc.analyse(log, seed=0, budget=150)
+    rows = {r["method"]: r for r in rep.summary_rows}
+    tried = int(rows["winner"]["search_tried"])
+    assert rep.search.candidates[tried - 1]["recipe"] == rep.winner
+    assert all(c["recipe"] != rep.winner for c in rep.search.candidates[: tried - 1])
+    assert rep.search.candidates[tried - 1]["g_eff"] == rep.search.best_g_eff
+    assert 0 < rep.search.best_seconds <= rep.search.seconds
+    assert math.isnan(rows["grpo_4"]["search_tried"]) and math.isnan(rows["oracle"]["search_tried"])

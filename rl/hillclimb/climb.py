@@ -406,10 +406,16 @@ class SearchResult:
     best: KernelRecipe | None = None
     best_g_eff: float = -math.inf
     seconds: float = 0.0
+    best_seconds: float = 0.0  # the search's time until it scored `best` (its effort, with its rank)
+
+    def tried_until(self, recipe: KernelRecipe) -> int | None:
+        """How many candidates the search had scored when it first scored `recipe` (None: never)."""
+        return next((i + 1 for i, c in enumerate(self.candidates) if c["recipe"] == recipe), None)
 
 
 class _Search:
     def __init__(self, stream: Stream, batch_size: int, budget: int, min_mass: float):
+        self.t0 = time.perf_counter()
         self.stream = stream
         self.batch_size = batch_size
         self.budget = int(budget)
@@ -433,6 +439,7 @@ class _Search:
         g = m["g_eff"]
         if g > self.result.best_g_eff:
             self.result.best_g_eff, self.result.best = g, recipe
+            self.result.best_seconds = time.perf_counter() - self.t0
         return g
 
     def family_sweep(self, window: int, family: str, scales: dict[str, float], grid) -> list[float]:
@@ -634,12 +641,15 @@ def analyse(
     rows = []
 
     def add(method: str, recipe: KernelRecipe | None, eval_m: dict, search_m: dict):
+        tried = None if recipe is None else result.tried_until(recipe)
         rows.append(
             {
                 "method": method,
                 "recipe": "" if recipe is None else recipe.label(),
                 **{f"eval_{k}": float(v) for k, v in eval_m.items()},
                 "search_g_eff": float(search_m.get("g_eff", float("nan"))),
+                # the search's effort to reach it: candidates scored until it was (NaN: not searched)
+                "search_tried": float("nan") if tried is None else float(tried),
             }
         )
 

@@ -79,11 +79,12 @@ def _interval(lo, hi) -> str:
 
 
 def summary_markdown(report: HillclimbReport) -> str:
-    cols = ["method", "recipe", "G_eff (eval)", f"{BOOT_LEVEL:.0%} interval", "G_eff (search)", "Kish p10", "bias",
-            "corr(b, p)", "n"]
+    cols = ["method", "recipe", "G_eff (eval)", f"{BOOT_LEVEL:.0%} interval", "G_eff (search)", "found after",
+            "Kish p10", "bias", "corr(b, p)", "n"]
     rows = [
         [r["method"], r["recipe"] or "-", r["eval_g_eff"], _interval(r["eval_g_eff_lo"], r["eval_g_eff_hi"]),
-         r["search_g_eff"], r["eval_kish_p10"], r["eval_bias"], r["eval_corr"], r["eval_n"]]
+         r["search_g_eff"], "-" if math.isnan(r["search_tried"]) else f"{r['search_tried']:.0f} kernels",
+         r["eval_kish_p10"], r["eval_bias"], r["eval_corr"], r["eval_n"]]
         for r in report.summary_rows
     ]
     s = report.search
@@ -94,7 +95,8 @@ def summary_markdown(report: HillclimbReport) -> str:
             f"Seed {report.seed}; batch {report.batch_size}, spec window {report.window}; prompts "
             f"{report.n_prompts['search']} search / {report.n_prompts['eval']} eval (split by a seeded hash of the "
             f"prompt id; the search never scores the eval half). {len(s.candidates)} candidates in "
-            f"{s.seconds:.1f} s ({60 * len(s.candidates) / max(s.seconds, 1e-9):.0f}/min).",
+            f"{s.seconds:.1f} s ({60 * len(s.candidates) / max(s.seconds, 1e-9):.0f}/min); the winner was found after "
+            f"{s.tried_until(report.winner)} of them, {s.best_seconds:.1f} s in ({s.best_seconds / 60:.2f} min).",
             "",
             "G_eff = mean per-prompt reward variance / noise-corrected mean (b - p)^2, with p from the prompt's "
             "samples other than the drawn one (rl/hillclimb/geff.py). GRPO rows: the mean of G samples of the prompt, "
