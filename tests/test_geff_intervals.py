@@ -180,31 +180,6 @@ def test_a_recipe_that_misses_the_signal_does_not_transfer_and_one_that_has_it_d
     assert alone.best_from is None and not alone.transfers and "no other benchmark" in alone.sentence()
 
 
-def test_the_transfer_files_carry_the_intervals_and_a_sentence_per_benchmark(tmp_path):
-    import pyarrow.parquet as pq
-
-    from gs1.cli import main as gs1_main
-
-    paths = []
-    for i, sig in enumerate([2.0, 1.0]):
-        p = tmp_path / f"bench{i}.parquet"
-        pq.write_table(synthetic_log_table(700, 10, seed=20 + i, signal=sig), p)
-        paths.append(str(p))
-    out = tmp_path / "tr"
-    assert gs1_main(["hillclimb", "--transfer", *paths, "--out", str(out), "--budget", "120"]) == 0
-    rows = pq.read_table(out / "transfer.parquet").to_pylist()
-    for row in rows:
-        assert row["g_eff_lo"] <= row["g_eff"] <= row["g_eff_hi"]
-        assert row["arm_g_eff_lo"] <= row["arm_g_eff"] <= row["arm_g_eff_hi"]
-    text = (out / "transfer.md").read_text()
-    verdicts = text.split("## Does a kernel transfer?", 1)[1].split("## Unrestricted winners", 1)[0]
-    for name in ("bench0", "bench1"):
-        # one sentence per benchmark, for each kind of winner
-        assert sum(line.startswith(f"- {name}: ") for line in verdicts.splitlines()) == 2
-    summary = (out / "bench0" / "summary.md").read_text()
-    assert "| oracle |" in summary and "90% interval" in summary
-
-
 def test_a_second_embedding_is_a_feature_of_its_own_and_the_regressions_try_it_alone():
     """A log with the sampler's prompt embedding and a question embedding (list columns, each on
     its prompt's first row only, as collection writes them)."""

@@ -260,6 +260,16 @@ def test_cli_transfer(tmp_path):
     t = pq.read_table(out / "transfer.parquet")
     assert t.num_rows == 4
     assert (out / "transfer.png").is_file() and (out / "bench0" / "kernel.json").is_file()
+    for row in t.to_pylist():  # each cell with its bootstrap interval
+        assert row["g_eff_lo"] <= row["g_eff"] <= row["g_eff_hi"]
+        assert row["arm_g_eff_lo"] <= row["arm_g_eff"] <= row["arm_g_eff_hi"]
+    text = (out / "transfer.md").read_text()
+    verdicts = text.split("## Does a kernel transfer?", 1)[1].split("## Unrestricted winners", 1)[0]
+    for name in ("bench0", "bench1"):
+        # one sentence per benchmark, for each kind of winner
+        assert sum(line.startswith(f"- {name}: ") for line in verdicts.splitlines()) == 2
+    summary = (out / "bench0" / "summary.md").read_text()
+    assert "| oracle |" in summary and "90% interval" in summary
 
 
 def test_spec_window_and_batch_are_used(tmp_path):

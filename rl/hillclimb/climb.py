@@ -505,28 +505,26 @@ def search(
             b, kish = s.windowed(w).constant()
             s.record(KernelRecipe("constant", (), None, None, w, min_mass), b, kish)
 
+    def regression_sweep(family: str, feature_sets, spans, baselines) -> None:
+        """Every feature set x span (history or window) x lambda of a regression family, one fit
+        per set and span for all lambdas (`baselines(feats, span, lams) -> [b_N per lambda]`)."""
+        for feats in dict.fromkeys(x for x in feature_sets if x):
+            for span in spans:
+                lams = list(RIDGE_LAMBDAS)[: max(s.left, 0)]
+                if not lams:
+                    return
+                for lam, b in zip(lams, baselines(feats, span, lams)):
+                    s.record(KernelRecipe(family, feats, None, float(lam), span, min_mass), b, None)
+
     # the regressions' feature sets: the scalar features, all of them, each multi-column one alone
     scalar = tuple(n for n in names if stream.features[n].shape[1] == 1)
     wide = [(n,) for n in names if stream.features[n].shape[1] > 1]
     if "ridge" in families:
-        sets = list(dict.fromkeys(x for x in [scalar, tuple(names), *wide] if x))
-        for feats in sets:
-            for hist in RIDGE_HISTORIES:
-                lams = list(RIDGE_LAMBDAS)[: max(s.left, 0)]
-                if not lams:
-                    break
-                for lam, b in zip(lams, ridge_baselines(stream, batch_size, hist, feats, lams)):
-                    s.record(KernelRecipe("ridge", feats, None, float(lam), hist, min_mass), b, None)
-
+        regression_sweep("ridge", [scalar, tuple(names), *wide], RIDGE_HISTORIES,
+                         lambda feats, hist, lams: ridge_baselines(stream, batch_size, hist, feats, lams))
     if "crossfit" in families:
-        sets = list(dict.fromkeys(x for x in [scalar, tuple(names)] if x))
-        for feats in sets:
-            for w in windows:
-                lams = list(RIDGE_LAMBDAS)[: max(s.left, 0)]
-                if not lams:
-                    break
-                for lam, b in zip(lams, crossfit_baselines(stream, batch_size, w, feats, lams)):
-                    s.record(KernelRecipe("crossfit", feats, None, float(lam), w, min_mass), b, None)
+        regression_sweep("crossfit", [scalar, tuple(names)], windows,
+                         lambda feats, w, lams: crossfit_baselines(stream, batch_size, w, feats, lams))
 
     smooth = [f for f in ("gaussian", "laplace", "knn") if f in families]
     subsets = _feature_subsets(names)
