@@ -17,6 +17,7 @@ the same seeds (a ratio of unequal seed sets would mislead).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from schemas.io import write_bytes_atomic, write_text_atomic
 from schemas.layout import UNIT_EVAL_FILES, UNIT_TRAIN_FILES, RunLayout, UnitsLayout, gate_record_folders
 from schemas.plan import RunPlan
 from schemas.revision import experiment_hash
-from schemas.spec import ExperimentSpec, load_spec
+from schemas.spec import ExperimentSpec, anchored, load_spec, parse_spec
 from tasks.gates import write_family_decision
 from tasks.spec import plan_from_spec
 
@@ -61,15 +62,20 @@ class UnitsStanding:
         return not self.missing
 
 
-def collect_units(spec: ExperimentSpec, run: RunLayout, out: UnitsLayout) -> list[str]:
+def collect_units(spec: ExperimentSpec, run: RunLayout, out: UnitsLayout, spec_dir: Path | None = None) -> list[str]:
     """Copy every finished unit of the run directory `run` (its eval file written) into the units
-    folder `out`; returns their names. A unit's eval file is copied last: a unit folder with an eval
-    file is complete. A run directory of another experiment (another `experiment_hash`) is refused."""
+    folder `out`, and the run's gates' records beside them (`keep_gate_records`, also when no unit
+    has finished: the gates passed, and a later session resumes from them); returns the units' names.
+    A unit's eval file is copied last: a unit folder with an eval file is complete. A run directory
+    of another experiment (another `experiment_hash`) is refused.
+
+    `spec_dir`: the folder of the spec file `spec` was read from. The run keeps the spec file as it
+    was given (`spec/spec.json`), so a relative `kernel_file` in it is read from there."""
     run_dir = run.root
     ran = run.spec_json
     if not ran.is_file():
         raise UserError(f"--collect {run_dir}: not a run directory (no {ran})")
-    theirs, ours = experiment_hash(load_spec(ran)), experiment_hash(spec)
+    theirs, ours = experiment_hash(_ran_spec(ran, spec_dir)), experiment_hash(spec)
     if theirs != ours:
         raise UserError(f"--collect {run_dir}: that run directory ran another experiment "
                         f"(identity {theirs}, this spec's is {ours})")
@@ -88,9 +94,20 @@ def collect_units(spec: ExperimentSpec, run: RunLayout, out: UnitsLayout) -> lis
         for name in UNIT_EVAL_FILES:
             write_bytes_atomic(out.unit_dir(unit.unit) / name, (evaluated / name).read_bytes())
         collected.append(unit.unit)
-    if collected:
-        keep_gate_records(run, out)
+    keep_gate_records(run, out)
     return collected
+
+
+def _ran_spec(ran: Path, spec_dir: Path | None) -> ExperimentSpec:
+    """The spec a run directory ran, its relative kernel files read from `spec_dir` (where the spec
+    it was started with lay; the run's own copy sits elsewhere)."""
+    if spec_dir is None:
+        return load_spec(ran)
+    try:
+        data = json.loads(ran.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{ran}: cannot read the spec the run ran ({type(e).__name__})") from None
+    return parse_spec(anchored(data, spec_dir), str(ran))
 
 
 def keep_gate_records(run: RunLayout, out: UnitsLayout) -> Path:

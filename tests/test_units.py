@@ -124,6 +124,38 @@ def test_an_unknown_unit_or_a_foreign_run_is_one_line_exit_2(tmp_path, repo_root
     assert "not both" in capsys.readouterr().err
 
 
+def test_a_run_of_a_spec_with_a_relative_kernel_file_is_collected_with_its_gates_records(tmp_path, repo_root,
+                                                                                       tiny_model_dir, capsys):
+    """The run keeps its spec as given (`spec/spec.json`), so a hill-climbed arm's relative
+    `kernel_file` does not lie beside that copy: it is read from the --spec file's folder, as in
+    `results/h200-comparison/spec_revised.json`. A run stopped after its gates (no unit finished)
+    still leaves its gates' records in the units folder."""
+    from gs1.cli import main
+
+    spec = three_arm_spec(repo_root, tiny_model_dir)
+    arm = next(a for a in spec["arms"] if a["name"] == "gs1_kernel")
+    arm.pop("kernel")
+    arm["kernel_file"] = "kernels/kernel.json"
+    (tmp_path / "sweep" / "kernels").mkdir(parents=True)
+    (tmp_path / "sweep" / "kernels" / "kernel.json").write_text(json.dumps(
+        {"kernel": {"bandwidth": 1.0, "family": "gaussian", "features": ["log_prompt_num_tokens"], "window": 64}}))
+    spec_path = tmp_path / "sweep" / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    run = tmp_path / "2026-12-03-gates"  # what a run stopped after feasibility leaves
+    (run / "spec").mkdir(parents=True)
+    (run / "spec" / "spec.json").write_text(spec_path.read_text())
+    (run / "feasibility").mkdir()
+    (run / "feasibility" / "feasibility.json").write_text('{"status": "feasible"}')
+    units_dir = tmp_path / "sweep" / "units"
+
+    assert main(["decide", "--spec", str(spec_path), "--units", str(units_dir), "--collect", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert f"collected 0 unit(s) from {run}: none finished" in out and "no decision yet: 6 unit(s) missing" in out
+    kept = units_dir / "runs" / run.name
+    for record in ("spec/spec.json", "feasibility/feasibility.json"):
+        assert (kept / record).read_bytes() == (run / record).read_bytes(), record
+
+
 def _fake_step_metrics(unit, steps: int, admit_rates: list[float] | None) -> list[dict]:
     """Step metrics rows as a trained unit's folder holds them (made up: a fake, no training)."""
     from schemas.artifacts import STEP_EXTRA_METRICS

@@ -76,7 +76,7 @@ def _decide_units(args) -> int:
     plan = plan_from_spec(spec)
     folder = UnitsLayout(args.units)
     for run_dir in args.collect:
-        got = collect_units(spec, RunLayout(run_dir), folder)
+        got = collect_units(spec, RunLayout(run_dir), folder, spec_dir=Path(args.spec).resolve().parent)
         print(f"gs1: collected {len(got)} unit(s) from {run_dir}: {', '.join(got) or 'none finished'}")
     if not Path(args.units).is_dir():
         raise UserError(f"--units {args.units}: no such folder")

@@ -3,7 +3,7 @@
 # command with `setsid nohup` from the device checkout's root once the wheels are in /tmp/site and
 # the model pieces (q.00..q.18) in /root/m (results/h200-gsm8k/README.md, "Device call sequence";
 # carry [".data", ".tree_commit"]). Usage:
-#   UNITS=grpo_gs8-s0,gs1_kernel-s0 setsid nohup bash scripts/h200/comparison_device_units.sh &
+#   UNITS=grpo_gs8-s0,gs1_kernel-s0 [RESUME_FROM=results/h200-comparison/runs/<run>] setsid nohup bash scripts/h200/comparison_device_units.sh &
 #   WAIT=560 bash scripts/h200/comparison_device_poll.sh      # in the same call, then again
 # The gates run first, as in any run (their results cache in the run directory's .stage-results:
 # a later session that brings this run directory back finds them Cached), then the units train
@@ -27,6 +27,11 @@ python3 -c 'import torch, transformers, peft, prefect, tinker; print("torch", to
 cat .tree_commit >> "$W/gpu.txt" 2>/dev/null  # the tree that ran (the device copy's .git is stale)
 nvidia-smi --query-gpu=timestamp,index,memory.used,utilization.gpu --format=csv,noheader -lms 2000 > "$W/gpu_samples.csv" &
 SMI=$!
+# RESUME_FROM: an earlier session's run folder kept under results/h200-comparison/runs/ with its
+# .stage-results: its gates come back Cached while rl/, schemas/ and the stages' sources are unchanged
+if [ -n "${RESUME_FROM:-}" ] && [ ! -d "$W/run" ]; then
+  mkdir -p "$W/run" && cp -a "$RESUME_FROM/." "$W/run/" && rm -f "$W/run/flow.log" "$W/run/gpu.txt" "$W/run/gpu_samples.csv" "$W/run/model_sha.txt"
+fi
 echo "running $UNITS" > "$W/status"
 start=$(date +%s.%N)
 python3 -m gs1 run "$SPEC" --units "$UNITS" --run-dir "$W/run" --data-dir /root/data/gsm8k > "$W/flow.log" 2>&1
