@@ -17,7 +17,6 @@ the same seeds (a ratio of unequal seed sets would mislead).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,11 +24,11 @@ import numpy as np
 
 from schemas.cost import ArmCost
 from schemas.errors import UserError
-from schemas.io import write_bytes_atomic, write_text_atomic
+from schemas.io import loads_strict, write_bytes_atomic, write_text_atomic
 from schemas.layout import UNIT_EVAL_FILES, UNIT_TRAIN_FILES, RunLayout, UnitsLayout, gate_record_folders
 from schemas.plan import RunPlan
 from schemas.revision import experiment_hash
-from schemas.spec import ExperimentSpec, anchored, load_spec, parse_spec
+from schemas.spec import ExperimentSpec, anchored, parse_spec
 from tasks.gates import write_family_decision
 from tasks.spec import plan_from_spec
 
@@ -62,10 +61,10 @@ class UnitsStanding:
         return not self.missing
 
 
-def collect_units(spec: ExperimentSpec, run: RunLayout, out: UnitsLayout, spec_dir: Path | None = None) -> list[str]:
+def collect_units(spec: ExperimentSpec, run: RunLayout, out: UnitsLayout, spec_dir: Path) -> list[str]:
     """Copy every finished unit of the run directory `run` (its eval file written) into the units
-    folder `out`, and the run's gates' records beside them (`keep_gate_records`, also when no unit
-    has finished: the gates passed, and a later session resumes from them); returns the units' names.
+    folder `out`, and the run's gates' records beside them (`keep_gate_records`; also when no unit
+    has finished, as for a run stopped after its gates); returns the units' names.
     A unit's eval file is copied last: a unit folder with an eval file is complete. A run directory
     of another experiment (another `experiment_hash`) is refused.
 
@@ -98,16 +97,10 @@ def collect_units(spec: ExperimentSpec, run: RunLayout, out: UnitsLayout, spec_d
     return collected
 
 
-def _ran_spec(ran: Path, spec_dir: Path | None) -> ExperimentSpec:
+def _ran_spec(ran: Path, spec_dir: Path) -> ExperimentSpec:
     """The spec a run directory ran, its relative kernel files read from `spec_dir` (where the spec
     it was started with lay; the run's own copy sits elsewhere)."""
-    if spec_dir is None:
-        return load_spec(ran)
-    try:
-        data = json.loads(ran.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{ran}: cannot read the spec the run ran ({type(e).__name__})") from None
-    return parse_spec(anchored(data, spec_dir), str(ran))
+    return parse_spec(anchored(loads_strict(ran.read_text(encoding="utf-8"), str(ran)), spec_dir), str(ran))
 
 
 def keep_gate_records(run: RunLayout, out: UnitsLayout) -> Path:

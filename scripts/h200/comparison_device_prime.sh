@@ -23,6 +23,7 @@ echo "status: $(cat "$W/status" 2>/dev/null)"
 grep -E "Finished in state|compiled|failed|gs1:" "$W/flow.log" 2>/dev/null | tail -14
 [ -n "${OUT:-}" ] || exit 0
 (cd "$W/run" && tar czf "$OUT/run-gates.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude='./train' --exclude='./eval' .)
-(cd "$W" && tar czf - compile | split -b 15000000 -d -a 2 - "$OUT/compile.tgz.")
+# nothing compiled before the run stopped: no cache to bring
+[ -d "$W/compile" ] && (cd "$W" && tar czf - compile | split -b 15000000 -d -a 2 - "$OUT/compile.tgz." && du -sh compile)
 (cd "$W" && tar czf "$OUT/logs.tgz" flow.log gpu.txt gpu_samples.csv model_sha.txt status 2>/dev/null)
-du -sh "$W/compile"; ls -la "$OUT"
+ls -la "$OUT"
