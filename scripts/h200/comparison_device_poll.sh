@@ -3,7 +3,7 @@
 # call packs what is there into $OUT (at most 8 files of 16 MiB come back): one archive per unit
 # whose eval file is written (its train/ and eval/ folders, no weights), and once the run has
 # ended the rest of the run directory (gates, audits, feasibility, decision, .stage-results: the
-# next session's stage cache) and the logs.
+# next session's stage cache), the logs, and inductor's cache in pieces (compile.tgz.NN) when they fit.
 W=/root/work
 end=$(( $(date +%s) + ${WAIT:-560} ))
 while [ "$(date +%s)" -lt "$end" ] && ! grep -q all-done "$W/status" 2>/dev/null; do sleep 5; done
@@ -19,5 +19,13 @@ done
 if grep -q all-done "$W/status"; then
   tar czf "$OUT/run-rest.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude='./train' --exclude='./eval' .
   tar czf "$OUT/logs.tgz" -C "$W" flow.log times.txt status gpu.txt gpu_samples.csv model_sha.txt
+  # last, so the units and logs are out first: inductor's cache in 15 MB pieces, for the next
+  # session's COMPILE_FROM, when they fit the files left of the 8 that come back
+  if [ -d "$W/compile" ]; then
+    tar cf - -C "$W" compile | gzip -1 > /root/compile.tgz
+    pieces=$(( ($(stat -c %s /root/compile.tgz) + 14999999) / 15000000 )); left=$(( 8 - $(ls "$OUT" | wc -l) ))
+    if [ "$pieces" -le "$left" ]; then split -b 15000000 -d -a 2 /root/compile.tgz "$OUT/compile.tgz."
+    else echo "compile cache: $pieces pieces of 15 MB, $left files left to bring back: left on the machine"; fi
+  fi
 fi
 ls -la "$OUT"

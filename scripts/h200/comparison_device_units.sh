@@ -3,7 +3,8 @@
 # command with `setsid nohup` from the device checkout's root once the wheels are in /tmp/site and
 # the model pieces (q.00..q.18) in /root/m (results/h200-gsm8k/README.md, "Device call sequence";
 # carry [".data", ".tree_commit"]). Usage:
-#   UNITS=grpo_gs8-s0,gs1_kernel-s0 [RESUME_FROM=results/h200-comparison/runs/<run>] setsid nohup bash scripts/h200/comparison_device_units.sh &
+#   UNITS=grpo_gs8-s0,gs1_kernel-s0 [RESUME_FROM=results/h200-comparison/runs/<run>] [COMPILE_FROM=.compile] \
+#     setsid nohup bash scripts/h200/comparison_device_units.sh &
 #   WAIT=560 bash scripts/h200/comparison_device_poll.sh      # in the same call, then again
 # The gates run first, as in any run (their results cache in the run directory's .stage-results:
 # a later session that brings this run directory back finds them Cached), then the units train
@@ -31,6 +32,11 @@ SMI=$!
 # .stage-results: its gates come back Cached while rl/, schemas/ and the stages' sources are unchanged
 if [ -n "${RESUME_FROM:-}" ] && [ ! -d "$W/run" ]; then
   mkdir -p "$W/run" && cp -a "$RESUME_FROM/." "$W/run/" && rm -f "$W/run/flow.log" "$W/run/gpu.txt" "$W/run/gpu_samples.csv" "$W/run/model_sha.txt"
+fi
+# COMPILE_FROM: a folder holding compile.tgz.NN, inductor's cache as an earlier session's poll
+# brought it back (carried as ".compile"): the learner's and decoder's kernels load, not compile
+if [ -n "${COMPILE_FROM:-}" ] && [ ! -d "$W/compile" ] && ls "$COMPILE_FROM"/compile.tgz.?? > /dev/null 2>&1; then
+  cat "$COMPILE_FROM"/compile.tgz.?? | tar xzf - -C "$W" && echo "compile cache: $(du -sh "$W/compile" | cut -f1) from $COMPILE_FROM" >> "$W/gpu.txt"
 fi
 echo "running $UNITS" > "$W/status"
 start=$(date +%s.%N)
