@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 import fixtures.flow_env  # noqa: F401  (registers the token_threshold env)
@@ -62,6 +63,17 @@ def test_units_run_in_shares_and_the_folder_decides_as_the_flow_does(prefect_har
     for unit in first:
         assert sorted(p.name for p in (units_dir / unit).iterdir()) == sorted(
             ["rollouts.parquet", "step_metrics.parquet", "costs.parquet", "final.json", "eval.jsonl"])
+        # the committed copy is re-encoded for size (zstd, floats byte-stream split) and holds the same table
+        for name in ("rollouts.parquet", "step_metrics.parquet", "costs.parquet"):
+            kept, ran = units_dir / unit / name, run_dir / "train" / unit / name
+            assert pq.read_table(kept).equals(pq.read_table(ran)), name
+            assert pq.read_schema(kept).metadata == pq.read_schema(ran).metadata, name
+            columns = pq.ParquetFile(kept).metadata.row_group(0)
+            assert {columns.column(c).compression for c in range(columns.num_columns)} == {"ZSTD"}, name
+        logprobs = pq.ParquetFile(units_dir / unit / "rollouts.parquet").metadata.row_group(0)
+        column = next(logprobs.column(c) for c in range(logprobs.num_columns)
+                      if logprobs.column(c).path_in_schema == "sampler_logprobs.list.element")
+        assert "BYTE_STREAM_SPLIT" in column.encodings
     assert not (units_dir / "decision").exists()
     # the gates' records of the run the units came from, kept beside them byte for byte
     kept = units_dir / "runs" / "run"
