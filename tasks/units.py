@@ -12,7 +12,9 @@ lands). From that folder:
   as such, and the folder says which units are still missing.
 
 Costs in the table are each arm's training over those common seeds divided by the baseline's over
-the same seeds (a ratio of unequal seed sets would mislead).
+the same seeds (a ratio of unequal seed sets would mislead). Wall time depends on how many units
+shared the GPU, so its ratio is given only where the arm's units trained side by side with the
+baseline's (their steps' wall-clock spans overlap, as units of one `gs1 run --units` do).
 """
 
 from __future__ import annotations
@@ -47,6 +49,20 @@ class ArmStanding:
     relative_cost: dict  # cost / the baseline's over the same seeds
     # a trust-gated kind (flash_reinforce): seed -> the gate's admit rate at each step; else empty
     admit_rates: dict[int, tuple[float, ...]]
+    # every common seed's unit trained side by side with the baseline's (so they shared the GPU
+    # alike and their wall times compare); True for the baseline itself
+    wall_comparable: bool
+
+
+@dataclass(frozen=True)
+class UnitSharing:
+    """How one unit's training shared the GPU: the other units in the folder whose training
+    overlapped it in wall-clock time, and its steps' median seconds (a median, so the few steps
+    that compiled barely move it)."""
+
+    unit: str
+    beside: tuple[str, ...]
+    median_step_seconds: float
 
 
 @dataclass(frozen=True)
@@ -55,6 +71,7 @@ class UnitsStanding:
     missing: tuple[str, ...]
     arms: tuple[ArmStanding, ...]
     decision: dict | None  # the family decision record, once every unit is in
+    sharing: tuple[UnitSharing, ...]  # the present units with step metrics, in plan order
 
     @property
     def complete(self) -> bool:
@@ -161,6 +178,7 @@ def units_standing(plan: RunPlan, folder: UnitsLayout) -> UnitsStanding:
     evals = {u.unit: read_eval_items(folder.eval_jsonl(u.unit)) for u in present}
     costs = {u.unit: ArmCost.model_validate(read_rows("arm_costs", folder.costs_path(u.unit))[0]) for u in present}
     admit = {u.unit: _admit_rates(folder.step_metrics_path(u.unit)) for u in present}
+    sharing = _gpu_sharing({u.unit: folder.step_metrics_path(u.unit) for u in present})
 
     def units_at(arm: str) -> dict[int, str]:
         return {u.order_seed: u.unit for u in present if u.name == arm}
@@ -179,12 +197,35 @@ def units_standing(plan: RunPlan, folder: UnitsLayout) -> UnitsStanding:
             pair = {**pair, "verdict": "interim"}  # unadjusted, over the seeds in so far: not the decision
         cost = ArmCost.summed(arm, [costs[mine[s]] for s in common]) if common else None
         base_cost = ArmCost.summed(baseline, [costs[base_units[s]] for s in common]) if common else None
+        side_by_side = arm == baseline or all(
+            mine[s] in sharing and base_units[s] in sharing[mine[s]].beside for s in common)
         arms.append(ArmStanding(
             arm=arm, role="baseline" if arm == baseline else "treatment" if arm == treatment else "",
             seeds=tuple(sorted(mine)), common_seeds=tuple(common), accuracy=accuracy, pair=pair, cost=cost,
             relative_cost=cost.relative_to(base_cost) if cost and base_cost else {},
-            admit_rates={s: admit[u] for s, u in sorted(mine.items()) if admit[u]}))
-    return UnitsStanding(present=tuple(u.unit for u in present), missing=missing, arms=tuple(arms), decision=decision)
+            admit_rates={s: admit[u] for s, u in sorted(mine.items()) if admit[u]}, wall_comparable=side_by_side))
+    return UnitsStanding(present=tuple(u.unit for u in present), missing=missing, arms=tuple(arms), decision=decision,
+                         sharing=tuple(sharing.values()))
+
+
+def _gpu_sharing(step_metrics: dict[str, Path]) -> dict[str, UnitSharing]:
+    """Which units trained side by side: a unit's span runs from its first step's start to its last
+    step's end (`wall_time` is when a step ended, `step_seconds` how long it took), and two units
+    whose spans overlap shared the GPU. Units without step metrics are left out (not known)."""
+    from schemas.artifacts import read_rows
+
+    spans, medians = {}, {}
+    for unit, path in step_metrics.items():
+        if not path.is_file():
+            continue
+        rows = sorted(read_rows("step_metrics", path), key=lambda r: r["step"])
+        if not rows:
+            continue
+        spans[unit] = (rows[0]["wall_time"] - rows[0]["step_seconds"], rows[-1]["wall_time"])
+        medians[unit] = float(np.median([r["step_seconds"] for r in rows]))
+    return {unit: UnitSharing(unit=unit, median_step_seconds=medians[unit], beside=tuple(
+        other for other, (start, end) in spans.items() if other != unit and start < spans[unit][1] and spans[unit][0] < end))
+        for unit in spans}
 
 
 def _admit_rates(step_metrics: Path) -> tuple[float, ...]:
@@ -223,8 +264,8 @@ def standing_markdown(plan: RunPlan, standing: UnitsStanding) -> str:
             cells += [dash] * 4
         else:
             critic = "" if cost.critic_calls is None else f"; critic {cost.critic_calls}"
-            cells += [f"{cost.wall_seconds:.0f} s, {cost.wall_seconds / cost.steps:.1f} s/step "
-                      f"({_ratio(rel.get('wall_seconds'))})",
+            wall_ratio = _ratio(rel.get("wall_seconds")) if a.wall_comparable else "ran apart"
+            cells += [f"{cost.wall_seconds:.0f} s, {cost.wall_seconds / cost.steps:.1f} s/step ({wall_ratio})",
                       f"{cost.sampler_tokens} ({_ratio(rel.get('sampler_tokens'))})",
                       f"{cost.trainer_tokens} ({_ratio(rel.get('trainer_tokens'))})",
                       f"{cost.model_calls} ({_ratio(rel.get('model_calls'))}{critic})"]
@@ -243,14 +284,30 @@ def standing_markdown(plan: RunPlan, standing: UnitsStanding) -> str:
         "Accuracy: mean over the arm's seeds in the folder. Difference: arm minus baseline on the same eval items, "
         "paired within each common seed and averaged over seeds. Costs: training over the common seeds, and in "
         "brackets divided by the baseline's over the same seeds (the wall time's ratio is its steps' cost relative "
-        "to the baseline's steps: every arm runs the same number). Model calls count the service requests; a "
-        "critic's value model's share is named apart.\n\n"
+        "to the baseline's steps: every arm runs the same number; it is given only where the arm's units trained "
+        "side by side with the baseline's, sharing the GPU alike, and reads \"ran apart\" otherwise: see GPU "
+        "sharing below). Model calls count the service requests; a critic's value model's share is named apart.\n\n"
         "| arm | role | seeds in | accuracy | difference | Hoeffding bounds | Holm p (noninferior) | verdict | "
         "wall time | sampler tokens | trainer tokens | model calls |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
-        + _admit_table(standing) +
+        + _sharing_table(standing) + _admit_table(standing) +
         f"Units in ({len(standing.present)}): {', '.join(standing.present) or 'none'}.\n\n"
         f"Units missing ({len(standing.missing)}): {', '.join(standing.missing) or 'none'}.\n"
+    )
+
+
+def _sharing_table(standing: UnitsStanding) -> str:
+    """Each unit's GPU sharing: the units it trained side by side with, and its steps' median
+    seconds (a unit's wall time holds its neighbours' load); nothing when no unit has step metrics."""
+    if not standing.sharing:
+        return ""
+    rows = [f"| {s.unit} | {', '.join(s.beside) or 'alone'} | {s.median_step_seconds:.1f} |" for s in standing.sharing]
+    return (
+        "### GPU sharing\n\n"
+        "Units whose training overlapped in wall-clock time shared one GPU (one `gs1 run --units` on a shared base); "
+        "a unit's wall time holds its neighbours' load, so wall times compare only between units that trained side "
+        "by side. The median step is barely moved by the few steps that compiled.\n\n"
+        "| unit | trained beside | median step (s) |\n|---|---|---|\n" + "\n".join(rows) + "\n\n"
     )
 
 

@@ -168,14 +168,16 @@ def test_a_run_of_a_spec_with_a_relative_kernel_file_is_collected_with_its_gates
         assert (kept / record).read_bytes() == (run / record).read_bytes(), record
 
 
-def _fake_step_metrics(unit, steps: int, admit_rates: list[float] | None) -> list[dict]:
-    """Step metrics rows as a trained unit's folder holds them (made up: a fake, no training)."""
+def _fake_step_metrics(unit, steps: int, admit_rates: list[float] | None, start: float = 1.0e9,
+                       step_seconds: float = 2.0) -> list[dict]:
+    """Step metrics rows as a trained unit's folder holds them (made up: a fake, no training): its
+    first step starts at `start` and each takes `step_seconds`."""
     from schemas.artifacts import STEP_EXTRA_METRICS
 
     return [{"step": k, "arm": unit.name, "seed": unit.order_seed, "reward_mean": 0.5, "reward_std": 0.5,
              "advantage_abs_mean": 0.5, "frac_nonzero_advantage": 1.0, "baseline_mean": 0.5, "loss": None,
              "num_datums": 64, "num_tokens": 1000, "effective_neighbors_p10": None, "sample_seconds": 1.0,
-             "train_seconds": 1.0, "step_seconds": 2.0, "wall_time": 1.0e9 + k,
+             "train_seconds": 1.0, "step_seconds": step_seconds, "wall_time": start + (k + 1) * step_seconds,
              **dict.fromkeys(STEP_EXTRA_METRICS),
              "trust_admit_rate": None if admit_rates is None else admit_rates[k]} for k in range(steps)]
 
@@ -251,3 +253,48 @@ def test_the_table_reads_what_the_folder_holds(tmp_path, repo_root, tiny_model_d
     admit_rows = table.split("### Trust gate: admit rate per step", 1)[1].splitlines()
     assert "| step | flash_reinforce-s0 | flash_reinforce-s1 |" in admit_rows
     assert "| 2 | 0.800 | 0.790 |" in admit_rows and "| min | 0.800 | 0.790 |" in admit_rows
+
+
+def test_wall_time_compares_only_units_that_shared_the_gpu_alike(tmp_path, repo_root, tiny_model_dir):
+    """Made-up unit files (a fake units folder, no training): seed 0's grpo_gs8 and gs1_kernel train
+    side by side, batch_mean-s0 alone in a later session (at half their step time, as one unit on a
+    GPU runs); its wall-time ratio to the baseline is withheld, the side-by-side one is given, and the
+    GPU sharing table says who trained beside whom."""
+    from schemas.artifacts import write_artifact
+    from schemas.cost import ArmCost
+    from schemas.layout import UnitsLayout
+    from schemas.spec import parse_spec
+    from tasks.spec import plan_from_spec
+    from tasks.units import standing_markdown, units_standing
+
+    plan = plan_from_spec(parse_spec(three_arm_spec(repo_root, tiny_model_dir)))
+    ran = {"grpo_gs8-s0": (1.0e9, 4.0), "gs1_kernel-s0": (1.0e9 + 3.0, 4.2), "batch_mean-s0": (1.0e9 + 3600, 2.0)}
+    for unit in plan.units():
+        if unit.unit not in ran:
+            continue
+        folder = tmp_path / unit.unit
+        folder.mkdir()
+        (folder / "eval.jsonl").write_text("".join(json.dumps({"item_id": f"i{i}", "correct": i % 2 == 0}) + "\n"
+                                                   for i in range(10)))
+        start, step_seconds = ran[unit.unit]
+        write_artifact("arm_costs", [ArmCost(arm=unit.name, seed=0, unit=unit.unit, steps=2,
+                                             wall_seconds=2 * step_seconds, sample_seconds=1.0, train_seconds=1.0,
+                                             sampler_tokens=100, trainer_tokens=100, model_calls=8).model_dump()],
+                       folder / "costs.parquet")
+        write_artifact("step_metrics", _fake_step_metrics(unit, 2, None, start, step_seconds),
+                       folder / "step_metrics.parquet")
+
+    standing = units_standing(plan, UnitsLayout(tmp_path))
+    assert {s.unit: s.beside for s in standing.sharing} == {
+        "grpo_gs8-s0": ("gs1_kernel-s0",), "gs1_kernel-s0": ("grpo_gs8-s0",), "batch_mean-s0": ()}
+    assert {a.arm: a.wall_comparable for a in standing.arms} == {"grpo_gs8": True, "gs1_kernel": True,
+                                                                  "batch_mean": False}
+    lines = standing_markdown(plan, standing).splitlines()
+
+    def row(first: str) -> str:
+        return next(line for line in lines if line.startswith(f"| {first} |"))
+
+    assert "| 8 s, 4.2 s/step (1.05x) |" in row("gs1_kernel")
+    assert "| 4 s, 2.0 s/step (ran apart) |" in row("batch_mean")
+    assert row("batch_mean-s0") == "| batch_mean-s0 | alone | 2.0 |"
+    assert row("grpo_gs8-s0") == "| grpo_gs8-s0 | gs1_kernel-s0 | 4.0 |"

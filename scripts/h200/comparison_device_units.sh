@@ -18,6 +18,9 @@ W=/root/work; mkdir -p "$W"
 SPEC=${SPEC:-results/h200-comparison/spec_revised.json}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1
 export GS1_LOCAL_CACHE=$W/cache GS1_COMPILE_CACHE=$W/compile GS1_MODEL_CACHE=$W/models
+# inductor's cache named outright: `import torch` already pins TORCHINDUCTOR_CACHE_DIR to
+# /tmp/torchinductor_<user>, so the engine's GS1_COMPILE_CACHE default never reaches inductor
+export TORCHINDUCTOR_CACHE_DIR=$W/compile
 echo assembling > "$W/status"
 mkdir -p /root/data && cp -r .data/gsm8k /root/data/ 2>/dev/null
 if [ ! -s /root/m/model.gguf ]; then cat /root/m/q.* > /root/m/model.gguf && rm -f /root/m/q.*; fi

@@ -9,6 +9,9 @@ set -u
 W=/root/work; mkdir -p "$W"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1
 export GS1_LOCAL_CACHE=$W/cache GS1_COMPILE_CACHE=$W/compile GS1_MODEL_CACHE=$W/models
+# inductor's cache named outright: `import torch` already pins TORCHINDUCTOR_CACHE_DIR to
+# /tmp/torchinductor_<user>, so the engine's GS1_COMPILE_CACHE default never reaches inductor
+export TORCHINDUCTOR_CACHE_DIR=$W/compile
 SPEC=results/h200-gsm8k/spec_revised.json
 now() { date +%s.%N; }
 echo assembling > "$W/status"
