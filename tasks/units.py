@@ -177,8 +177,9 @@ def units_standing(plan: RunPlan, folder: UnitsLayout) -> UnitsStanding:
 
     evals = {u.unit: read_eval_items(folder.eval_jsonl(u.unit)) for u in present}
     costs = {u.unit: ArmCost.model_validate(read_rows("arm_costs", folder.costs_path(u.unit))[0]) for u in present}
-    admit = {u.unit: _admit_rates(folder.step_metrics_path(u.unit)) for u in present}
-    sharing = _gpu_sharing({u.unit: folder.step_metrics_path(u.unit) for u in present})
+    steps = {u.unit: _step_rows(folder.step_metrics_path(u.unit)) for u in present}
+    admit = {unit: _admit_rates(rows) for unit, rows in steps.items()}
+    sharing = _gpu_sharing(steps)
 
     def units_at(arm: str) -> dict[int, str]:
         return {u.order_seed: u.unit for u in present if u.name == arm}
@@ -208,34 +209,31 @@ def units_standing(plan: RunPlan, folder: UnitsLayout) -> UnitsStanding:
                          sharing=tuple(sharing.values()))
 
 
-def _gpu_sharing(step_metrics: dict[str, Path]) -> dict[str, UnitSharing]:
-    """Which units trained side by side: a unit's span runs from its first step's start to its last
-    step's end (`wall_time` is when a step ended, `step_seconds` how long it took), and two units
-    whose spans overlap shared the GPU. Units without step metrics are left out (not known)."""
-    from schemas.artifacts import read_rows
-
-    spans, medians = {}, {}
-    for unit, path in step_metrics.items():
-        if not path.is_file():
-            continue
-        rows = sorted(read_rows("step_metrics", path), key=lambda r: r["step"])
-        if not rows:
-            continue
-        spans[unit] = (rows[0]["wall_time"] - rows[0]["step_seconds"], rows[-1]["wall_time"])
-        medians[unit] = float(np.median([r["step_seconds"] for r in rows]))
-    return {unit: UnitSharing(unit=unit, median_step_seconds=medians[unit], beside=tuple(
-        other for other, (start, end) in spans.items() if other != unit and start < spans[unit][1] and spans[unit][0] < end))
-        for unit in spans}
-
-
-def _admit_rates(step_metrics: Path) -> tuple[float, ...]:
-    """A unit's trust-gate admit rate per step, in step order (empty for a kind without a gate,
-    or a folder from before step metrics were kept)."""
+def _step_rows(step_metrics: Path) -> list[dict]:
+    """A unit's step metrics rows in step order (none for a folder from before they were kept)."""
     from schemas.artifacts import read_rows
 
     if not step_metrics.is_file():
-        return ()
-    rows = sorted(read_rows("step_metrics", step_metrics), key=lambda r: r["step"])
+        return []
+    return sorted(read_rows("step_metrics", step_metrics), key=lambda r: r["step"])
+
+
+def _gpu_sharing(steps: dict[str, list[dict]]) -> dict[str, UnitSharing]:
+    """Which units trained side by side: a unit's span runs from its first step's start to its last
+    step's end (`wall_time` is when a step ended, `step_seconds` how long it took), and two units
+    whose spans overlap shared the GPU. Units without step metrics are left out (not known)."""
+    spans = {unit: (rows[0]["wall_time"] - rows[0]["step_seconds"], rows[-1]["wall_time"])
+             for unit, rows in steps.items() if rows}
+    return {unit: UnitSharing(
+        unit=unit, median_step_seconds=float(np.median([r["step_seconds"] for r in steps[unit]])),
+        beside=tuple(other for other, (start, end) in spans.items()
+                     if other != unit and start < spans[unit][1] and spans[unit][0] < end))
+        for unit in spans}
+
+
+def _admit_rates(rows: list[dict]) -> tuple[float, ...]:
+    """A unit's trust-gate admit rate per step, from its step rows in step order (empty for a kind
+    without a gate, or a folder from before step metrics were kept)."""
     rates = [r["trust_admit_rate"] for r in rows]
     return tuple(float(r) for r in rates) if rates and all(r is not None for r in rates) else ()
 
