@@ -16,10 +16,14 @@ def verdict_colour(verdict: str) -> str:
     return VERDICT_COLOURS.get(verdict, PENDING_COLOUR)
 
 
-def arm_colour(data: RunData, arm: str) -> str:
-    """Treatment blue, baseline orange; any other arm its own colour, in arm order."""
-    role = data.role(arm)
+def colour_for(arm: str, role: str, others: list[str]) -> str:
+    """Treatment blue, baseline orange; an arm without a role its own colour, by its place in
+    `others` (the arms without a role, in arm order)."""
     if role:
         return ROLE_COLOURS[role]
-    others = [a for a in data.arm_names if not data.role(a)]
     return OTHER_COLOURS[others.index(arm) % len(OTHER_COLOURS)]
+
+
+def arm_colour(data: RunData, arm: str) -> str:
+    """Treatment blue, baseline orange; any other arm its own colour, in arm order."""
+    return colour_for(arm, data.role(arm), [a for a in data.arm_names if not data.role(a)])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 import matplotlib.style
@@ -21,9 +22,12 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, MultipleLocator
 
 from report.model import KERNEL_P10_METRIC, ArmLogs, RunData
-from report.palette import STOPPED_COLOUR, arm_colour, verdict_colour
+from report.palette import PENDING_COLOUR, STOPPED_COLOUR, arm_colour, colour_for, verdict_colour
 from report.status import steps_text
 from schemas.gate_text import fmt
+
+if TYPE_CHECKING:  # the units folder's standing (tasks.units) only as a type: report does not import tasks
+    from tasks.units import UnitsStanding
 
 SOURCE_STYLES = {"pilot": ":", "calibration": "--", "train": "-"}
 SOURCE_TITLES = {"pilot": "pilot", "calibration": "calibration pilot", "train": "full run"}
@@ -298,12 +302,137 @@ def plot_wall_time(data: RunData) -> tuple[Figure | None, str]:
     return fig, ""
 
 
+# ---------------------------------------------------------------------------------------------
+# A units folder's plots (`gs1 decide --units`): the sweep's arms over the seeds in so far
+
+def _units_colours(standing: UnitsStanding) -> dict[str, str]:
+    others = [a.arm for a in standing.arms if not a.role]
+    return {a.arm: colour_for(a.arm, a.role, others) for a in standing.arms}
+
+
+def _baseline(standing: UnitsStanding) -> str:
+    return next(a.arm for a in standing.arms if a.role == "baseline")
+
+
+def plot_units_accuracy(standing: UnitsStanding) -> tuple[Figure | None, str]:
+    arms = [a for a in standing.arms if a.seed_accuracy]
+    if not arms:
+        return None, "no unit evaluated yet"
+    colours, baseline = _units_colours(standing), _baseline(standing)
+    fig, (ax, diff_ax) = _figure(12, 4.2, ncols=2)
+    names = [a.arm for a in arms]
+    ax.bar(names, [a.accuracy for a in arms], color=[colours[a.arm] for a in arms], width=0.6, alpha=0.8)
+    for x, a in enumerate(arms):
+        seeds = list(a.seed_accuracy.items())
+        ax.scatter([x] * len(seeds), [acc for _, acc in seeds], color="black", s=14, zorder=3)
+        ax.annotate(f"{a.accuracy:.3f}", (x, a.accuracy), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom")
+    lo = min(acc for a in arms for acc in a.seed_accuracy.values())
+    ax.set_ylim(max(0.0, lo - 0.1), min(1.0, max(a.accuracy for a in arms) + 0.06))
+    ax.set_ylabel("eval accuracy (greedy, final weights)")
+    ax.set_title("Accuracy per arm (bar: mean over its seeds; dots: each seed's unit)")
+    ax.tick_params(axis="x", labelrotation=25)
+    for label in ax.get_xticklabels():
+        label.set_horizontalalignment("right")
+    ax.grid(axis="x", visible=False)
+    paired = [a for a in arms if a.pair is not None]
+    if not paired:
+        diff_ax.text(0.5, 0.5, f"no arm paired with {baseline} yet", ha="center", va="center", transform=diff_ax.transAxes)
+        return fig, ""
+    margin = paired[0].pair["margin"]
+    for y, a in enumerate(reversed(paired)):
+        p = a.pair
+        final = p["verdict"] != "interim"
+        colour = verdict_colour(p["verdict"]) if final else PENDING_COLOUR
+        diff_ax.errorbar([p["mean_diff"]], [y], xerr=[[p["mean_diff"] - p["lower"]], [p["upper"] - p["mean_diff"]]], fmt="o",
+                         color=colour, capsize=5, linewidth=2, markersize=6)
+        diff_ax.annotate(f"{p['mean_diff']:+.3f} [{p['lower']:+.3f}, {p['upper']:+.3f}]"
+                         + (f" {p['verdict']}" if final else ""), (p["upper"], y), xytext=(6, 0), textcoords="offset points",
+                         va="center", fontsize=8)
+    diff_ax.set_yticks(range(len(paired)), [f"{a.arm}\n(seeds {', '.join(map(str, a.common_seeds))})" for a in reversed(paired)])
+    diff_ax.axvline(margin, color=STOPPED_COLOUR, linestyle="--", linewidth=1.5, label=f"noninferiority margin {margin:+.3f}")
+    diff_ax.axvline(0.0, color="#57606a", linewidth=0.8)
+    width = max(max(abs(a.pair["lower"]), abs(a.pair["upper"])) for a in paired)
+    diff_ax.set_xlim(-width - 0.02, width + 0.09)
+    diff_ax.set_xlabel(f"arm − {baseline}, paired items (bars: Hoeffding bounds)")
+    final = paired[0].pair["verdict"] != "interim"
+    diff_ax.set_title(f"Against {baseline}: " + ("Holm's verdicts" if final else "interim, unadjusted (grey)"))
+    diff_ax.grid(axis="y", visible=False)
+    _legend_below(diff_ax, ncol=1)
+    return fig, ""
+
+
+def plot_units_reward(standing: UnitsStanding) -> tuple[Figure | None, str]:
+    arms = [a for a in standing.arms if a.rewards]
+    if not arms:
+        return None, "no unit has step metrics"
+    colours = _units_colours(standing)
+    seeds = sorted({s for a in arms for s in a.rewards})
+    fig, axes = _figure(min(6 + 5 * len(seeds), 16), 4.5, ncols=len(seeds))
+    every = [r for a in arms for rewards in a.rewards.values() for r in rewards]
+    for ax, seed in zip(axes, seeds):  # one panel per seed: its arms saw the same prompt order
+        all_steps = []
+        for a in arms:
+            rewards = a.rewards.get(seed)
+            if not rewards:
+                continue
+            steps = np.arange(1, len(rewards) + 1, dtype=np.float64)
+            all_steps.append(steps)
+            window = min(5, len(rewards))  # a step's mean of 64 rollouts is noisy: its trailing 5-step mean drawn bold
+            smooth = np.convolve(rewards, np.ones(window) / window, mode="valid")
+            ax.plot(steps, rewards, color=colours[a.arm], linewidth=0.8, alpha=0.35)
+            ax.plot(steps[window - 1:], smooth, color=colours[a.arm], linewidth=2, label=a.arm)
+        ax.set_ylim(min(every) - 0.03, max(every) + 0.03)
+        ax.set_xlabel("training step")
+        ax.set_title(f"seed {seed}")
+        _step_axis(ax, all_steps)
+        _legend_below(ax, ncol=3)
+    axes[0].set_ylabel("mean training reward of the step's rollouts")
+    fig.suptitle("Training reward per step, per arm and seed (thin: each step; bold: trailing 5-step mean)")
+    return fig, ""
+
+
+UNIT_COSTS = (("sampler_tokens", "sampler tokens"), ("trainer_tokens", "trainer tokens"), ("model_calls", "model calls"),
+              ("wall_seconds", "wall time"))
+
+
+def plot_units_cost(standing: UnitsStanding) -> tuple[Figure | None, str]:
+    arms = [a for a in standing.arms if a.role != "baseline" and a.relative_cost]
+    if not arms:
+        return None, "no arm has a unit at a seed the baseline has"
+    baseline = _baseline(standing)
+    colours = ["#8c959f", "#0969da", "#e16f24", "#1a7f37"]
+    fig, (ax,) = _figure(10, 1.2 + 0.9 * len(arms))
+    height = 0.8 / len(UNIT_COSTS)
+    for k, ((key, label), colour) in enumerate(zip(UNIT_COSTS, colours)):
+        ys, widths = [], []
+        for y, a in enumerate(reversed(arms)):
+            # wall time only over the seeds at which the two shared the GPU alike
+            value = a.wall_ratio if key == "wall_seconds" else a.relative_cost.get(key)
+            if key == "wall_seconds" and a.wall_ratio is None:
+                ax.annotate("wall: ran apart", (0.02, y - (k - 1.5) * height), va="center", fontsize=7, color="#57606a")
+                continue
+            if value is not None:
+                ys.append(y - (k - 1.5) * height)  # first measure on top, as in the legend
+                widths.append(value)
+        ax.barh(ys, widths, height=height, color=colour, label=label)
+        for y, w in zip(ys, widths):
+            ax.annotate(f"{w:.2f}x", (w, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
+    ax.axvline(1.0, color="#57606a", linewidth=1, linestyle="--", label=f"{baseline} (1.00x)")
+    ax.set_yticks(range(len(arms)), [f"{a.arm}\n(seeds {', '.join(map(str, a.common_seeds))})" for a in reversed(arms)])
+    ax.set_xlabel(f"cost of the arm's training / {baseline}'s over the same seeds")
+    ax.set_title(f"Cost per arm relative to {baseline} (wall time only where they trained side by side)")
+    ax.grid(axis="y", visible=False)
+    _legend_below(ax, ncol=5)
+    return fig, ""
+
+
 @dataclass(frozen=True)
 class PlotSpec:
     name: str  # the PNG is <name>.png
     title: str
     caption: str
-    draw: Callable[[RunData], tuple[Figure | None, str]]  # (figure, '') or (None, why not drawn)
+    # (figure, '') or (None, why not drawn), from a run's RunData or a units folder's UnitsStanding
+    draw: Callable[[Any], tuple[Figure | None, str]]
 
 
 @dataclass(frozen=True)
@@ -327,10 +456,19 @@ PLOT_SPECS: tuple[PlotSpec, ...] = (
 PLOTS = [p.name for p in PLOT_SPECS]
 
 
-def render_plots(data: RunData) -> list[RenderedPlot]:
+UNITS_PLOT_SPECS: tuple[PlotSpec, ...] = (
+    PlotSpec("units_accuracy", "Accuracy and the paired differences", "Left: greedy eval accuracy per arm, the mean over its seeds in the folder (dots: each seed). Right: each arm minus the baseline on the same items, paired within the seeds both have and averaged over them, with its one-sided Hoeffding bounds; grey while interim (unadjusted, units missing), the verdict's colour once Holm's decision is made.", plot_units_accuracy),
+    PlotSpec("units_reward", "Training reward per step", "Each unit's mean training reward per step (64 rollouts a step in every arm), one panel per seed (its arms saw the same prompts in the same order).", plot_units_reward),
+    PlotSpec("units_cost", "Cost relative to the baseline", "Each arm's training cost over the seeds it shares with the baseline, divided by the baseline's over the same seeds: sampler tokens, trainer tokens (a critic's value model included), model calls, and wall time where the two trained side by side.", plot_units_cost),
+)
+
+
+def render_plots(data: Any, specs: tuple[PlotSpec, ...] = PLOT_SPECS) -> list[RenderedPlot]:
+    """Each of `specs` drawn from `data` (a run's RunData for PLOT_SPECS, a units folder's
+    UnitsStanding for UNITS_PLOT_SPECS)."""
     out = []
     with matplotlib.style.context("default"), matplotlib.rc_context(STYLE):
-        for spec in PLOT_SPECS:
+        for spec in specs:
             fig, why = spec.draw(data)
             out.append(RenderedPlot(spec, _png_bytes(fig)) if fig is not None else RenderedPlot(spec, None, why))
     return out

@@ -87,7 +87,8 @@ class ReportFiles:
     artifact_markdown: str  # report.md with the plots embedded and the HTML page's path as text
 
 
-def _write_plots(out: Path, plots: list[RenderedPlot]) -> dict[str, Path]:
+def write_plots(out: Path, plots: list[RenderedPlot]) -> dict[str, Path]:
+    """Each drawn plot as out/<name>.png (plot name -> path); a plot not drawn removes its stale PNG."""
     written = {}
     for plot in plots:
         path = out / f"{plot.name}.png"
@@ -116,7 +117,7 @@ def write_report(
     statuses = stage_statuses(data)
     plots = render_plots(data)
     page = build_page(data, statuses, plots)
-    written = _write_plots(out, plots)
+    written = write_plots(out, plots)
     html_path = write_text_atomic(out / HTML_NAME, render_html(page))
     md_path = write_text_atomic(out / MARKDOWN_NAME, render_markdown(page))
     html_abs = html_path.resolve()

@@ -13,17 +13,22 @@ lands). From that folder:
 
 Costs in the table are each arm's training over those common seeds divided by the baseline's over
 the same seeds (a ratio of unequal seed sets would mislead). Wall time depends on how many units
-shared the GPU, so its ratio is given only where the arm's units trained side by side with the
-baseline's (their steps' wall-clock spans overlap, as units of one `gs1 run --units` do).
+shared the GPU, so its ratio is taken only over the seeds at which the arm's units trained side by
+side with the baseline's (their steps' wall-clock spans overlap, as units of one `gs1 run --units`
+do). Beside the pre-registered table: the treatment against each other arm (secondary, descriptive),
+what the rule can tell at this number of items, and plots (`report.plots.UNITS_PLOT_SPECS`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from report.plots import UNITS_PLOT_SPECS, RenderedPlot, render_plots
+from report.render import write_plots
 from schemas.cost import ArmCost
 from schemas.errors import UserError
 from schemas.io import loads_strict, write_bytes_atomic, write_text_atomic
@@ -33,6 +38,11 @@ from schemas.revision import experiment_hash
 from schemas.spec import ExperimentSpec, anchored, parse_spec
 from tasks.gates import write_family_decision
 from tasks.spec import plan_from_spec
+
+# The folder of the units folder's plots, relative to it. It joins schemas.layout.UnitsLayout with
+# the library's next change: schemas/ keys the gates' stage cache, and seed 1's units of the H200
+# comparison must find the gates of seed 0 Cached (results/h200-comparison/README.md).
+UNITS_PLOTS_FOLDER = "plots"
 
 
 @dataclass(frozen=True)
@@ -44,14 +54,18 @@ class ArmStanding:
     seeds: tuple[int, ...]  # seeds with this arm's unit in the folder
     common_seeds: tuple[int, ...]  # ... that the baseline has too (what the pairing and costs use)
     accuracy: float | None  # mean over its seeds in the folder
+    seed_accuracy: dict[int, float]  # seed -> that unit's accuracy
+    rewards: dict[int, tuple[float, ...]]  # seed -> that unit's mean training reward at each step
     pair: dict | None  # the paired record against the baseline (final: Holm's verdict; else interim)
     cost: ArmCost | None  # training over the common seeds
     relative_cost: dict  # cost / the baseline's over the same seeds
     # a trust-gated kind (flash_reinforce): seed -> the gate's admit rate at each step; else empty
     admit_rates: dict[int, tuple[float, ...]]
-    # every common seed's unit trained side by side with the baseline's (so they shared the GPU
-    # alike and their wall times compare); True for the baseline itself
-    wall_comparable: bool
+    # the common seeds at which the arm's unit trained side by side with the baseline's (they shared
+    # the GPU alike, so their wall times compare; every common seed for the baseline itself), and
+    # the arm's wall time over the baseline's at those seeds (None when there is none)
+    wall_seeds: tuple[int, ...]
+    wall_ratio: float | None
 
 
 @dataclass(frozen=True)
@@ -66,12 +80,26 @@ class UnitSharing:
 
 
 @dataclass(frozen=True)
+class VersusArm:
+    """The treatment against one other arm that is not the baseline: secondary and descriptive (the
+    pre-registered family compares every arm with the baseline only), so unadjusted and no verdict."""
+
+    arm: str
+    common_seeds: tuple[int, ...]  # seeds both the treatment's and this arm's units are in
+    pair: dict  # the paired record, treatment minus this arm, over those seeds
+    relative_cost: dict  # the treatment's cost / this arm's over those seeds
+    wall_seeds: tuple[int, ...]  # those seeds at which their units trained side by side
+    wall_ratio: float | None  # the treatment's wall time over this arm's at wall_seeds (None: none)
+
+
+@dataclass(frozen=True)
 class UnitsStanding:
     present: tuple[str, ...]
     missing: tuple[str, ...]
     arms: tuple[ArmStanding, ...]
     decision: dict | None  # the family decision record, once every unit is in
     sharing: tuple[UnitSharing, ...]  # the present units with step metrics, in plan order
+    versus: tuple[VersusArm, ...]  # the treatment against each other arm, where both have units in
 
     @property
     def complete(self) -> bool:
@@ -184,29 +212,61 @@ def units_standing(plan: RunPlan, folder: UnitsLayout) -> UnitsStanding:
     def units_at(arm: str) -> dict[int, str]:
         return {u.order_seed: u.unit for u in present if u.name == arm}
 
+    def paired(arm: str, other: str, seeds: list[int]) -> dict:
+        """arm minus other, items paired within each seed and averaged over the seeds."""
+        mine, theirs = units_at(arm), units_at(other)
+        return paired_decision(seed_averaged({s: evals[mine[s]] for s in seeds}, arm),
+                               seed_averaged({s: evals[theirs[s]] for s in seeds}, other),
+                               alpha=plan.decision.alpha, margin=plan.decision.margin, bounds=plan.decision.bounds)
+
+    def summed_cost(arm: str, seeds: list[int]) -> ArmCost:
+        return ArmCost.summed(arm, [costs[units_at(arm)[s]] for s in seeds])
+
+    def wall_against(arm: str, other: str, seeds: list[int]) -> tuple[tuple[int, ...], float | None]:
+        """The seeds at which arm's and other's units trained side by side, and arm's wall time over
+        other's at those seeds: units that trained apart carried other loads on the GPU."""
+        mine, theirs = units_at(arm), units_at(other)
+        shared = [s for s in seeds if mine[s] in sharing and theirs[s] in sharing[mine[s]].beside]
+        if not shared:
+            return (), None
+        return tuple(shared), summed_cost(arm, shared).wall_seconds / summed_cost(other, shared).wall_seconds
+
     base_units = units_at(baseline)
     arms = []
     for arm in [baseline, *[a for a in plan.compared if a != baseline]]:
         mine = units_at(arm)
         common = sorted(mine.keys() & base_units.keys())
-        accuracy = float(np.mean([np.mean(list(evals[u].values())) for u in mine.values()])) if mine else None
+        seed_accuracy = {s: float(np.mean(list(evals[u].values()))) for s, u in sorted(mine.items())}
+        accuracy = float(np.mean(list(seed_accuracy.values()))) if mine else None
         pair = final.get(arm)
         if pair is None and arm != baseline and common:
-            pair = paired_decision(seed_averaged({s: evals[mine[s]] for s in common}, arm),
-                                   seed_averaged({s: evals[base_units[s]] for s in common}, baseline),
-                                   alpha=plan.decision.alpha, margin=plan.decision.margin, bounds=plan.decision.bounds)
-            pair = {**pair, "verdict": "interim"}  # unadjusted, over the seeds in so far: not the decision
-        cost = ArmCost.summed(arm, [costs[mine[s]] for s in common]) if common else None
-        base_cost = ArmCost.summed(baseline, [costs[base_units[s]] for s in common]) if common else None
-        side_by_side = arm == baseline or all(
-            mine[s] in sharing and base_units[s] in sharing[mine[s]].beside for s in common)
+            # unadjusted, over the seeds in so far: not the decision
+            pair = {**paired(arm, baseline, common), "verdict": "interim"}
+        cost = summed_cost(arm, common) if common else None
+        base_cost = summed_cost(baseline, common) if common else None
+        if arm == baseline:
+            wall_seeds, wall_ratio = tuple(common), (1.0 if common else None)
+        else:
+            wall_seeds, wall_ratio = wall_against(arm, baseline, common)
         arms.append(ArmStanding(
             arm=arm, role="baseline" if arm == baseline else "treatment" if arm == treatment else "",
-            seeds=tuple(sorted(mine)), common_seeds=tuple(common), accuracy=accuracy, pair=pair, cost=cost,
+            seeds=tuple(sorted(mine)), common_seeds=tuple(common), accuracy=accuracy, seed_accuracy=seed_accuracy,
+            rewards={s: tuple(float(r["reward_mean"]) for r in steps[u]) for s, u in sorted(mine.items()) if steps[u]},
+            pair=pair, cost=cost,
             relative_cost=cost.relative_to(base_cost) if cost and base_cost else {},
-            admit_rates={s: admit[u] for s, u in sorted(mine.items()) if admit[u]}, wall_comparable=side_by_side))
+            admit_rates={s: admit[u] for s, u in sorted(mine.items()) if admit[u]},
+            wall_seeds=wall_seeds, wall_ratio=wall_ratio))
+    versus = []
+    for arm in [a for a in plan.compared if a not in (baseline, treatment)]:
+        common = sorted(units_at(treatment).keys() & units_at(arm).keys())
+        if common:
+            wall_seeds, wall_ratio = wall_against(treatment, arm, common)
+            versus.append(VersusArm(
+                arm=arm, common_seeds=tuple(common), pair=paired(treatment, arm, common),
+                relative_cost=summed_cost(treatment, common).relative_to(summed_cost(arm, common)),
+                wall_seeds=wall_seeds, wall_ratio=wall_ratio))
     return UnitsStanding(present=tuple(u.unit for u in present), missing=missing, arms=tuple(arms), decision=decision,
-                         sharing=tuple(sharing.values()))
+                         sharing=tuple(sharing.values()), versus=tuple(versus))
 
 
 def _step_rows(step_metrics: Path) -> list[dict]:
@@ -242,9 +302,19 @@ def _ratio(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}x"
 
 
-def standing_markdown(plan: RunPlan, standing: UnitsStanding) -> str:
+def _wall_cell(seeds: tuple[int, ...], wall_seeds: tuple[int, ...], ratio: float | None) -> str:
+    """A wall-time ratio over the seeds at which the two trained side by side, naming them when
+    they are not all the common seeds; "ran apart" when there is none."""
+    if not wall_seeds or ratio is None:
+        return "ran apart"
+    if wall_seeds == seeds:
+        return _ratio(ratio)
+    return f"{_ratio(ratio)} at seed{'s' if len(wall_seeds) > 1 else ''} {', '.join(map(str, wall_seeds))}"
+
+
+def standing_markdown(plan: RunPlan, standing: UnitsStanding, plots: Sequence[RenderedPlot] = ()) -> str:
     """The comparison table and what is still missing (comparison.md, and the block `gs1 decide
-    --units` keeps in the folder's README)."""
+    --units` keeps in the folder's README), with links to `plots` (drawn into UNITS_PLOTS_FOLDER)."""
     baseline = plan.run.baseline
     rows = []
     for a in standing.arms:
@@ -262,8 +332,8 @@ def standing_markdown(plan: RunPlan, standing: UnitsStanding) -> str:
             cells += [dash] * 4
         else:
             critic = "" if cost.critic_calls is None else f"; critic {cost.critic_calls}"
-            wall_ratio = _ratio(rel.get("wall_seconds")) if a.wall_comparable else "ran apart"
-            cells += [f"{cost.wall_seconds:.0f} s, {cost.wall_seconds / cost.steps:.1f} s/step ({wall_ratio})",
+            wall = _wall_cell(a.common_seeds, a.wall_seeds, a.wall_ratio)
+            cells += [f"{cost.wall_seconds:.0f} s, {cost.wall_seconds / cost.steps:.1f} s/step ({wall})",
                       f"{cost.sampler_tokens} ({_ratio(rel.get('sampler_tokens'))})",
                       f"{cost.trainer_tokens} ({_ratio(rel.get('trainer_tokens'))})",
                       f"{cost.model_calls} ({_ratio(rel.get('model_calls'))}{critic})"]
@@ -278,20 +348,74 @@ def standing_markdown(plan: RunPlan, standing: UnitsStanding) -> str:
                   f"seeds the arm and {baseline} both have so far, with unadjusted one-sided Hoeffding bounds at "
                   f"α={alpha:g}; no verdict is drawn from it.")
     return (
-        f"## Comparison against {baseline}\n\n{status}\n\n"
+        f"## Comparison against {baseline}\n\n{status}\n\n{_power_line(plan, standing)}"
         "Accuracy: mean over the arm's seeds in the folder. Difference: arm minus baseline on the same eval items, "
         "paired within each common seed and averaged over seeds. Costs: training over the common seeds, and in "
         "brackets divided by the baseline's over the same seeds (the wall time's ratio is its steps' cost relative "
-        "to the baseline's steps: every arm runs the same number; it is given only where the arm's units trained "
-        "side by side with the baseline's, sharing the GPU alike, and reads \"ran apart\" otherwise: see GPU "
-        "sharing below). Model calls count the service requests; a critic's value model's share is named apart.\n\n"
+        "to the baseline's steps: every arm runs the same number; it is taken over the seeds at which the arm's units "
+        "trained side by side with the baseline's, sharing the GPU alike, named when not every seed, and reads "
+        "\"ran apart\" where there is none: see GPU sharing below). Model calls count the service requests; a critic's value model's share is named apart.\n\n"
         "| arm | role | seeds in | accuracy | difference | Hoeffding bounds | Holm p (noninferior) | verdict | "
         "wall time | sampler tokens | trainer tokens | model calls |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
-        + _sharing_table(standing) + _admit_table(standing) +
+        + _versus_table(plan, standing) + _plots_section(plots) + _sharing_table(standing) + _admit_table(standing) +
         f"Units in ({len(standing.present)}): {', '.join(standing.present) or 'none'}.\n\n"
         f"Units missing ({len(standing.missing)}): {', '.join(standing.missing) or 'none'}.\n"
     )
+
+
+def _power_line(plan: RunPlan, standing: UnitsStanding) -> str:
+    """What the pre-registered rule can tell at the folder's number of paired items: the smallest
+    true difference it can call noninferior (a tie reads inconclusive below it)."""
+    pairs = [a.pair for a in standing.arms if a.pair is not None]
+    if not pairs:
+        return ""
+    p = pairs[0]
+    return (f"What the rule can tell: with {p['n']} paired items, the one-sided Hoeffding lower bound at "
+            f"α={plan.decision.alpha:g} lies {p['min_noninferior_true_diff'] - p['margin']:.4f} below the observed "
+            f"difference, so an arm is called noninferior (margin "
+            f"{p['margin']:+.2f}) only when its observed difference is above {p['min_noninferior_true_diff']:+.4f}; "
+            "an arm as good as the baseline, or a little better, reads inconclusive.\n\n")
+
+
+def _versus_table(plan: RunPlan, standing: UnitsStanding) -> str:
+    """The treatment against each other arm (not the baseline): secondary and descriptive."""
+    if not standing.versus:
+        return ""
+    treatment, baseline, alpha = plan.run.treatment, plan.run.baseline, plan.decision.alpha
+    rows = []
+    for v in standing.versus:
+        p, rel = v.pair, v.relative_cost
+        counts = p.get("mcnemar")
+        wall = _wall_cell(v.common_seeds, v.wall_seeds, v.wall_ratio)
+        rows.append(f"| {v.arm} | {', '.join(map(str, v.common_seeds))} | {p['mean_diff']:+.4f} | "
+                    f"[{p['lower']:+.4f}, {p['upper']:+.4f}] | [{p['bootstrap_lower']:+.4f}, {p['bootstrap_upper']:+.4f}] | "
+                    + (f"{counts['b']} / {counts['c']}" if counts else "—") + " | "
+                    f"{wall} | {_ratio(rel.get('trainer_tokens'))} | {_ratio(rel.get('model_calls'))} |")
+    return (
+        f"### {treatment} against the other arms (secondary)\n\n"
+        f"The pre-registered decision compares every arm with {baseline} only. Here {treatment} minus each other arm, "
+        "on the same eval items paired within the seeds both have and averaged over them: descriptive, with "
+        f"unadjusted one-sided Hoeffding bounds at α={alpha:g} and a paired bootstrap interval at {1 - 2 * alpha:.0%}; "
+        f"no verdict. Items: those {treatment} gets right and the other arm wrong / the reverse (one seed: an item's "
+        f"outcome over several seeds is a mean). Costs: {treatment}'s training divided by the other arm's over the "
+        "same seeds (wall time over the seeds at which they trained side by side).\n\n"
+        f"| other arm | seeds | {treatment} − other | Hoeffding bounds | bootstrap interval | items right only in "
+        f"{treatment} / only in other | wall time | trainer tokens | model calls |\n"
+        "|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
+    )
+
+
+def _plots_section(plots: Sequence[RenderedPlot]) -> str:
+    if not plots:
+        return ""
+    parts = []
+    for plot in plots:
+        if plot.png is None:
+            parts.append(f"- {plot.spec.title}: not drawn ({plot.why_not}).")
+        else:
+            parts.append(f"![{plot.spec.title}]({UNITS_PLOTS_FOLDER}/{plot.name}.png)\n\n{plot.spec.caption}")
+    return "### Plots\n\n" + "\n\n".join(parts) + "\n\n"
 
 
 def _sharing_table(standing: UnitsStanding) -> str:
@@ -339,8 +463,11 @@ README_END = "<!-- gs1 decide --units: end -->"
 
 def write_standing(plan: RunPlan, standing: UnitsStanding, folder: UnitsLayout) -> Path:
     """comparison.md, and the same block in the folder's README.md (kept between markers, the
-    rest of the README as its authors wrote it; a README is started when there is none)."""
-    markdown = standing_markdown(plan, standing)
+    rest of the README as its authors wrote it; a README is started when there is none), with the
+    plots beside them."""
+    plots = render_plots(standing, UNITS_PLOT_SPECS)
+    write_plots(folder.root / UNITS_PLOTS_FOLDER, plots)
+    markdown = standing_markdown(plan, standing, plots)
     write_text_atomic(folder.comparison_md, markdown)
     readme = folder.root / "README.md"
     block = f"{README_BEGIN}\n{markdown}{README_END}\n"

@@ -258,8 +258,9 @@ def test_the_table_reads_what_the_folder_holds(tmp_path, repo_root, tiny_model_d
 def test_wall_time_compares_only_units_that_shared_the_gpu_alike(tmp_path, repo_root, tiny_model_dir):
     """Made-up unit files (a fake units folder, no training): seed 0's grpo_gs8 and gs1_kernel train
     side by side, batch_mean-s0 alone in a later session (at half their step time, as one unit on a
-    GPU runs); its wall-time ratio to the baseline is withheld, the side-by-side one is given, and the
-    GPU sharing table says who trained beside whom."""
+    GPU runs); at seed 1 batch_mean trains beside grpo_gs8 and gs1_kernel alone. A wall-time ratio to
+    the baseline is taken over the seeds at which the two trained side by side, naming them, and is
+    withheld where there is none; the GPU sharing table says who trained beside whom."""
     from schemas.artifacts import write_artifact
     from schemas.cost import ArmCost
     from schemas.layout import UnitsLayout
@@ -268,7 +269,8 @@ def test_wall_time_compares_only_units_that_shared_the_gpu_alike(tmp_path, repo_
     from tasks.units import standing_markdown, units_standing
 
     plan = plan_from_spec(parse_spec(three_arm_spec(repo_root, tiny_model_dir)))
-    ran = {"grpo_gs8-s0": (1.0e9, 4.0), "gs1_kernel-s0": (1.0e9 + 3.0, 4.2), "batch_mean-s0": (1.0e9 + 3600, 2.0)}
+    ran = {"grpo_gs8-s0": (1.0e9, 4.0), "gs1_kernel-s0": (1.0e9 + 3.0, 4.2), "batch_mean-s0": (1.0e9 + 3600, 2.0),
+           "grpo_gs8-s1": (1.0e9 + 7200, 3.0), "batch_mean-s1": (1.0e9 + 7201, 3.4), "gs1_kernel-s1": (1.0e9 + 9000, 2.0)}
     for unit in plan.units():
         if unit.unit not in ran:
             continue
@@ -277,7 +279,7 @@ def test_wall_time_compares_only_units_that_shared_the_gpu_alike(tmp_path, repo_
         (folder / "eval.jsonl").write_text("".join(json.dumps({"item_id": f"i{i}", "correct": i % 2 == 0}) + "\n"
                                                    for i in range(10)))
         start, step_seconds = ran[unit.unit]
-        write_artifact("arm_costs", [ArmCost(arm=unit.name, seed=0, unit=unit.unit, steps=2,
+        write_artifact("arm_costs", [ArmCost(arm=unit.name, seed=unit.order_seed, unit=unit.unit, steps=2,
                                              wall_seconds=2 * step_seconds, sample_seconds=1.0, train_seconds=1.0,
                                              sampler_tokens=100, trainer_tokens=100, model_calls=8).model_dump()],
                        folder / "costs.parquet")
@@ -286,15 +288,101 @@ def test_wall_time_compares_only_units_that_shared_the_gpu_alike(tmp_path, repo_
 
     standing = units_standing(plan, UnitsLayout(tmp_path))
     assert {s.unit: s.beside for s in standing.sharing} == {
-        "grpo_gs8-s0": ("gs1_kernel-s0",), "gs1_kernel-s0": ("grpo_gs8-s0",), "batch_mean-s0": ()}
-    assert {a.arm: a.wall_comparable for a in standing.arms} == {"grpo_gs8": True, "gs1_kernel": True,
-                                                                  "batch_mean": False}
+        "grpo_gs8-s0": ("gs1_kernel-s0",), "grpo_gs8-s1": ("batch_mean-s1",), "gs1_kernel-s0": ("grpo_gs8-s0",),
+        "gs1_kernel-s1": (), "batch_mean-s0": (), "batch_mean-s1": ("grpo_gs8-s1",)}
+    rows = {a.arm: a for a in standing.arms}
+    assert {arm: a.wall_seeds for arm, a in rows.items()} == {"grpo_gs8": (0, 1), "gs1_kernel": (0,),
+                                                               "batch_mean": (1,)}
+    assert rows["gs1_kernel"].wall_ratio == pytest.approx(8.4 / 8.0)  # seed 0 only: seed 1 ran alone
+    assert rows["batch_mean"].wall_ratio == pytest.approx(6.8 / 6.0)
     lines = standing_markdown(plan, standing).splitlines()
 
     def row(first: str) -> str:
         return next(line for line in lines if line.startswith(f"| {first} |"))
 
-    assert "| 8 s, 4.2 s/step (1.05x) |" in row("gs1_kernel")
-    assert "| 4 s, 2.0 s/step (ran apart) |" in row("batch_mean")
+    assert "| 12 s, 3.1 s/step (1.05x at seed 0) |" in row("gs1_kernel")  # 8.4 + 4.0 s over 4 steps
+    assert "| 11 s, 2.7 s/step (1.13x at seed 1) |" in row("batch_mean")
+    assert "| 14 s, 3.5 s/step (1.00x) |" in row("grpo_gs8")
     assert row("batch_mean-s0") == "| batch_mean-s0 | alone | 2.0 |"
     assert row("grpo_gs8-s0") == "| grpo_gs8-s0 | gs1_kernel-s0 | 4.0 |"
+    # the treatment against batch_mean: side by side at no seed (gs1_kernel-s1 trained alone)
+    versus = next(v for v in standing.versus if v.arm == "batch_mean")
+    secondary = "\n".join(lines).split("against the other arms (secondary)", 1)[1].splitlines()
+    assert versus.wall_seeds == () and versus.wall_ratio is None
+    assert "| ran apart |" in next(line for line in secondary if line.startswith("| batch_mean |"))
+
+
+@pytest.mark.parametrize("missing", [(), ("gs1_kernel-s1",)])
+def test_the_treatment_against_each_other_arm_and_the_plots(tmp_path, repo_root, tiny_model_dir, missing):
+    """Made-up unit files (a fake units folder, no training): the treatment minus each arm that is
+    not the baseline, paired over the seeds both have (recomputed here in float64 from the eval
+    outcomes, the Hoeffding radius from its formula), its costs over the other arm's, the rule's
+    power line, and the three plots drawn beside the table (a plot whose data is gone is removed
+    and said not drawn)."""
+    from schemas.artifacts import write_artifact
+    from schemas.cost import ArmCost
+    from schemas.layout import UnitsLayout
+    from schemas.spec import parse_spec
+    from tasks.spec import plan_from_spec
+    from tasks.units import UNITS_PLOTS_FOLDER, units_standing, write_standing
+
+    plan = plan_from_spec(parse_spec(five_arm_spec(repo_root, tiny_model_dir)))
+    treatment, n_items = plan.run.treatment, 60
+    rng = np.random.default_rng(11)
+    outcomes = {}
+    for unit in plan.units():
+        if unit.unit in missing:
+            continue
+        folder = tmp_path / unit.unit
+        folder.mkdir()
+        outcomes[unit.unit] = rng.integers(0, 2, size=n_items).astype(float)
+        (folder / "eval.jsonl").write_text("".join(json.dumps({"item_id": f"i{i}", "correct": bool(c)}) + "\n"
+                                                   for i, c in enumerate(outcomes[unit.unit])))
+        write_artifact("arm_costs", [ArmCost(arm=unit.name, seed=unit.order_seed, unit=unit.unit, steps=2,
+                                             wall_seconds=10.0, sample_seconds=5.0, train_seconds=5.0,
+                                             sampler_tokens=1000, trainer_tokens=100 * len(unit.name) + unit.order_seed,
+                                             model_calls=8).model_dump()], folder / "costs.parquet")
+        write_artifact("step_metrics", _fake_step_metrics(unit, 2, None), folder / "step_metrics.parquet")
+
+    folder = UnitsLayout(tmp_path)
+    standing = units_standing(plan, folder)
+    others = [a for a in plan.compared if a not in (plan.run.baseline, treatment)]
+    assert [v.arm for v in standing.versus] == others and others  # batch_mean, flash_reinforce, critic
+    seeds = [0] if missing else [0, 1]
+    alpha = plan.decision.alpha
+    radius = 2.0 * np.sqrt(np.log(1.0 / alpha) / (2.0 * n_items))  # differences lie in [-1, 1]
+    for v in standing.versus:
+        assert v.common_seeds == tuple(seeds)
+        per_item = np.mean([outcomes[f"{treatment}-s{s}"] - outcomes[f"{v.arm}-s{s}"] for s in seeds], axis=0)
+        assert v.pair["mean_diff"] == pytest.approx(float(np.mean(per_item)), abs=1e-12)
+        assert v.pair["lower"] == pytest.approx(float(np.mean(per_item)) - radius, abs=1e-12)
+        want_tokens = sum(100 * len(treatment) + s for s in seeds) / sum(100 * len(v.arm) + s for s in seeds)
+        assert v.relative_cost["trainer_tokens"] == pytest.approx(want_tokens)
+        assert v.wall_seeds == tuple(seeds)  # the fake units' steps all overlap: one run
+        if missing:  # one seed: 0/1 outcomes, so the items each arm alone gets right are counted
+            mine, theirs = outcomes[f"{treatment}-s0"], outcomes[f"{v.arm}-s0"]
+            assert (v.pair["mcnemar"]["b"], v.pair["mcnemar"]["c"]) == (
+                int(np.sum((mine == 1) & (theirs == 0))), int(np.sum((mine == 0) & (theirs == 1))))
+
+    markdown = write_standing(plan, standing, folder).read_text()
+    table = markdown.split(f"### {treatment} against the other arms (secondary)", 1)[1]
+    row = next(line for line in table.splitlines() if line.startswith("| critic |"))
+    assert f"| {standing.versus[-1].pair['mean_diff']:+.4f} |" in row
+    assert (" / " in row) == bool(missing)  # counts only where an item's outcome is 0/1
+    assert f"above {plan.decision.margin + radius:+.4f}" in markdown
+    plots = tmp_path / UNITS_PLOTS_FOLDER
+    for name in ("units_accuracy", "units_reward", "units_cost"):
+        assert (plots / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert f"]({UNITS_PLOTS_FOLDER}/{name}.png)" in markdown
+    assert (tmp_path / "README.md").read_text().count(f"]({UNITS_PLOTS_FOLDER}/units_cost.png)") == 1
+
+    # the same standing draws the same bytes (no timestamps in the PNGs)
+    before = (plots / "units_reward.png").read_bytes()
+    write_standing(plan, standing, folder)
+    assert (plots / "units_reward.png").read_bytes() == before
+    # step metrics gone (a folder from before they were kept): no reward plot, and no stale one left
+    for unit in standing.present:
+        folder.step_metrics_path(unit).unlink()
+    markdown = write_standing(plan, units_standing(plan, folder), folder).read_text()
+    assert not (plots / "units_reward.png").exists()
+    assert "Training reward per step: not drawn (no unit has step metrics)." in markdown
