@@ -182,6 +182,21 @@ def _fake_step_metrics(unit, steps: int, admit_rates: list[float] | None, start:
              "trust_admit_rate": None if admit_rates is None else admit_rates[k]} for k in range(steps)]
 
 
+def _write_fake_unit(root: Path, unit, correct_I, cost, admit_rates: list[float] | None = None,
+                     start: float = 1.0e9, step_seconds: float = 2.0) -> None:
+    """A made-up unit folder (a fake, no training): its eval file from the 0/1 outcomes `correct_I`,
+    its costs (an ArmCost) and two steps' metrics."""
+    from schemas.artifacts import write_artifact
+
+    folder = root / unit.unit
+    folder.mkdir()
+    (folder / "eval.jsonl").write_text("".join(json.dumps({"item_id": f"i{i}", "correct": bool(c)}) + "\n"
+                                               for i, c in enumerate(correct_I)))
+    write_artifact("arm_costs", [cost.model_dump()], folder / "costs.parquet")
+    write_artifact("step_metrics", _fake_step_metrics(unit, 2, admit_rates, start, step_seconds),
+                   folder / "step_metrics.parquet")
+
+
 def five_arm_spec(repo_root: Path, model_dir: Path) -> dict:
     """The three arms, and the two kinds that cost more than a policy: flash_reinforce, critic."""
     spec = three_arm_spec(repo_root, model_dir)
@@ -195,7 +210,6 @@ def test_the_table_reads_what_the_folder_holds(tmp_path, repo_root, tiny_model_d
     """Made-up unit files (a fake units folder, no training): accuracy, the paired difference over
     the common seeds, costs relative to the baseline over those same seeds, the critic's share of
     the model calls and the trust gate's admit rate at each step."""
-    from schemas.artifacts import write_artifact
     from schemas.cost import ArmCost
     from schemas.layout import UnitsLayout
     from schemas.spec import parse_spec
@@ -209,21 +223,15 @@ def test_the_table_reads_what_the_folder_holds(tmp_path, repo_root, tiny_model_d
     for unit in plan.units():
         if unit.unit in missing:
             continue
-        folder = tmp_path / unit.unit
-        folder.mkdir()
         outcomes[unit.unit] = rng.integers(0, 2, size=40).astype(float)
-        (folder / "eval.jsonl").write_text("".join(json.dumps({"item_id": f"i{i}", "correct": bool(c)}) + "\n"
-                                                   for i, c in enumerate(outcomes[unit.unit])))
         tokens = 1000 * (1 + len(unit.name)) + unit.order_seed
         critic = unit.name == "critic"
-        write_artifact("arm_costs", [ArmCost(arm=unit.name, seed=unit.order_seed, unit=unit.unit, steps=2,
-                                             wall_seconds=10.0 + unit.order_seed, sample_seconds=5.0, train_seconds=5.0,
-                                             sampler_tokens=tokens, trainer_tokens=tokens // 2,
-                                             model_calls=12 if critic else 8, critic_seconds=1.0 if critic else None,
-                                             critic_tokens=300 if critic else None,
-                                             critic_calls=4 if critic else None).model_dump()], folder / "costs.parquet")
+        cost = ArmCost(arm=unit.name, seed=unit.order_seed, unit=unit.unit, steps=2, wall_seconds=10.0 + unit.order_seed,
+                       sample_seconds=5.0, train_seconds=5.0, sampler_tokens=tokens, trainer_tokens=tokens // 2,
+                       model_calls=12 if critic else 8, critic_seconds=1.0 if critic else None,
+                       critic_tokens=300 if critic else None, critic_calls=4 if critic else None)
         rates = admit[unit.order_seed] if unit.name == "flash_reinforce" else None
-        write_artifact("step_metrics", _fake_step_metrics(unit, 2, rates), folder / "step_metrics.parquet")
+        _write_fake_unit(tmp_path, unit, outcomes[unit.unit], cost, rates)
     standing = units_standing(plan, UnitsLayout(tmp_path))
     assert standing.missing == missing and standing.complete == (not missing)
     rows = {a.arm: a for a in standing.arms}
@@ -261,7 +269,6 @@ def test_wall_time_compares_only_units_that_shared_the_gpu_alike(tmp_path, repo_
     GPU runs); at seed 1 batch_mean trains beside grpo_gs8 and gs1_kernel alone. A wall-time ratio to
     the baseline is taken over the seeds at which the two trained side by side, naming them, and is
     withheld where there is none; the GPU sharing table says who trained beside whom."""
-    from schemas.artifacts import write_artifact
     from schemas.cost import ArmCost
     from schemas.layout import UnitsLayout
     from schemas.spec import parse_spec
@@ -274,17 +281,10 @@ def test_wall_time_compares_only_units_that_shared_the_gpu_alike(tmp_path, repo_
     for unit in plan.units():
         if unit.unit not in ran:
             continue
-        folder = tmp_path / unit.unit
-        folder.mkdir()
-        (folder / "eval.jsonl").write_text("".join(json.dumps({"item_id": f"i{i}", "correct": i % 2 == 0}) + "\n"
-                                                   for i in range(10)))
         start, step_seconds = ran[unit.unit]
-        write_artifact("arm_costs", [ArmCost(arm=unit.name, seed=unit.order_seed, unit=unit.unit, steps=2,
-                                             wall_seconds=2 * step_seconds, sample_seconds=1.0, train_seconds=1.0,
-                                             sampler_tokens=100, trainer_tokens=100, model_calls=8).model_dump()],
-                       folder / "costs.parquet")
-        write_artifact("step_metrics", _fake_step_metrics(unit, 2, None, start, step_seconds),
-                       folder / "step_metrics.parquet")
+        cost = ArmCost(arm=unit.name, seed=unit.order_seed, unit=unit.unit, steps=2, wall_seconds=2 * step_seconds,
+                       sample_seconds=1.0, train_seconds=1.0, sampler_tokens=100, trainer_tokens=100, model_calls=8)
+        _write_fake_unit(tmp_path, unit, [i % 2 == 0 for i in range(10)], cost, None, start, step_seconds)
 
     standing = units_standing(plan, UnitsLayout(tmp_path))
     assert {s.unit: s.beside for s in standing.sharing} == {
@@ -319,7 +319,6 @@ def test_the_treatment_against_each_other_arm_and_the_plots(tmp_path, repo_root,
     outcomes, the Hoeffding radius from its formula), its costs over the other arm's, the rule's
     power line, and the three plots drawn beside the table (a plot whose data is gone is removed
     and said not drawn)."""
-    from schemas.artifacts import write_artifact
     from schemas.cost import ArmCost
     from schemas.layout import UnitsLayout
     from schemas.spec import parse_spec
@@ -333,16 +332,11 @@ def test_the_treatment_against_each_other_arm_and_the_plots(tmp_path, repo_root,
     for unit in plan.units():
         if unit.unit in missing:
             continue
-        folder = tmp_path / unit.unit
-        folder.mkdir()
         outcomes[unit.unit] = rng.integers(0, 2, size=n_items).astype(float)
-        (folder / "eval.jsonl").write_text("".join(json.dumps({"item_id": f"i{i}", "correct": bool(c)}) + "\n"
-                                                   for i, c in enumerate(outcomes[unit.unit])))
-        write_artifact("arm_costs", [ArmCost(arm=unit.name, seed=unit.order_seed, unit=unit.unit, steps=2,
-                                             wall_seconds=10.0, sample_seconds=5.0, train_seconds=5.0,
-                                             sampler_tokens=1000, trainer_tokens=100 * len(unit.name) + unit.order_seed,
-                                             model_calls=8).model_dump()], folder / "costs.parquet")
-        write_artifact("step_metrics", _fake_step_metrics(unit, 2, None), folder / "step_metrics.parquet")
+        cost = ArmCost(arm=unit.name, seed=unit.order_seed, unit=unit.unit, steps=2, wall_seconds=10.0,
+                       sample_seconds=5.0, train_seconds=5.0, sampler_tokens=1000,
+                       trainer_tokens=100 * len(unit.name) + unit.order_seed, model_calls=8)
+        _write_fake_unit(tmp_path, unit, outcomes[unit.unit], cost)
 
     folder = UnitsLayout(tmp_path)
     standing = units_standing(plan, folder)
