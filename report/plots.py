@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import matplotlib
 import matplotlib.style
@@ -24,10 +24,8 @@ from matplotlib.ticker import MaxNLocator, MultipleLocator
 from report.model import KERNEL_P10_METRIC, ArmLogs, RunData
 from report.palette import PENDING_COLOUR, STOPPED_COLOUR, arm_colour, colour_for, verdict_colour
 from report.status import steps_text
+from report.units_model import UnitsStanding
 from schemas.gate_text import fmt
-
-if TYPE_CHECKING:  # the units folder's standing (tasks.units) only as a type: report does not import tasks
-    from tasks.units import UnitsStanding
 
 SOURCE_STYLES = {"pilot": ":", "calibration": "--", "train": "-"}
 SOURCE_TITLES = {"pilot": "pilot", "calibration": "calibration pilot", "train": "full run"}
