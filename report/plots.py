@@ -24,7 +24,7 @@ from matplotlib.ticker import MaxNLocator, MultipleLocator
 from report.model import KERNEL_P10_METRIC, ArmLogs, RunData
 from report.palette import PENDING_COLOUR, STOPPED_COLOUR, arm_colour, colour_for, verdict_colour
 from report.status import steps_text
-from report.units_model import UnitsStanding
+from report.units_model import UnitsStanding, seeds_text
 from schemas.gate_text import fmt
 
 SOURCE_STYLES = {"pilot": ":", "calibration": "--", "train": "-"}
@@ -308,10 +308,6 @@ def _units_colours(standing: UnitsStanding) -> dict[str, str]:
     return {a.arm: colour_for(a.arm, a.role, others) for a in standing.arms}
 
 
-def _seeds_text(seeds: tuple[int, ...]) -> str:
-    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
-
-
 def _baseline(standing: UnitsStanding) -> str:
     return next(a.arm for a in standing.arms if a.role == "baseline")
 
@@ -350,7 +346,7 @@ def plot_units_accuracy(standing: UnitsStanding) -> tuple[Figure | None, str]:
         diff_ax.annotate(f"{p['mean_diff']:+.3f} [{p['lower']:+.3f}, {p['upper']:+.3f}]"
                          + (f" {p['verdict']}" if final else ""), (p["upper"], y), xytext=(6, 0), textcoords="offset points",
                          va="center", fontsize=8)
-    diff_ax.set_yticks(range(len(paired)), [f"{a.arm}\n({_seeds_text(a.common_seeds)})" for a in reversed(paired)])
+    diff_ax.set_yticks(range(len(paired)), [f"{a.arm}\n({seeds_text(a.common_seeds)})" for a in reversed(paired)])
     diff_ax.axvline(margin, color=STOPPED_COLOUR, linestyle="--", linewidth=1.5, label=f"noninferiority margin {margin:+.3f}")
     diff_ax.axvline(0.0, color="#57606a", linewidth=0.8)
     width = max(max(abs(a.pair["lower"]), abs(a.pair["upper"])) for a in paired)
@@ -417,12 +413,12 @@ def plot_units_cost(standing: UnitsStanding) -> tuple[Figure | None, str]:
                 ys.append(y - (k - 1.5) * height)  # first measure on top, as in the legend
                 widths.append(value)
                 partial = key == "wall_seconds" and a.wall_seeds != a.common_seeds
-                notes.append(f" at {_seeds_text(a.wall_seeds)}" if partial else "")
+                notes.append(f" at {seeds_text(a.wall_seeds)}" if partial else "")
         ax.barh(ys, widths, height=height, color=colour, label=label)
         for y, w, note in zip(ys, widths, notes):
             ax.annotate(f"{w:.2f}x{note}", (w, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
     ax.axvline(1.0, color="#57606a", linewidth=1, linestyle="--", label=f"{baseline} (1.00x)")
-    ax.set_yticks(range(len(arms)), [f"{a.arm}\n({_seeds_text(a.common_seeds)})" for a in reversed(arms)])
+    ax.set_yticks(range(len(arms)), [f"{a.arm}\n({seeds_text(a.common_seeds)})" for a in reversed(arms)])
     ax.set_xlabel(f"cost of the arm's training / {baseline}'s over the same seeds")
     ax.set_title(f"Cost per arm relative to {baseline} (wall time only where they trained side by side)")
     ax.grid(axis="y", visible=False)

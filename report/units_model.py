@@ -70,3 +70,8 @@ class UnitsStanding:
     @property
     def complete(self) -> bool:
         return not self.missing
+
+
+def seeds_text(seeds: tuple[int, ...]) -> str:
+    """Seeds as the table and the plots name them: "seed 0", "seeds 0, 1"."""
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"

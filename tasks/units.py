@@ -28,7 +28,7 @@ import numpy as np
 
 from report.plots import UNITS_PLOT_SPECS, RenderedPlot, render_plots
 from report.render import write_plots
-from report.units_model import ArmStanding, UnitSharing, UnitsStanding, VersusArm
+from report.units_model import ArmStanding, UnitSharing, UnitsStanding, VersusArm, seeds_text
 from schemas.cost import ArmCost
 from schemas.errors import UserError
 from schemas.io import loads_strict, write_bytes_atomic, write_text_atomic
@@ -248,7 +248,7 @@ def _wall_cell(seeds: tuple[int, ...], wall_seeds: tuple[int, ...], ratio: float
         return "ran apart"
     if wall_seeds == seeds:
         return _ratio(ratio)
-    return f"{_ratio(ratio)} at seed{'s' if len(wall_seeds) > 1 else ''} {', '.join(map(str, wall_seeds))}"
+    return f"{_ratio(ratio)} at {seeds_text(wall_seeds)}"
 
 
 def standing_markdown(plan: RunPlan, standing: UnitsStanding, plots: Sequence[RenderedPlot] = ()) -> str:
