@@ -241,6 +241,17 @@ def _ratio(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}x"
 
 
+def _accuracy_cell(arm: ArmStanding) -> str:
+    """The arm's mean accuracy over its seeds, and each seed's where there are two or more: the
+    difference beside it is over the common seeds only, so a seed the baseline lacks shows here."""
+    if arm.accuracy is None:
+        return "—"
+    if len(arm.seed_accuracy) < 2:
+        return f"{arm.accuracy:.4f}"
+    per_seed = "; ".join(f"s{seed} {acc:.4f}" for seed, acc in sorted(arm.seed_accuracy.items()))
+    return f"{arm.accuracy:.4f} ({per_seed})"
+
+
 def _wall_cell(seeds: tuple[int, ...], wall_seeds: tuple[int, ...], ratio: float | None) -> str:
     """A wall-time ratio over the seeds at which the two trained side by side, naming them when
     they are not all the common seeds; "ran apart" when there is none."""
@@ -261,7 +272,7 @@ def standing_markdown(plan: RunPlan, standing: UnitsStanding, plots: Sequence[Re
         dash = "—"
         cells = [
             a.arm, a.role, ", ".join(map(str, a.seeds)) or dash,
-            dash if a.accuracy is None else f"{a.accuracy:.4f}",
+            _accuracy_cell(a),
             dash if p is None else f"{p['mean_diff']:+.4f}",
             dash if p is None else f"[{p['lower']:+.4f}, {p['upper']:+.4f}]",
             dash if p is None or "holm_p_noninferior" not in p else f"{p['holm_p_noninferior']:.3g}",
@@ -288,7 +299,8 @@ def standing_markdown(plan: RunPlan, standing: UnitsStanding, plots: Sequence[Re
                   f"α={alpha:g}; no verdict is drawn from it.")
     return (
         f"## Comparison against {baseline}\n\n{status}\n\n{_power_line(plan, standing)}"
-        "Accuracy: mean over the arm's seeds in the folder. Difference: arm minus baseline on the same eval items, "
+        "Accuracy: mean over the arm's seeds in the folder, each seed's in brackets where there are two or more "
+        "(a seed the baseline lacks counts here, not in the difference). Difference: arm minus baseline on the same eval items, "
         "paired within each common seed and averaged over seeds. Costs: training over the common seeds, and in "
         "brackets divided by the baseline's over the same seeds (the wall time's ratio is its steps' cost relative "
         "to the baseline's steps: every arm runs the same number; it is taken over the seeds at which the arm's units "

@@ -256,6 +256,14 @@ def test_the_table_reads_what_the_folder_holds(tmp_path, repo_root, tiny_model_d
     assert "| 24 (1.50x; critic 8) |" in critic_row  # two seeds of 12 calls, 4 of them the critic's
     assert "| 21 s, 5.2 s/step (1.00x) |" in critic_row  # (10 + 11) s over 4 steps, as the baseline's
     assert "critic" not in next(line for line in table.splitlines() if line.startswith("| batch_mean |")).split("|")[-2]
+    # accuracy: the mean over the arm's seeds, each seed's beside it when there are two
+    batch_acc = [float(np.mean(outcomes[f"batch_mean-s{s}"])) for s in (0, 1)]
+    batch_cells = next(line for line in table.splitlines() if line.startswith("| batch_mean |")).split(" | ")
+    assert batch_cells[3] == f"{np.mean(batch_acc):.4f} (s0 {batch_acc[0]:.4f}; s1 {batch_acc[1]:.4f})"
+    kernel_cells = next(line for line in table.splitlines() if line.startswith("| gs1_kernel |")).split(" | ")
+    kernel_acc = [float(np.mean(outcomes[f"gs1_kernel-s{s}"])) for s in seeds]
+    assert kernel_cells[3] == (f"{kernel_acc[0]:.4f}" if missing else
+                               f"{np.mean(kernel_acc):.4f} (s0 {kernel_acc[0]:.4f}; s1 {kernel_acc[1]:.4f})")
     assert {a.arm: a.admit_rates for a in standing.arms if a.admit_rates} == {
         "flash_reinforce": {s: tuple(admit[s]) for s in (0, 1)}}
     admit_rows = table.split("### Trust gate: admit rate per step", 1)[1].splitlines()

@@ -4,12 +4,21 @@
 # whose eval file is written (its train/ and eval/ folders, no weights), and once the run has
 # ended the rest of the run directory (gates, audits, feasibility, decision, .stage-results: the
 # next session's stage cache), the logs, and inductor's cache in pieces (compile.tgz.NN) when they fit.
-W=/root/work
+# A run that stopped short (e.g. "model checksum failed") ends the wait at once and brings back
+# what it wrote of its start (tests/test_device_scripts.py).
+W=${GS1_DEVICE_WORK:-/root/work}  # the device run's folder (a test points it elsewhere)
 end=$(( $(date +%s) + ${WAIT:-560} ))
-while [ "$(date +%s)" -lt "$end" ] && ! grep -q all-done "$W/status" 2>/dev/null; do sleep 5; done
+# ended: any status but assembling/running (all-done, or a failure such as "model checksum failed":
+# a failed start must not hold the call, and the session's device time, for the whole WAIT)
+ended() { [ -f "$W/status" ] && ! grep -qE '^(assembling|running)' "$W/status"; }
+while [ "$(date +%s)" -lt "$end" ] && ! ended; do sleep 5; done
 echo "status: $(cat "$W/status" 2>/dev/null)"
 grep -E "Finished in state|failed|Error|error:|gs1:|step [0-9]+/" "$W/flow.log" 2>/dev/null | tail -12
 [ -n "${OUT:-}" ] || exit 0
+# a run that ended short of all-done: what it wrote of its start (status, checksum, versions) comes back
+if ended && ! grep -q all-done "$W/status"; then
+  tar czf "$OUT/logs.tgz" -C "$W" --ignore-failed-read status model_sha.txt gpu.txt compile_from.txt flow.log 2>/dev/null
+fi
 cd "$W/run" 2>/dev/null || exit 0
 for done_eval in eval/*/eval.jsonl; do
   [ -f "$done_eval" ] || continue
@@ -18,7 +27,7 @@ for done_eval in eval/*/eval.jsonl; do
 done
 if grep -q all-done "$W/status"; then
   tar czf "$OUT/run-rest.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude='./train' --exclude='./eval' .
-  tar czf "$OUT/logs.tgz" -C "$W" flow.log times.txt status gpu.txt gpu_samples.csv model_sha.txt
+  tar czf "$OUT/logs.tgz" -C "$W" --ignore-failed-read flow.log times.txt status gpu.txt gpu_samples.csv model_sha.txt compile_from.txt
   # last, so the units and logs are out first: inductor's cache in 15 MB pieces, for the next
   # session's COMPILE_FROM, when they fit the files left of the 8 that come back
   if [ -d "$W/compile" ]; then
