@@ -315,6 +315,91 @@ def standing_markdown(plan: RunPlan, standing: UnitsStanding, plots: Sequence[Re
     )
 
 
+def answers_markdown(plan: RunPlan, standing: UnitsStanding) -> str:
+    """The folder's answers, one bullet per question the comparison asks, each with its number and
+    interval, read from the same standing as the table: the treatment against the baseline (the
+    pre-registered decision once every unit is in, else interim); each other arm against the
+    baseline and against the treatment, with training costs and a critic's share; and what the
+    units cannot tell. Written at the top of comparison.md and between its own markers in README."""
+    baseline, treatment = plan.run.baseline, plan.run.treatment
+    arms = {a.arm: a for a in standing.arms}
+    versus = {v.arm: v for v in standing.versus}
+    n_units = len(standing.present) + len(standing.missing)
+    head = ("## The answers (every unit in: the pre-registered decision)\n\n" if standing.complete else
+            f"## The answers so far ({len(standing.present)} of {n_units} units in: interim)\n\n")
+    t, b = arms.get(treatment), arms.get(baseline)
+    lines = []
+    if t is None or t.pair is None:
+        lines.append(f"- **Does {treatment} match {baseline} at the same rollout budget?** No unit pair in yet.")
+    else:
+        budget = (f"{plan.treatment.batch_size} rollouts a step each: {plan.treatment.group_size} and "
+                  f"{plan.baseline.group_size} per prompt")
+        lines.append(
+            f"- **Does {treatment} match {baseline} at the same rollout budget** ({budget})? "
+            f"{_verdict_text(t.pair)}: {_accuracy_at(t)} against {_accuracy_at(b)}, "
+            f"{treatment} − {baseline} = **{_interval_text(t.pair)}**{_holm_text(t.pair)}, {seeds_text(t.common_seeds)}.")
+    for name in [a for a in plan.compared if a not in (baseline, treatment)]:
+        a, v = arms[name], versus.get(name)
+        if a.pair is None and v is None:
+            lines.append(f"- **{name}** ({plan.arm(name).advantage}): no unit pair in yet.")
+            continue
+        parts = []
+        if a.pair is not None:
+            parts.append(f"against {baseline}: {_accuracy_at(a)}, {name} − {baseline} = {_interval_text(a.pair)}"
+                         f"{_holm_text(a.pair)} ({a.pair['verdict']}, {seeds_text(a.common_seeds)})")
+        if v is not None:
+            p = v.pair
+            counts = p.get("mcnemar")
+            items = f"; items right only in {treatment} / only in {name}: {counts['b']} / {counts['c']}" if counts else ""
+            parts.append(
+                f"{treatment} − {name} = {_interval_text(p)} (bootstrap [{p['bootstrap_lower']:+.4f}, "
+                f"{p['bootstrap_upper']:+.4f}]{items}, {seeds_text(v.common_seeds)})")
+            rel = v.relative_cost
+            parts.append(
+                f"training, {treatment} over {name}: wall time {_wall_cell(v.common_seeds, v.wall_seeds, v.wall_ratio)}, "
+                f"trainer tokens {_ratio(rel.get('trainer_tokens'))}, model calls {_ratio(rel.get('model_calls'))}")
+        if a.cost is not None and a.cost.critic_tokens is not None:
+            c = a.cost
+            parts.append(f"its value model: {c.critic_tokens / c.trainer_tokens:.0%} of its trainer tokens, "
+                         f"{c.critic_calls} of its {c.model_calls} model calls, {c.critic_seconds:.0f} s of its "
+                         f"{c.wall_seconds:.0f} s ({seeds_text(a.common_seeds)})")
+        lines.append(f"- **{treatment} and {name}** ({plan.arm(name).advantage}): " + "; ".join(parts) + ".")
+    paired_seeds = t.common_seeds if t is not None else ()
+    reach = next((a.pair for a in standing.arms if a.pair is not None), None)
+    reach_text = (f" At {reach['n']} paired items the rule calls an arm noninferior (margin {reach['margin']:+.2f}) "
+                  f"only when its observed difference is above {reach['min_noninferior_true_diff']:+.4f}: an arm "
+                  "as good as the baseline most likely reads inconclusive." if reach else "")
+    lines.append(
+        f"- **What the units cannot tell:** one model ({plan.run.base_model}), one benchmark ({plan.run.env}), "
+        f"{plan.steps} steps, {len(paired_seeds)} of {len(plan.seeds)} seeds paired so far ({treatment} with "
+        f"{baseline}). Only the comparisons against "
+        f"{baseline} are pre-registered (Holm over {len(plan.compared)}); {treatment} against the other arms is "
+        "descriptive and unadjusted. Wall times compare only between units that trained side by side." + reach_text)
+    legend = (f"Brackets: one-sided Hoeffding bounds at α={plan.decision.alpha:g}, items paired within each seed and "
+              "averaged over seeds (Holm's p where the decision is in); the bootstrap interval is descriptive. The "
+              "tables below give every number's source.\n\n")
+    return head + legend + "\n".join(lines) + "\n\n"
+
+
+def _accuracy_at(arm: ArmStanding | None) -> str:
+    """An arm's accuracy over the seeds it shares with the baseline (what its difference pairs on)."""
+    if arm is None or not arm.common_seeds:
+        return "—"
+    return f"{arm.arm} {np.mean([arm.seed_accuracy[s] for s in arm.common_seeds]):.4f}"
+
+
+def _interval_text(p: dict) -> str:
+    return f"{p['mean_diff']:+.4f} [{p['lower']:+.4f}, {p['upper']:+.4f}]"
+
+
+def _holm_text(p: dict) -> str:
+    return f", Holm p {p['holm_p_noninferior']:.3g}" if "holm_p_noninferior" in p else ""
+
+
+def _verdict_text(p: dict) -> str:
+    return "Not decided yet (interim)" if p["verdict"] == "interim" else f"Decided: **{p['verdict']}**"
+
+
 def _power_line(plan: RunPlan, standing: UnitsStanding) -> str:
     """What the pre-registered rule can tell at the folder's number of paired items: the smallest
     true difference it can call noninferior (a tie reads inconclusive below it)."""
@@ -410,23 +495,35 @@ def _admit_table(standing: UnitsStanding) -> str:
 
 README_BEGIN = "<!-- gs1 decide --units: begin (written by the command; edits inside are replaced) -->"
 README_END = "<!-- gs1 decide --units: end -->"
+# the answers' own block, at the top of the README (under its title) where a reader lands first
+ANSWERS_BEGIN = "<!-- gs1 decide --units: answers begin (written by the command; edits inside are replaced) -->"
+ANSWERS_END = "<!-- gs1 decide --units: answers end -->"
+
+
+def _with_block(text: str, begin: str, end: str, body: str, *, top: bool) -> str:
+    """text with body between begin and end: replaced where the markers are; else placed under the
+    title (top) or at the end."""
+    block = f"{begin}\n{body}{end}\n"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        return head + block + rest.split(end, 1)[1].lstrip("\n")
+    if top and text.startswith("# "):
+        title, _, rest = text.partition("\n")
+        return f"{title}\n\n{block}\n{rest.lstrip(chr(10))}"
+    return text.rstrip("\n") + "\n\n" + block
 
 
 def write_standing(plan: RunPlan, standing: UnitsStanding, folder: UnitsLayout) -> Path:
-    """comparison.md, and the same block in the folder's README.md (kept between markers, the
-    rest of the README as its authors wrote it; a README is started when there is none), with the
-    plots beside them."""
+    """comparison.md (the answers, then the tables), and the same two blocks in the folder's
+    README.md, each between its markers (the answers under the title, the tables where they were;
+    the rest of the README as its authors wrote it; a README is started when there is none), with
+    the plots beside them."""
     plots = render_plots(standing, UNITS_PLOT_SPECS)
     write_plots(folder.root / UNITS_PLOTS_FOLDER, plots)
-    markdown = standing_markdown(plan, standing, plots)
-    write_text_atomic(folder.comparison_md, markdown)
+    markdown, answers = standing_markdown(plan, standing, plots), answers_markdown(plan, standing)
+    write_text_atomic(folder.comparison_md, answers + markdown)
     readme = folder.root / "README.md"
-    block = f"{README_BEGIN}\n{markdown}{README_END}\n"
-    text = readme.read_text() if readme.is_file() else f"# {plan.title}: units\n\n"
-    if README_BEGIN in text and README_END in text:
-        head, rest = text.split(README_BEGIN, 1)
-        text = head + block + rest.split(README_END, 1)[1].lstrip("\n")
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    write_text_atomic(readme, text)
+    text = readme.read_text() if readme.is_file() else f"# {plan.title}: units\n"
+    text = _with_block(text, ANSWERS_BEGIN, ANSWERS_END, answers, top=True)
+    write_text_atomic(readme, _with_block(text, README_BEGIN, README_END, markdown, top=False))
     return folder.comparison_md

@@ -388,3 +388,59 @@ def test_the_treatment_against_each_other_arm_and_the_plots(tmp_path, repo_root,
     markdown = write_standing(plan, units_standing(plan, folder), folder).read_text()
     assert not (plots / "units_reward.png").exists()
     assert "Training reward per step: not drawn (no unit has step metrics)." in markdown
+
+
+@pytest.mark.parametrize("missing", [(), ("gs1_kernel-s1",)])
+def test_the_answers_lead_the_readme(tmp_path, repo_root, tiny_model_dir, missing):
+    """Made-up unit files (a fake units folder, no training): `write_standing` puts the answers
+    under the README's title and at the top of comparison.md, with the treatment's difference and
+    Hoeffding bounds recomputed here in float64, the verdict once every unit is in, a critic's
+    share of its trainer tokens; a second write replaces the block and keeps the hand-written text."""
+    from schemas.cost import ArmCost
+    from schemas.layout import UnitsLayout
+    from schemas.spec import parse_spec
+    from tasks.spec import plan_from_spec
+    from tasks.units import ANSWERS_BEGIN, ANSWERS_END, README_BEGIN, units_standing, write_standing
+
+    plan = plan_from_spec(parse_spec(five_arm_spec(repo_root, tiny_model_dir)))
+    treatment, baseline, n_items = plan.run.treatment, plan.run.baseline, 50
+    rng = np.random.default_rng(5)
+    outcomes = {}
+    for unit in plan.units():
+        if unit.unit in missing:
+            continue
+        outcomes[unit.unit] = rng.integers(0, 2, size=n_items).astype(float)
+        critic = unit.name == "critic"
+        cost = ArmCost(arm=unit.name, seed=unit.order_seed, unit=unit.unit, steps=2, wall_seconds=10.0,
+                       sample_seconds=5.0, train_seconds=5.0, sampler_tokens=1000, trainer_tokens=800,
+                       model_calls=12 if critic else 8, critic_seconds=3.0 if critic else None,
+                       critic_tokens=300 + unit.order_seed if critic else None, critic_calls=4 if critic else None)
+        _write_fake_unit(tmp_path, unit, outcomes[unit.unit], cost)
+    readme = tmp_path / "README.md"
+    readme.write_text("# Hand title\n\nA hand-written paragraph.\n")
+
+    folder = UnitsLayout(tmp_path)
+    for _ in range(2):
+        comparison = write_standing(plan, units_standing(plan, folder), folder).read_text()
+    text = readme.read_text()
+    assert text.startswith(f"# Hand title\n\n{ANSWERS_BEGIN}\n")
+    assert text.count(ANSWERS_BEGIN) == text.count(ANSWERS_END) == text.count(README_BEGIN) == 1
+    assert text.index(ANSWERS_END) < text.index("A hand-written paragraph.") < text.index(README_BEGIN)
+    answers = text.split(ANSWERS_BEGIN + "\n", 1)[1].split(ANSWERS_END, 1)[0]
+    assert comparison.startswith(answers)
+    n_units = len(plan.units())
+    assert answers.startswith("## The answers (every unit in: the pre-registered decision)" if not missing else
+                              f"## The answers so far ({n_units - 1} of {n_units} units in: interim)")
+
+    seeds = [0] if missing else [0, 1]
+    per_item = np.mean([outcomes[f"{treatment}-s{s}"] - outcomes[f"{baseline}-s{s}"] for s in seeds], axis=0)
+    radius = 2.0 * np.sqrt(np.log(1.0 / plan.decision.alpha) / (2.0 * n_items))  # differences lie in [-1, 1]
+    diff = float(np.mean(per_item))
+    line = next(line for line in answers.splitlines() if line.startswith(f"- **Does {treatment} match {baseline}"))
+    assert f"{treatment} − {baseline} = **{diff:+.4f} [{diff - radius:+.4f}, {min(diff + radius, 1.0):+.4f}]**" in line
+    assert ("Not decided yet (interim)" in line) == bool(missing)
+    assert ("Decided: **" in line and "Holm p" in line) == (not missing)
+    critic_line = next(line for line in answers.splitlines() if line.startswith(f"- **{treatment} and critic**"))
+    share = (300 + 301) / (800 * 2)  # the critic has both seeds beside the baseline's in either case
+    assert f"its value model: {share:.0%} of its trainer tokens, 8 of its 24 model calls" in critic_line
+    assert f"{len(seeds)} of 2 seeds paired so far" in answers
