@@ -197,6 +197,19 @@ def _write_fake_unit(root: Path, unit, correct_I, cost, admit_rates: list[float]
                    folder / "step_metrics.parquet")
 
 
+def _write_fake_folder(root: Path, plan, missing, n_items: int, rng_seed: int, cost_of) -> dict[str, np.ndarray]:
+    """A made-up units folder (a fake, no training): every unit of the plan but `missing`, each with
+    random 0/1 outcomes on n_items and the ArmCost `cost_of(unit)`; returns the outcomes by unit."""
+    rng = np.random.default_rng(rng_seed)
+    outcomes = {}
+    for unit in plan.units():
+        if unit.unit in missing:
+            continue
+        outcomes[unit.unit] = rng.integers(0, 2, size=n_items).astype(float)
+        _write_fake_unit(root, unit, outcomes[unit.unit], cost_of(unit))
+    return outcomes
+
+
 def five_arm_spec(repo_root: Path, model_dir: Path) -> dict:
     """The three arms, and the two kinds that cost more than a policy: flash_reinforce, critic."""
     spec = three_arm_spec(repo_root, model_dir)
@@ -335,16 +348,9 @@ def test_the_treatment_against_each_other_arm_and_the_plots(tmp_path, repo_root,
 
     plan = plan_from_spec(parse_spec(five_arm_spec(repo_root, tiny_model_dir)))
     treatment, n_items = plan.run.treatment, 60
-    rng = np.random.default_rng(11)
-    outcomes = {}
-    for unit in plan.units():
-        if unit.unit in missing:
-            continue
-        outcomes[unit.unit] = rng.integers(0, 2, size=n_items).astype(float)
-        cost = ArmCost(arm=unit.name, seed=unit.order_seed, unit=unit.unit, steps=2, wall_seconds=10.0,
-                       sample_seconds=5.0, train_seconds=5.0, sampler_tokens=1000,
-                       trainer_tokens=100 * len(unit.name) + unit.order_seed, model_calls=8)
-        _write_fake_unit(tmp_path, unit, outcomes[unit.unit], cost)
+    outcomes = _write_fake_folder(tmp_path, plan, missing, n_items, 11, lambda unit: ArmCost(
+        arm=unit.name, seed=unit.order_seed, unit=unit.unit, steps=2, wall_seconds=10.0, sample_seconds=5.0,
+        train_seconds=5.0, sampler_tokens=1000, trainer_tokens=100 * len(unit.name) + unit.order_seed, model_calls=8))
 
     folder = UnitsLayout(tmp_path)
     standing = units_standing(plan, folder)
@@ -404,18 +410,15 @@ def test_the_answers_lead_the_readme(tmp_path, repo_root, tiny_model_dir, missin
 
     plan = plan_from_spec(parse_spec(five_arm_spec(repo_root, tiny_model_dir)))
     treatment, baseline, n_items = plan.run.treatment, plan.run.baseline, 50
-    rng = np.random.default_rng(5)
-    outcomes = {}
-    for unit in plan.units():
-        if unit.unit in missing:
-            continue
-        outcomes[unit.unit] = rng.integers(0, 2, size=n_items).astype(float)
+
+    def cost_of(unit) -> ArmCost:
         critic = unit.name == "critic"
-        cost = ArmCost(arm=unit.name, seed=unit.order_seed, unit=unit.unit, steps=2, wall_seconds=10.0,
+        return ArmCost(arm=unit.name, seed=unit.order_seed, unit=unit.unit, steps=2, wall_seconds=10.0,
                        sample_seconds=5.0, train_seconds=5.0, sampler_tokens=1000, trainer_tokens=800,
                        model_calls=12 if critic else 8, critic_seconds=3.0 if critic else None,
                        critic_tokens=300 + unit.order_seed if critic else None, critic_calls=4 if critic else None)
-        _write_fake_unit(tmp_path, unit, outcomes[unit.unit], cost)
+
+    outcomes = _write_fake_folder(tmp_path, plan, missing, n_items, 5, cost_of)
     readme = tmp_path / "README.md"
     readme.write_text("# Hand title\n\nA hand-written paragraph.\n")
 
