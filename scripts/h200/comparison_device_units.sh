@@ -25,11 +25,13 @@ echo assembling > "$W/status"
 mkdir -p /root/data && cp -r .data/gsm8k /root/data/ 2>/dev/null
 if [ ! -s /root/m/model.gguf ]; then cat /root/m/q.* > /root/m/model.gguf; fi
 # the pieces go only once the whole checks out: a failed check keeps them, and says which piece
-# differs (compare with `sha256sum .models/q.*` on the development machine)
+# differs
 if echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  /root/m/model.gguf" | sha256sum -c - > "$W/model_sha.txt" 2>&1; then
   rm -f /root/m/q.*
 else
-  { ls -la /root/m; sha256sum /root/m/q.*; df -h /root; } >> "$W/model_sha.txt" 2>&1; rm -f /root/m/model.gguf
+  # each piece against its committed sum (scripts/h200/model_pieces.sha256): the failed one is named
+  { ls -la /root/m; (cd /root/m && sha256sum -c "$OLDPWD/scripts/h200/model_pieces.sha256"); df -h /root; } >> "$W/model_sha.txt" 2>&1
+  rm -f /root/m/model.gguf
   echo "model checksum failed" > "$W/status"; exit 1
 fi
 # COMPILE_FROM: a folder holding compile.tgz.NN, inductor's cache as an earlier session's poll
