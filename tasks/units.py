@@ -506,7 +506,8 @@ def _with_block(text: str, begin: str, end: str, body: str, *, top: bool) -> str
     block = f"{begin}\n{body}{end}\n"
     if begin in text and end in text:
         head, rest = text.split(begin, 1)
-        return head + block + rest.split(end, 1)[1].lstrip("\n")
+        tail = rest.split(end, 1)[1].lstrip("\n")
+        return head + block + ("\n" + tail if tail else "")
     if top and text.startswith("# "):
         title, _, rest = text.partition("\n")
         return f"{title}\n\n{block}\n{rest.lstrip(chr(10))}"
