@@ -327,7 +327,7 @@ def answers_markdown(plan: RunPlan, standing: UnitsStanding) -> str:
     n_units = len(standing.present) + len(standing.missing)
     head = ("## The answers (every unit in: the pre-registered decision)\n\n" if standing.complete else
             f"## The answers so far ({len(standing.present)} of {n_units} units in: interim)\n\n")
-    t, b = arms.get(treatment), arms.get(baseline)
+    t = arms.get(treatment)
     lines = []
     if t is None or t.pair is None:
         lines.append(f"- **Does {treatment} match {baseline} at the same rollout budget?** No unit pair in yet.")
@@ -336,7 +336,8 @@ def answers_markdown(plan: RunPlan, standing: UnitsStanding) -> str:
                   f"{plan.baseline.group_size} per prompt")
         lines.append(
             f"- **Does {treatment} match {baseline} at the same rollout budget** ({budget})? "
-            f"{_verdict_text(t.pair)}: {_accuracy_at(t)} against {_accuracy_at(b)}, "
+            f"{_verdict_text(t.pair)}: {treatment} {t.pair['treatment_mean']:.4f} against {baseline} "
+            f"{t.pair['baseline_mean']:.4f}, "
             f"{treatment} − {baseline} = **{_interval_text(t.pair)}**{_holm_text(t.pair)}, {seeds_text(t.common_seeds)}.")
     for name in [a for a in plan.compared if a not in (baseline, treatment)]:
         a, v = arms[name], versus.get(name)
@@ -345,7 +346,7 @@ def answers_markdown(plan: RunPlan, standing: UnitsStanding) -> str:
             continue
         parts = []
         if a.pair is not None:
-            parts.append(f"against {baseline}: {_accuracy_at(a)}, {name} − {baseline} = {_interval_text(a.pair)}"
+            parts.append(f"against {baseline}: {name} {a.pair['treatment_mean']:.4f}, {name} − {baseline} = {_interval_text(a.pair)}"
                          f"{_holm_text(a.pair)} ({a.pair['verdict']}, {seeds_text(a.common_seeds)})")
         if v is not None:
             p = v.pair
@@ -365,7 +366,7 @@ def answers_markdown(plan: RunPlan, standing: UnitsStanding) -> str:
                          f"{c.wall_seconds:.0f} s ({seeds_text(a.common_seeds)})")
         lines.append(f"- **{treatment} and {name}** ({plan.arm(name).advantage}): " + "; ".join(parts) + ".")
     paired_seeds = t.common_seeds if t is not None else ()
-    reach = next((a.pair for a in standing.arms if a.pair is not None), None)
+    reach = _first_pair(standing)
     reach_text = (f" At {reach['n']} paired items the rule calls an arm noninferior (margin {reach['margin']:+.2f}) "
                   f"only when its observed difference is above {reach['min_noninferior_true_diff']:+.4f}: an arm "
                   "as good as the baseline most likely reads inconclusive." if reach else "")
@@ -381,13 +382,6 @@ def answers_markdown(plan: RunPlan, standing: UnitsStanding) -> str:
     return head + legend + "\n".join(lines) + "\n\n"
 
 
-def _accuracy_at(arm: ArmStanding | None) -> str:
-    """An arm's accuracy over the seeds it shares with the baseline (what its difference pairs on)."""
-    if arm is None or not arm.common_seeds:
-        return "—"
-    return f"{arm.arm} {np.mean([arm.seed_accuracy[s] for s in arm.common_seeds]):.4f}"
-
-
 def _interval_text(p: dict) -> str:
     return f"{p['mean_diff']:+.4f} [{p['lower']:+.4f}, {p['upper']:+.4f}]"
 
@@ -400,13 +394,18 @@ def _verdict_text(p: dict) -> str:
     return "Not decided yet (interim)" if p["verdict"] == "interim" else f"Decided: **{p['verdict']}**"
 
 
+def _first_pair(standing: UnitsStanding) -> dict | None:
+    """The first arm's paired record against the baseline: its n sets the rule's reach, the same for
+    every arm (all are evaluated on the same items)."""
+    return next((a.pair for a in standing.arms if a.pair is not None), None)
+
+
 def _power_line(plan: RunPlan, standing: UnitsStanding) -> str:
     """What the pre-registered rule can tell at the folder's number of paired items: the smallest
     true difference it can call noninferior (a tie reads inconclusive below it)."""
-    pairs = [a.pair for a in standing.arms if a.pair is not None]
-    if not pairs:
+    p = _first_pair(standing)
+    if p is None:
         return ""
-    p = pairs[0]
     return (f"What the rule can tell: with {p['n']} paired items, the one-sided Hoeffding lower bound at "
             f"α={plan.decision.alpha:g} lies {p['min_noninferior_true_diff'] - p['margin']:.4f} below the observed "
             f"difference, so an arm is called noninferior (margin "
@@ -510,7 +509,7 @@ def _with_block(text: str, begin: str, end: str, body: str, *, top: bool) -> str
         return head + block + ("\n" + tail if tail else "")
     if top and text.startswith("# "):
         title, _, rest = text.partition("\n")
-        return f"{title}\n\n{block}\n{rest.lstrip(chr(10))}"
+        return f"{title}\n\n{block}\n" + rest.lstrip("\n")
     return text.rstrip("\n") + "\n\n" + block
 
 

@@ -441,6 +441,10 @@ def test_the_answers_lead_the_readme(tmp_path, repo_root, tiny_model_dir, missin
     diff = float(np.mean(per_item))
     line = next(line for line in answers.splitlines() if line.startswith(f"- **Does {treatment} match {baseline}"))
     assert f"{treatment} − {baseline} = **{diff:+.4f} [{diff - radius:+.4f}, {min(diff + radius, 1.0):+.4f}]**" in line
+    # the accuracies the difference pairs on: the baseline's over the treatment's seeds only
+    base_acc = float(np.mean([outcomes[f"{baseline}-s{s}"] for s in seeds]))
+    treat_acc = float(np.mean([outcomes[f"{treatment}-s{s}"] for s in seeds]))
+    assert f"{treatment} {treat_acc:.4f} against {baseline} {base_acc:.4f}," in line
     assert ("Not decided yet (interim)" in line) == bool(missing)
     assert ("Decided: **" in line and "Holm p" in line) == (not missing)
     critic_line = next(line for line in answers.splitlines() if line.startswith(f"- **{treatment} and critic**"))
