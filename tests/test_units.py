@@ -396,7 +396,7 @@ def test_the_treatment_against_each_other_arm_and_the_plots(tmp_path, repo_root,
     assert "Training reward per step: not drawn (no unit has step metrics)." in markdown
 
 
-@pytest.mark.parametrize("missing", [(), ("gs1_kernel-s1",)])
+@pytest.mark.parametrize("missing", [(), ("gs1_kernel-s1",), ("critic-s1",)])
 def test_the_answers_lead_the_readme(tmp_path, repo_root, tiny_model_dir, missing):
     """Made-up unit files (a fake units folder, no training): `write_standing` puts the answers
     under the README's title and at the top of comparison.md, with the treatment's difference and
@@ -435,7 +435,7 @@ def test_the_answers_lead_the_readme(tmp_path, repo_root, tiny_model_dir, missin
     assert answers.startswith("## The answers (every unit in: the pre-registered decision)" if not missing else
                               f"## The answers so far ({n_units - 1} of {n_units} units in: interim)")
 
-    seeds = [0] if missing else [0, 1]
+    seeds = [0] if f"{treatment}-s1" in missing else [0, 1]
     per_item = np.mean([outcomes[f"{treatment}-s{s}"] - outcomes[f"{baseline}-s{s}"] for s in seeds], axis=0)
     radius = 2.0 * np.sqrt(np.log(1.0 / plan.decision.alpha) / (2.0 * n_items))  # differences lie in [-1, 1]
     diff = float(np.mean(per_item))
@@ -448,6 +448,13 @@ def test_the_answers_lead_the_readme(tmp_path, repo_root, tiny_model_dir, missin
     assert ("Not decided yet (interim)" in line) == bool(missing)
     assert ("Decided: **" in line and "Holm p" in line) == (not missing)
     critic_line = next(line for line in answers.splitlines() if line.startswith(f"- **{treatment} and critic**"))
-    share = (300 + 301) / (800 * 2)  # the critic has both seeds beside the baseline's in either case
-    assert f"its value model: {share:.0%} of its trainer tokens, 8 of its 24 model calls" in critic_line
-    assert f"{len(seeds)} of 2 seeds paired so far" in answers
+    critic_seeds = [0] if "critic-s1" in missing else [0, 1]
+    share = sum(300 + s for s in critic_seeds) / (800 * len(critic_seeds))
+    assert (f"its value model: {share:.0%} of its trainer tokens, {4 * len(critic_seeds)} of its "
+            f"{12 * len(critic_seeds)} model calls") in critic_line
+    assert (f"{len(seeds)} of 2 seeds paired so far" in answers) == bool(missing)
+    assert (f"{len(seeds)} of 2 seeds paired (" in answers) == (not missing)
+    # each seed's difference beside the average, once there are two
+    by_seed = [float(np.mean(outcomes[f"{treatment}-s{s}"] - outcomes[f"{baseline}-s{s}"])) for s in seeds]
+    assert (f"(s0 {by_seed[0]:+.4f}, s1 {by_seed[-1]:+.4f}; bootstrap [" in line) == (len(seeds) == 2)
+    assert ("(bootstrap [" in line) == (len(seeds) == 1)  # one seed: no seed's difference to set beside it

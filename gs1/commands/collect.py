@@ -1,7 +1,11 @@
 """`gs1 collect`: sample N prompts x K rollouts and log reward plus every candidate kernel feature.
 
     gs1 collect --env NAME --n-prompts N --k K --backend local --base-model M
-                [--base-model-path P] [--renderer R] --out LOG.parquet
+                [--base-model-path P] [--renderer R] [--question-model Q] --out LOG.parquet
+
+`--question-model` adds the `question_embedding` feature: each question embedded by a small model
+of its own, outside the policy (`rl.hillclimb.question_embedding`; `smollm2` names the packaged
+SmolLM2-135M), which a Tinker client can compute too.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ def register(subparsers) -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--chunk-prompts", type=int, default=32, help="prompts whose requests are in flight together")
     p.add_argument("--no-embedding", action="store_true", help="skip the prompt embedding")
+    p.add_argument("--question-model", default=None,
+                   help="embed each question with this model too (smollm2: the packaged SmolLM2-135M; "
+                        "or a .gguf, a model folder, pkg:...)")
+    p.add_argument("--question-device", default="cpu", help="where the question model runs (cpu, cuda)")
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=run)
 
@@ -42,6 +50,20 @@ def default_renderer(base_model: str) -> str:
         raise UserError(f"no recommended renderer for {base_model!r}: pass --renderer") from None
 
 
+def question_embedding_for(model: str | None, device: str = "cpu"):
+    """(embedder, the log's `gs1.question_embedding` text) for `--question-model`, or (None, "none").
+
+    The text names the model as given (a file's name, not where it lies) and the pooling."""
+    if not model:
+        return None, "none"
+    from rl.hillclimb.question_embedding import QUESTION_MODEL, question_embedder  # lazy: start-up time
+
+    spec = QUESTION_MODEL if model == "smollm2" else model
+    embedder = question_embedder(spec, device=device)
+    name = spec if spec.startswith("pkg:") or "/" not in spec else Path(spec).name
+    return embedder, f"{name}: mean-pooled last hidden state over the question's tokens (d={embedder.dim})"
+
+
 def run(args: argparse.Namespace) -> int:
     from rl.hillclimb.collect import CollectSettings, run_collection, write_rollout_log  # lazy: start-up time
 
@@ -53,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
         split=args.split, seed=args.seed, max_tokens=args.max_tokens, temperature=args.temperature,
         chunk_prompts=args.chunk_prompts,
     )
-    table = run_collection(settings, data_dir=args.data_dir, embed=not args.no_embedding)
+    question_embedder, question_source = question_embedding_for(args.question_model, args.question_device)
+    table = run_collection(settings, data_dir=args.data_dir, embed=not args.no_embedding,
+                           question_embedder=question_embedder, question_embedding_source=question_source)
     write_rollout_log(table, args.out)
     import numpy as np  # lazy: start-up time
 

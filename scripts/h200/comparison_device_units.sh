@@ -15,6 +15,7 @@
 set -u
 : "${UNITS:?name the units, e.g. UNITS=grpo_gs8-s0,gs1_kernel-s0}"
 W=${GS1_DEVICE_WORK:-/root/work}; mkdir -p "$W"
+M=${GS1_DEVICE_MODELS:-/root/m}  # the model pieces' folder (a test points both elsewhere)
 SPEC=${SPEC:-results/h200-comparison/spec_revised.json}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1
 export GS1_LOCAL_CACHE=$W/cache GS1_COMPILE_CACHE=$W/compile GS1_MODEL_CACHE=$W/models
@@ -23,28 +24,16 @@ export GS1_LOCAL_CACHE=$W/cache GS1_COMPILE_CACHE=$W/compile GS1_MODEL_CACHE=$W/
 export TORCHINDUCTOR_CACHE_DIR=$W/compile
 echo assembling > "$W/status"
 mkdir -p /root/data && cp -r .data/gsm8k /root/data/ 2>/dev/null
-if [ ! -s /root/m/model.gguf ]; then cat /root/m/q.* > /root/m/model.gguf; fi
 # the pieces go only once the whole checks out: a failed check keeps them, and says which piece
-# differs
-if echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  /root/m/model.gguf" | sha256sum -c - > "$W/model_sha.txt" 2>&1; then
-  rm -f /root/m/q.*
-else
-  # each piece against its committed sum (scripts/h200/model_pieces.sha256): the failed one is named
-  { ls -la /root/m; (cd /root/m && sha256sum -c "$OLDPWD/scripts/h200/model_pieces.sha256"); df -h /root; } >> "$W/model_sha.txt" 2>&1
-  rm -f /root/m/model.gguf
+# differs (device_lib.sh)
+. scripts/h200/device_lib.sh
+if ! assemble_pieces "$M" q model.gguf "$PWD/scripts/h200/model_pieces.sha256" "$W/model_sha.txt"; then
   echo "model checksum failed" > "$W/status"; exit 1
 fi
 # COMPILE_FROM: a folder holding compile.tgz.NN, inductor's cache as an earlier session's poll
 # brought it back (carried as ".compile"): the learner's and decoder's kernels load, not compile.
-# Before anything imports torch: an import may make $W/compile, and an existing folder read as
-# "already unpacked" (session 13 compiled afresh so). Its own file: gpu.txt is written below.
-if [ -n "${COMPILE_FROM:-}" ] && [ -z "$(ls -A "$W/compile" 2>/dev/null)" ] && ls "$COMPILE_FROM"/compile.tgz.?? > /dev/null 2>&1; then
-  cat "$COMPILE_FROM"/compile.tgz.?? | tar xzf - -C "$W" && echo "compile cache: $(du -sh "$W/compile" | cut -f1) from $COMPILE_FROM" > "$W/compile_from.txt"
-fi
-[ -s "$W/compile_from.txt" ] || echo "compile cache: none unpacked (COMPILE_FROM=${COMPILE_FROM:-}, pieces: $(ls "${COMPILE_FROM:-.compile}" 2>&1 | tr '\n' ' '), $W/compile: $(ls -A "$W/compile" 2>/dev/null | wc -l) entries)" > "$W/compile_from.txt"
-nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$W/gpu.txt"
-python3 -c 'import torch, transformers, peft, prefect, tinker; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "transformers", transformers.__version__, "peft", peft.__version__, "prefect", prefect.__version__, "tinker", tinker.__version__)' >> "$W/gpu.txt" 2>&1
-cat .tree_commit >> "$W/gpu.txt" 2>/dev/null  # the tree that ran (the device copy's .git is stale)
+unpack_compile_cache "$W" "${COMPILE_FROM:-}"
+record_device "$W"
 nvidia-smi --query-gpu=timestamp,index,memory.used,utilization.gpu --format=csv,noheader -lms 2000 > "$W/gpu_samples.csv" &
 SMI=$!
 # RESUME_FROM: an earlier session's run folder kept under results/h200-comparison/runs/ with its

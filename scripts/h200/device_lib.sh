@@ -1,0 +1,39 @@
+# Shared steps of the device run scripts (comparison_device_units.sh, geff_device_run.sh), sourced
+# by them; tests/test_device_scripts.py runs each on made-up folders.
+
+# assemble_pieces DIR PREFIX TARGET SUMS LOG: cat DIR/PREFIX.* into DIR/TARGET (unless it is there)
+# and check it against TARGET's line in SUMS (a committed sha256 file, one line per piece and one
+# for the whole). Pass: the pieces go, LOG says "TARGET: OK". Fail: the pieces stay, LOG names the
+# damaged piece (each piece's check), the folder and the disk, the assembled file goes; returns 1.
+assemble_pieces() {
+  local dir=$1 prefix=$2 target=$3 sums=$4 log=$5
+  if [ ! -s "$dir/$target" ]; then cat "$dir/$prefix".* > "$dir/$target" 2>/dev/null; fi
+  if (cd "$dir" && grep " $target\$" "$sums" | sha256sum -c -) > "$log" 2>&1; then
+    rm -f "$dir/$prefix".*
+    return 0
+  fi
+  { ls -la "$dir"; (cd "$dir" && grep " $prefix\.[0-9]*\$" "$sums" | sha256sum -c -); df -h "$dir"; } >> "$log" 2>&1
+  rm -f "$dir/$target"
+  return 1
+}
+
+# unpack_compile_cache W FROM: inductor's cache from FROM/compile.tgz.NN (an earlier session's
+# poll brought them back) into W/compile, when FROM is set and W/compile is empty. Call it before
+# anything imports torch: an import may make W/compile, and session 13's check for the folder
+# read that as "already unpacked". Writes W/compile_from.txt either way.
+unpack_compile_cache() {
+  local w=$1 from=${2:-}
+  if [ -n "$from" ] && [ -z "$(ls -A "$w/compile" 2>/dev/null)" ] && ls "$from"/compile.tgz.?? > /dev/null 2>&1; then
+    cat "$from"/compile.tgz.?? | tar xzf - -C "$w" && echo "compile cache: $(du -sh "$w/compile" | cut -f1) from $from" > "$w/compile_from.txt"
+  fi
+  [ -s "$w/compile_from.txt" ] || echo "compile cache: none unpacked (COMPILE_FROM=$from, pieces: $(ls "${from:-.compile}" 2>&1 | tr '\n' ' '), $w/compile: $(ls -A "$w/compile" 2>/dev/null | wc -l) entries)" > "$w/compile_from.txt"
+}
+
+# record_device W: the GPU, the versions and the tree that ran, into W/gpu.txt (the device copy's
+# .git is stale: .tree_commit, carried, names the commit)
+record_device() {
+  local w=$1
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$w/gpu.txt" 2>&1
+  python3 -c 'import torch, transformers, peft, prefect, tinker; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "transformers", transformers.__version__, "peft", peft.__version__, "prefect", prefect.__version__, "tinker", tinker.__version__)' >> "$w/gpu.txt" 2>&1
+  cat .tree_commit >> "$w/gpu.txt" 2>/dev/null
+}
