@@ -7,16 +7,16 @@
 # A run that stopped short (e.g. "model checksum failed") ends the wait at once and brings back
 # what it wrote of its start (tests/test_device_scripts.py).
 W=${GS1_DEVICE_WORK:-/root/work}  # the device run's folder (a test points it elsewhere)
-end=$(( $(date +%s) + ${WAIT:-560} ))
-# ended: any status but assembling/running (all-done, or a failure such as "model checksum failed":
-# a failed start must not hold the call, and the session's device time, for the whole WAIT)
-ended() { [ -f "$W/status" ] && ! grep -qE '^(assembling|running)' "$W/status"; }
-while [ "$(date +%s)" -lt "$end" ] && ! ended; do sleep 5; done
+BUSY="assembling|running"
+. "$(dirname "$0")/device_lib.sh"
+# a failed start (e.g. "model checksum failed") must not hold the call, and the session's device
+# time, for the whole WAIT
+wait_for_run "$W" "$BUSY" "${WAIT:-560}"
 echo "status: $(cat "$W/status" 2>/dev/null)"
 grep -E "Finished in state|failed|Error|error:|gs1:|step [0-9]+/" "$W/flow.log" 2>/dev/null | tail -12
 [ -n "${OUT:-}" ] || exit 0
 # a run that ended short of all-done: what it wrote of its start (status, checksum, versions) comes back
-if ended && ! grep -q all-done "$W/status"; then
+if run_ended "$W" "$BUSY" && ! grep -q all-done "$W/status"; then
   tar czf "$OUT/logs.tgz" -C "$W" --ignore-failed-read status model_sha.txt gpu.txt compile_from.txt flow.log 2>/dev/null
 fi
 cd "$W/run" 2>/dev/null || exit 0
@@ -30,11 +30,6 @@ if grep -q all-done "$W/status"; then
   tar czf "$OUT/logs.tgz" -C "$W" --ignore-failed-read flow.log times.txt status gpu.txt gpu_samples.csv model_sha.txt compile_from.txt
   # last, so the units and logs are out first: inductor's cache in 15 MB pieces, for the next
   # session's COMPILE_FROM, when they fit the files left of the 8 that come back
-  if [ -d "$W/compile" ]; then
-    tar cf - -C "$W" compile | gzip -1 > /root/compile.tgz
-    pieces=$(( ($(stat -c %s /root/compile.tgz) + 14999999) / 15000000 )); left=$(( 8 - $(ls "$OUT" | wc -l) ))
-    if [ "$pieces" -le "$left" ]; then split -b 15000000 -d -a 2 /root/compile.tgz "$OUT/compile.tgz."
-    else echo "compile cache: $pieces pieces of 15 MB, $left files left to bring back: left on the machine"; fi
-  fi
+  pack_compile_cache "$W" "$OUT"
 fi
 ls -la "$OUT"

@@ -26,7 +26,7 @@ echo assembling > "$W/status"
 mkdir -p /root/data && cp -r .data/gsm8k /root/data/ 2>/dev/null
 # the pieces go only once the whole checks out: a failed check keeps them, and says which piece
 # differs (device_lib.sh)
-. scripts/h200/device_lib.sh
+. "$(dirname "$0")/device_lib.sh"
 if ! assemble_pieces "$M" q model.gguf "$PWD/scripts/h200/model_pieces.sha256" "$W/model_sha.txt"; then
   echo "model checksum failed" > "$W/status"; exit 1
 fi

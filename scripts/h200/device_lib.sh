@@ -37,3 +37,25 @@ record_device() {
   python3 -c 'import torch, transformers, peft, prefect, tinker; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "transformers", transformers.__version__, "peft", peft.__version__, "prefect", prefect.__version__, "tinker", tinker.__version__)' >> "$w/gpu.txt" 2>&1
   cat .tree_commit >> "$w/gpu.txt" 2>/dev/null
 }
+
+# run_ended W BUSY: W/status is there and names neither of BUSY's states (an extended regex such
+# as "assembling|running"): all-done, or a failure at the start, which must not hold the call
+run_ended() { [ -f "$1/status" ] && ! grep -qE "^($2)" "$1/status"; }
+
+# wait_for_run W BUSY WAIT: sleeps until run_ended or WAIT seconds have passed
+wait_for_run() {
+  local end=$(( $(date +%s) + $3 ))
+  while [ "$(date +%s)" -lt "$end" ] && ! run_ended "$1" "$2"; do sleep 5; done
+}
+
+# pack_compile_cache W OUT: inductor's cache (W/compile) into OUT in 15 MB pieces
+# (compile.tgz.NN, for the next session's COMPILE_FROM) when they fit in the files left of the 8
+# that come back; else says so and leaves it
+pack_compile_cache() {
+  local w=$1 out=$2 pieces left
+  [ -d "$w/compile" ] || return 0
+  tar cf - -C "$w" compile | gzip -1 > "$w/compile.tgz"
+  pieces=$(( ($(stat -c %s "$w/compile.tgz") + 14999999) / 15000000 )); left=$(( 8 - $(ls "$out" | wc -l) ))
+  if [ "$pieces" -le "$left" ]; then split -b 15000000 -d -a 2 "$w/compile.tgz" "$out/compile.tgz."
+  else echo "compile cache: $pieces pieces of 15 MB, $left files left to bring back: left on the machine"; fi
+}

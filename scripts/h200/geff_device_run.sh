@@ -22,7 +22,7 @@ export GS1_LOCAL_CACHE=$W/cache GS1_COMPILE_CACHE=$W/compile GS1_MODEL_CACHE=$W/
 export TORCHINDUCTOR_CACHE_DIR=$W/compile  # as in comparison_device_units.sh: torch pins its own default
 echo assembling > "$W/status"
 mkdir -p /root/data && cp -r .data/gsm8k /root/data/ 2>/dev/null
-. scripts/h200/device_lib.sh
+. "$(dirname "$0")/device_lib.sh"
 if ! assemble_pieces "$M" q model.gguf "$PWD/scripts/h200/model_pieces.sha256" "$W/model_sha.txt"; then
   echo "model checksum failed" > "$W/status"; exit 1
 fi
