@@ -154,7 +154,7 @@ def test_a_damaged_policy_piece_stops_the_run_before_anything_starts(tmp_path, s
     models.mkdir()
     (models / "q.00").write_bytes(b"not the model")
     env = {**BASE_ENV, "GS1_DEVICE_WORK": str(work), "GS1_DEVICE_MODELS": str(models),
-           "GS1_DEVICE_QUESTION_MODEL": str(tmp_path / "qm"), **extra_env}
+           "GS1_DEVICE_QUESTION_MODEL": str(tmp_path / "qm"), "GS1_DEVICE_DATA": str(tmp_path / "data"), **extra_env}
     done = subprocess.run(["bash", str(H200 / script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert (work / "status").read_text().strip() == "model checksum failed"

@@ -15,7 +15,7 @@
 set -u
 : "${UNITS:?name the units, e.g. UNITS=grpo_gs8-s0,gs1_kernel-s0}"
 W=${GS1_DEVICE_WORK:-/root/work}; mkdir -p "$W"
-M=${GS1_DEVICE_MODELS:-/root/m}  # the model pieces' folder (a test points both elsewhere)
+M=${GS1_DEVICE_MODELS:-/root/m}  # the model pieces' folder (a test points these folders elsewhere)
 SPEC=${SPEC:-results/h200-comparison/spec_revised.json}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1
 export GS1_LOCAL_CACHE=$W/cache GS1_COMPILE_CACHE=$W/compile GS1_MODEL_CACHE=$W/models
@@ -23,7 +23,8 @@ export GS1_LOCAL_CACHE=$W/cache GS1_COMPILE_CACHE=$W/compile GS1_MODEL_CACHE=$W/
 # /tmp/torchinductor_<user>, so the engine's GS1_COMPILE_CACHE default never reaches inductor
 export TORCHINDUCTOR_CACHE_DIR=$W/compile
 echo assembling > "$W/status"
-mkdir -p /root/data && cp -r .data/gsm8k /root/data/ 2>/dev/null
+DATA=${GS1_DEVICE_DATA:-/root/data}
+mkdir -p "$DATA" && cp -r .data/gsm8k "$DATA/" 2>/dev/null
 # the pieces go only once the whole checks out: a failed check keeps them, and says which piece
 # differs (device_lib.sh)
 . "$(dirname "$0")/device_lib.sh"
@@ -43,7 +44,7 @@ if [ -n "${RESUME_FROM:-}" ] && [ ! -d "$W/run" ]; then
 fi
 echo "running $UNITS" > "$W/status"
 start=$(date +%s.%N)
-python3 -m gs1 run "$SPEC" --units "$UNITS" --run-dir "$W/run" --data-dir /root/data/gsm8k > "$W/flow.log" 2>&1
+python3 -m gs1 run "$SPEC" --units "$UNITS" --run-dir "$W/run" --data-dir "$DATA/gsm8k" > "$W/flow.log" 2>&1
 rc=$?
 # its own file: a line appended to flow.log could land under the process's own last writes
 echo "gs1 run --units $UNITS: rc=$rc start=$start end=$(date +%s.%N)" > "$W/times.txt"
