@@ -12,7 +12,6 @@ BUSY="assembling|running"
 # a failed start (e.g. "model checksum failed") must not hold the call, and the session's device
 # time, for the whole WAIT
 wait_for_run "$W" "$BUSY" "${WAIT:-560}"
-echo "status: $(cat "$W/status" 2>/dev/null)"
 grep -E "Finished in state|failed|Error|error:|gs1:|step [0-9]+/" "$W/flow.log" 2>/dev/null | tail -12
 [ -n "${OUT:-}" ] || exit 0
 # a run that ended short of all-done: what it wrote of its start (status, checksum, versions) comes back

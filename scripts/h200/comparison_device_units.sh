@@ -17,26 +17,17 @@ set -u
 W=${GS1_DEVICE_WORK:-/root/work}; mkdir -p "$W"
 M=${GS1_DEVICE_MODELS:-/root/m}  # the model pieces' folder (a test points these folders elsewhere)
 SPEC=${SPEC:-results/h200-comparison/spec_revised.json}
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1
-export GS1_LOCAL_CACHE=$W/cache GS1_COMPILE_CACHE=$W/compile GS1_MODEL_CACHE=$W/models
-# inductor's cache named outright: `import torch` already pins TORCHINDUCTOR_CACHE_DIR to
-# /tmp/torchinductor_<user>, so the engine's GS1_COMPILE_CACHE default never reaches inductor
-export TORCHINDUCTOR_CACHE_DIR=$W/compile
-echo assembling > "$W/status"
 DATA=${GS1_DEVICE_DATA:-/root/data}
-mkdir -p "$DATA" && cp -r .data/gsm8k "$DATA/" 2>/dev/null
-# the pieces go only once the whole checks out: a failed check keeps them, and says which piece
-# differs (device_lib.sh)
 . "$(dirname "$0")/device_lib.sh"
-if ! assemble_pieces "$M" q model.gguf "$PWD/scripts/h200/model_pieces.sha256" "$W/model_sha.txt"; then
-  echo "model checksum failed" > "$W/status"; exit 1
-fi
+device_env "$W"
+# the pieces go only once the whole checks out: a failed check keeps them, and says which piece
+# differs
+start_run "$W" "$M" "$DATA" "$PWD/scripts/h200/model_pieces.sha256" || exit 1
 # COMPILE_FROM: a folder holding compile.tgz.NN, inductor's cache as an earlier session's poll
 # brought it back (carried as ".compile"): the learner's and decoder's kernels load, not compile.
 unpack_compile_cache "$W" "${COMPILE_FROM:-}"
 record_device "$W"
-nvidia-smi --query-gpu=timestamp,index,memory.used,utilization.gpu --format=csv,noheader -lms 2000 > "$W/gpu_samples.csv" &
-SMI=$!
+sample_gpu "$W"
 # RESUME_FROM: an earlier session's run folder kept under results/h200-comparison/runs/ with its
 # .stage-results: its gates come back Cached while rl/, schemas/ and the stages' sources are unchanged
 if [ -n "${RESUME_FROM:-}" ] && [ ! -d "$W/run" ]; then

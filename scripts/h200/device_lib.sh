@@ -1,6 +1,34 @@
 # Shared steps of the device run scripts (comparison_device_units.sh, geff_device_run.sh), sourced
 # by them; tests/test_device_scripts.py runs each on made-up folders.
 
+# device_env W: what every device run exports: imports from the wheels (/tmp/site) and the
+# checkout, no telemetry, no hub, the engine's caches under W, and inductor's cache named
+# outright (torch writes its own default into TORCHINDUCTOR_CACHE_DIR on its first lookup, and
+# the engine's GS1_COMPILE_CACHE default then never reaches inductor)
+device_env() {
+  export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1
+  export GS1_LOCAL_CACHE=$1/cache GS1_COMPILE_CACHE=$1/compile GS1_MODEL_CACHE=$1/models TORCHINDUCTOR_CACHE_DIR=$1/compile
+}
+
+# start_run W MODELS DATA SUMS: status "assembling", the carried GSM8K copied into DATA, the
+# policy's pieces in MODELS assembled into model.gguf and checked against SUMS (assemble_pieces,
+# W/model_sha.txt). A failed check sets the status to "model checksum failed" and returns 1.
+start_run() {
+  local w=$1 models=$2 data=$3 sums=$4
+  echo assembling > "$w/status"
+  mkdir -p "$data" && cp -r .data/gsm8k "$data/" 2>/dev/null
+  if ! assemble_pieces "$models" q model.gguf "$sums" "$w/model_sha.txt"; then
+    echo "model checksum failed" > "$w/status"; return 1
+  fi
+}
+
+# sample_gpu W: GPU memory and utilisation every 2 s into W/gpu_samples.csv, in the background;
+# SMI holds the sampler's pid (kill it when the run ends)
+sample_gpu() {
+  nvidia-smi --query-gpu=timestamp,index,memory.used,utilization.gpu --format=csv,noheader -lms 2000 > "$1/gpu_samples.csv" 2>/dev/null &
+  SMI=$!
+}
+
 # assemble_pieces DIR PREFIX TARGET SUMS LOG: cat DIR/PREFIX.* into DIR/TARGET (unless it is there)
 # and check it against TARGET's line in SUMS (a committed sha256 file, one line per piece and one
 # for the whole). Pass: the pieces go, LOG says "TARGET: OK". Fail: the pieces stay, LOG names the
@@ -42,10 +70,11 @@ record_device() {
 # as "assembling|running"): all-done, or a failure at the start, which must not hold the call
 run_ended() { [ -f "$1/status" ] && ! grep -qE "^($2)" "$1/status"; }
 
-# wait_for_run W BUSY WAIT: sleeps until run_ended or WAIT seconds have passed
+# wait_for_run W BUSY WAIT: sleeps until run_ended or WAIT seconds have passed, then prints the status
 wait_for_run() {
   local end=$(( $(date +%s) + $3 ))
   while [ "$(date +%s)" -lt "$end" ] && ! run_ended "$1" "$2"; do sleep 5; done
+  echo "status: $(cat "$1/status" 2>/dev/null)"
 }
 
 # pack_compile_cache W OUT: inductor's cache (W/compile) into OUT in 15 MB pieces

@@ -22,23 +22,16 @@ QUESTION_GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
 # the committed sums (a test that runs the whole script on the demo model names its own)
 MODEL_SUMS=${MODEL_SUMS:-$PWD/scripts/h200/model_pieces.sha256}
 QUESTION_MODEL_SUMS=${QUESTION_MODEL_SUMS:-$PWD/scripts/h200/question_model_pieces.sha256}
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1
-export GS1_LOCAL_CACHE=$W/cache GS1_COMPILE_CACHE=$W/compile GS1_MODEL_CACHE=$W/models
-export TORCHINDUCTOR_CACHE_DIR=$W/compile  # as in comparison_device_units.sh: torch pins its own default
-echo assembling > "$W/status"
 DATA=${GS1_DEVICE_DATA:-/root/data}
-mkdir -p "$DATA" && cp -r .data/gsm8k "$DATA/" 2>/dev/null
 . "$(dirname "$0")/device_lib.sh"
-if ! assemble_pieces "$M" q model.gguf "$MODEL_SUMS" "$W/model_sha.txt"; then
-  echo "model checksum failed" > "$W/status"; exit 1
-fi
+device_env "$W"
+start_run "$W" "$M" "$DATA" "$MODEL_SUMS" || exit 1
 if ! assemble_pieces "$Q" s "$QUESTION_GGUF" "$QUESTION_MODEL_SUMS" "$W/question_model_sha.txt"; then
   echo "question model checksum failed" > "$W/status"; exit 1
 fi
 unpack_compile_cache "$W" "${COMPILE_FROM:-}"
 record_device "$W"
-nvidia-smi --query-gpu=timestamp,index,memory.used,utilization.gpu --format=csv,noheader -lms 2000 > "$W/gpu_samples.csv" &
-SMI=$!
+sample_gpu "$W"
 echo "collecting $ENVS" > "$W/status"
 start=$(date +%s.%N)
 # shellcheck disable=SC2086  # ENVS is a list of names
