@@ -6,6 +6,7 @@ from pathlib import Path
 
 from prefect import flow
 
+from rl.hillclimb.collect import CollectSettings
 from tasks.collect import rollout_log
 
 
@@ -23,11 +24,15 @@ def collect_logs(
     temperature: float = 1.0,
     seed: int = 0,
     data_dir: str | None = None,
+    question_model: str | None = None,
+    question_device: str = "cpu",
 ) -> list[str]:
+    """One log per env; `question_model` (`smollm2`, or a model path) adds the question embedding."""
     paths = []
     for env in envs:
-        settings = dict(env=env, n_prompts=n_prompts, k=k, base_model=base_model, backend=backend,
-                        base_model_path=base_model_path, renderer=renderer, seed=seed,
-                        max_tokens=max_tokens, temperature=temperature)
-        paths.append(rollout_log(settings, str(Path(out_dir) / f"{env}.parquet"), data_dir))
+        settings = CollectSettings(env=env, n_prompts=n_prompts, k=k, base_model=base_model, backend=backend,
+                                   base_model_path=base_model_path, renderer=renderer, seed=seed,
+                                   max_tokens=max_tokens, temperature=temperature)
+        paths.append(rollout_log(settings, str(Path(out_dir) / f"{env}.parquet"), data_dir,
+                                 question_model=question_model, question_device=question_device))
     return paths

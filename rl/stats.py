@@ -298,6 +298,16 @@ def holm_level(alpha: float, rank: int, m: int) -> float:
     return alpha / (m - rank)
 
 
+def mean_diff_by_seed(treatment: dict[int, dict[str, float]], baseline: dict[int, dict[str, float]]) -> dict[str, float]:
+    """Treatment minus baseline at each seed, items paired within the seed (JSON keys: the seeds
+    as text): how far the seeds agree on a difference the decision averages over them."""
+    by_seed = {}
+    for s in sorted(baseline):
+        _, t_R, b_R = paired_outcomes(treatment[s], baseline[s])
+        by_seed[str(s)] = float(np.mean(t_R - b_R))
+    return by_seed
+
+
 def seed_averaged(by_seed: dict[int, dict[str, float]], arm: str) -> dict[str, float]:
     """item -> the item's outcome averaged over the seeds (every seed must hold the same items).
 
@@ -341,12 +351,8 @@ def family_decision(compared: dict[str, dict[int, object]], baseline: dict[int, 
         loaded = {s: (v if isinstance(v, dict) else read_eval_items(v)) for s, v in by_seed.items()}
         record = paired_decision(seed_averaged(loaded, arm), base, alpha=alpha, margin=margin, bounds=bounds,
                                  n_resamples=n_resamples, seed=seed)
-        per_seed = {}
-        for s in base_seeds:
-            _, t_R, b_R = paired_outcomes(loaded[s], base_by_seed[s])
-            per_seed[str(s)] = float(np.mean(t_R - b_R))
         record.update(
-            arm=arm, seeds=len(base_seeds), mean_diff_by_seed=per_seed,
+            arm=arm, seeds=len(base_seeds), mean_diff_by_seed=mean_diff_by_seed(loaded, base_by_seed),
             p_noninferior=hoeffding_p_value(record["mean_diff"], record["n"], margin, bounds, side="noninferior"),
             p_inferior=hoeffding_p_value(record["mean_diff"], record["n"], margin, bounds, side="inferior"),
         )

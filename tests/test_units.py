@@ -344,7 +344,7 @@ def test_the_treatment_against_each_other_arm_and_the_plots(tmp_path, repo_root,
     from schemas.layout import UnitsLayout
     from schemas.spec import parse_spec
     from tasks.spec import plan_from_spec
-    from tasks.units import UNITS_PLOTS_FOLDER, units_standing, write_standing
+    from tasks.units import units_standing, write_standing
 
     plan = plan_from_spec(parse_spec(five_arm_spec(repo_root, tiny_model_dir)))
     treatment, n_items = plan.run.treatment, 60
@@ -378,11 +378,11 @@ def test_the_treatment_against_each_other_arm_and_the_plots(tmp_path, repo_root,
     assert f"| {standing.versus[-1].pair['mean_diff']:+.4f} |" in row
     assert (" / " in row) == bool(missing)  # counts only where an item's outcome is 0/1
     assert f"above {plan.decision.margin + radius:+.4f}" in markdown
-    plots = tmp_path / UNITS_PLOTS_FOLDER
+    plots = tmp_path / UnitsLayout.PLOTS_FOLDER
     for name in ("units_accuracy", "units_reward", "units_cost"):
         assert (plots / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
-        assert f"]({UNITS_PLOTS_FOLDER}/{name}.png)" in markdown
-    assert (tmp_path / "README.md").read_text().count(f"]({UNITS_PLOTS_FOLDER}/units_cost.png)") == 1
+        assert f"]({UnitsLayout.PLOTS_FOLDER}/{name}.png)" in markdown
+    assert (tmp_path / "README.md").read_text().count(f"]({UnitsLayout.PLOTS_FOLDER}/units_cost.png)") == 1
 
     # the same standing draws the same bytes (no timestamps in the PNGs)
     before = (plots / "units_reward.png").read_bytes()

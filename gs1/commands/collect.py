@@ -50,22 +50,9 @@ def default_renderer(base_model: str) -> str:
         raise UserError(f"no recommended renderer for {base_model!r}: pass --renderer") from None
 
 
-def question_embedding_for(model: str | None, device: str = "cpu"):
-    """(embedder, the log's `gs1.question_embedding` text) for `--question-model`, or (None, "none").
-
-    The text names the model as given (a file's name, not where it lies) and the pooling."""
-    if not model:
-        return None, "none"
-    from rl.hillclimb.question_embedding import QUESTION_MODEL, question_embedder  # lazy: start-up time
-
-    spec = QUESTION_MODEL if model == "smollm2" else model
-    embedder = question_embedder(spec, device=device)
-    name = spec if spec.startswith("pkg:") or "/" not in spec else Path(spec).name
-    return embedder, f"{name}: mean-pooled last hidden state over the question's tokens (d={embedder.dim})"
-
-
 def run(args: argparse.Namespace) -> int:
     from rl.hillclimb.collect import CollectSettings, run_collection, write_rollout_log  # lazy: start-up time
+    from rl.hillclimb.question_embedding import question_embedding_for
 
     if args.out.suffix != ".parquet":
         raise UserError(f"--out must be a .parquet file, got {args.out}")

@@ -174,6 +174,20 @@ def compile_cache_dir() -> Path:
     return Path(os.environ.get("GS1_COMPILE_CACHE") or Path.home() / ".cache" / "gs1" / "torch-compile")
 
 
+def pin_compile_cache() -> Path:
+    """Point inductor's on-disk caches at `compile_cache_dir()`, unless `$TORCHINDUCTOR_CACHE_DIR`
+    names another folder outright; returns the folder inductor uses. A plain `setdefault` is not
+    enough: torch's first cache lookup (an import does one) writes its own default,
+    `/tmp/torchinductor_<user>`, into that variable, and the engine's folder would never reach
+    inductor. That default is taken as unset (a user who names it outright gets the engine's)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    named = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if named is None or os.path.abspath(named) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir())
+    return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+
+
 def _strip_scheme(path: str) -> Path:
     return Path(path[len("local://") :] if path.startswith("local://") else path)
 
@@ -1466,7 +1480,7 @@ class LocalServiceClient:
             raise UserError(f"bank decode form {self.settings.bank_decode!r}: one of {', '.join(DECODE_FORMS)}")
         if cuda and (compile_decode or compile_learner):
             # inductor's on-disk caches: a later process finds every shape's kernels compiled
-            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))
+            pin_compile_cache()
         self._ids = itertools.count()
         self._bases: dict[tuple, _Base] = {}  # (model path, gguf file, device) -> its base
         self._placing = threading.Lock()

@@ -33,7 +33,9 @@ process, see `rl.backends.models`; later loads in the same process reuse the wei
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -94,7 +96,7 @@ class QuestionEmbedder:
 
 
 def question_embedder(model: str = QUESTION_MODEL, device: str = "cpu",
-                      batch_size: int = 16) -> Callable[[list[str]], np.ndarray]:
+                      batch_size: int = 16) -> QuestionEmbedder:
     """Load `model` (a `base_model` string, `rl.backends.models.resolve_model`) once and return the
     embedding function: float32 on CPU, bfloat16 on CUDA. Bad model strings raise UserError."""
     import torch
@@ -109,3 +111,22 @@ def question_embedder(model: str = QUESTION_MODEL, device: str = "cpu",
     tokenizer = load_tokenizer(src)
     lm = load_causal_lm(src, dtype, dev)
     return QuestionEmbedder(model, tokenizer, lm, dev, batch_size)
+
+
+def question_embedding_for(model: str | None, device: str = "cpu") -> tuple[QuestionEmbedder | None, str]:
+    """(embedder, the log's `gs1.question_embedding` text) for a question model as `gs1 collect
+    --question-model` and the `collect-rollout-logs` flow take it (`smollm2`: `QUESTION_MODEL`), or
+    (None, "none") for no model. Loaded once per model and device in a process, so a flow that
+    collects several envs loads it once. The text names the model as given (a file's name, not
+    where it lies) and the pooling."""
+    if not model:
+        return None, "none"
+    spec = QUESTION_MODEL if model == "smollm2" else model
+    embedder = _loaded_embedder(spec, device)
+    name = spec if spec.startswith("pkg:") or "/" not in spec else Path(spec).name
+    return embedder, f"{name}: mean-pooled last hidden state over the question's tokens (d={embedder.dim})"
+
+
+@functools.lru_cache(maxsize=4)
+def _loaded_embedder(spec: str, device: str) -> QuestionEmbedder:
+    return question_embedder(spec, device=device)

@@ -42,7 +42,7 @@ def main() -> int:
 
     import numpy as np
 
-    from gs1.commands.collect import question_embedding_for
+    from rl.hillclimb.question_embedding import question_embedding_for
     from rl.backends import make_service_client
     from rl.hillclimb.collect import CollectSettings, run_collection, write_rollout_log
 

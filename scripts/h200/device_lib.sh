@@ -3,8 +3,8 @@
 
 # device_env W: what every device run exports: imports from the wheels (/tmp/site) and the
 # checkout, no telemetry, no hub, the engine's caches under W, and inductor's cache named
-# outright (torch writes its own default into TORCHINDUCTOR_CACHE_DIR on its first lookup, and
-# the engine's GS1_COMPILE_CACHE default then never reaches inductor)
+# outright too (the engine pins GS1_COMPILE_CACHE for inductor itself, rl.backends.local
+# pin_compile_cache; naming it here covers any torch process the scripts start)
 device_env() {
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1
   export GS1_LOCAL_CACHE=$1/cache GS1_COMPILE_CACHE=$1/compile GS1_MODEL_CACHE=$1/models TORCHINDUCTOR_CACHE_DIR=$1/compile
