@@ -1,7 +1,7 @@
 """The device scripts (scripts/h200/), run here on made-up work folders: the polls must end at once
 on a run that stopped at its start and bring back why, and bring back only finished logs; the
 shared steps (device_lib.sh) must keep damaged model pieces and name them; the issue-26 collector
-runs for real on the demo model."""
+runs for real on the demo model; device_checkout.sh lays out a new checkout's ignored files."""
 import hashlib
 import importlib.util
 import io
@@ -215,3 +215,65 @@ def test_the_geff_run_collects_each_benchmark_and_the_poll_brings_it_back(tmp_pa
     with tarfile.open(out / "logs.tgz") as tgz:
         assert {"status", "collect.log", "logs/summary.jsonl", "model_sha.txt", "question_model_sha.txt",
                 "compile_from.txt", "times.txt"} <= set(tgz.getnames())
+
+
+def _checkout(tmp_path, **env) -> subprocess.CompletedProcess:
+    """device_checkout.sh in a made-up checkout (`tmp_path/co`, a git repo with one commit), its
+    tools, question model, sums and data made up beside it."""
+    return subprocess.run(["bash", str(H200 / "device_checkout.sh")], cwd=tmp_path / "co", capture_output=True,
+                          text=True, timeout=120, env={**BASE_ENV, "HOME": str(tmp_path), **env})
+
+
+def _made_up_checkout(tmp_path) -> dict:
+    co = tmp_path / "co"
+    co.mkdir()
+    git = {**BASE_ENV, "HOME": str(tmp_path), "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    for cmd in (["git", "init", "-q"], ["git", "commit", "-q", "--allow-empty", "-m", "c"]):
+        subprocess.run(cmd, cwd=co, env=git, check=True)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "q.00").write_bytes(b"policy piece 0")
+    (parts / "q.01").write_bytes(b"policy piece 1")
+    sums = tmp_path / "model.sha256"
+    sums.write_text("".join(f"{hashlib.sha256((parts / p).read_bytes()).hexdigest()}  {p}\n" for p in ("q.00", "q.01")))
+    gguf = tmp_path / "question.gguf"
+    gguf.write_bytes(b"GGUF a small question model")
+    qsums = tmp_path / "question.sha256"
+    qsums.write_text(f"{hashlib.sha256(gguf.read_bytes()).hexdigest()}  s.00\n")
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    (data / "train.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    fetch_wheels = tmp_path / "wheels.sh"
+    fetch_wheels.write_text("mkdir -p .whl/a .whl/b && touch .whl/a/x.whl .whl/b/y.whl\n")
+    fetch_model = tmp_path / "model.sh"
+    fetch_model.write_text(f"mkdir -p .models && cp {parts}/q.* .models/\n")
+    return {"FETCH_WHEELS": f"bash {fetch_wheels}", "FETCH_MODEL": f"bash {fetch_model}", "MODEL_SUMS": str(sums),
+            "QUESTION_GGUF": str(gguf), "QUESTION_MODEL_SUMS": str(qsums), "SHARED_DATA": str(data)}
+
+
+def test_device_checkout_lays_out_a_new_checkout_then_only_checks(tmp_path):
+    """A new checkout gets every ignored file a device session carries, each checked, none of them
+    committable; a second run fetches nothing (fetchers that would fail) and passes on the checks."""
+    env = _made_up_checkout(tmp_path)
+    co = tmp_path / "co"
+    done = _checkout(tmp_path, **env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "policy pieces: 2 OK" in done.stdout and "question model pieces: 1 OK" in done.stdout
+    assert (co / ".models" / "s.00").read_bytes() == b"GGUF a small question model"
+    assert (co / ".data" / "gsm8k" / "train.jsonl").is_file()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=co, capture_output=True, text=True).stdout.strip()
+    assert (co / ".tree_commit").read_text().strip() == head
+    assert "compile cache: none" in done.stdout
+    assert subprocess.run(["git", "status", "--porcelain"], cwd=co, capture_output=True, text=True).stdout == ""
+    again = _checkout(tmp_path, **{**env, "FETCH_WHEELS": "false", "FETCH_MODEL": "false"})
+    assert again.returncode == 0 and "wheels: there (2 wheels)" in again.stdout, again.stdout
+
+
+def test_device_checkout_names_a_damaged_policy_piece_and_fails(tmp_path):
+    env = _made_up_checkout(tmp_path)
+    assert _checkout(tmp_path, **env).returncode == 0
+    (tmp_path / "co" / ".models" / "q.01").write_bytes(b"damaged")
+    done = _checkout(tmp_path, **{**env, "FETCH_MODEL": "true"})  # a fetch that mends nothing
+    assert done.returncode == 1
+    assert "policy pieces: do not check out" in done.stdout and "q.01: FAILED" in done.stdout
