@@ -246,9 +246,11 @@ def _made_up_checkout(tmp_path) -> dict:
     (data / "train.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
     fetch_wheels = tmp_path / "wheels.sh"
     fetch_wheels.write_text("mkdir -p .whl/a .whl/b && touch .whl/a/x.whl .whl/b/y.whl\n")
+    fetch_rg_wheels = tmp_path / "rg_wheels.sh"
+    fetch_rg_wheels.write_text("mkdir -p .whl/c && touch .whl/c/z.whl\n")
     fetch_model = tmp_path / "model.sh"
     fetch_model.write_text(f"mkdir -p .models && cp {parts}/q.* .models/\n")
-    return {"FETCH_WHEELS": f"bash {fetch_wheels}", "FETCH_MODEL": f"bash {fetch_model}", "MODEL_SUMS": str(sums),
+    return {"FETCH_WHEELS": f"bash {fetch_wheels}", "FETCH_RG_WHEELS": f"bash {fetch_rg_wheels}", "FETCH_MODEL": f"bash {fetch_model}", "MODEL_SUMS": str(sums),
             "QUESTION_GGUF": str(gguf), "QUESTION_MODEL_SUMS": str(qsums), "SHARED_DATA": str(data)}
 
 
@@ -266,8 +268,10 @@ def test_device_checkout_lays_out_a_new_checkout_then_only_checks(tmp_path):
     assert (co / ".tree_commit").read_text().strip() == head
     assert "compile cache: none" in done.stdout
     assert subprocess.run(["git", "status", "--porcelain"], cwd=co, capture_output=True, text=True).stdout == ""
-    again = _checkout(tmp_path, **{**env, "FETCH_WHEELS": "false", "FETCH_MODEL": "false"})
+    assert (co / ".whl" / "c" / "z.whl").is_file()
+    again = _checkout(tmp_path, **{**env, "FETCH_WHEELS": "false", "FETCH_RG_WHEELS": "false", "FETCH_MODEL": "false"})
     assert again.returncode == 0 and "wheels: there (2 wheels)" in again.stdout, again.stdout
+    assert "reasoning-gym wheels: there (1 wheels)" in again.stdout
 
 
 def test_device_checkout_names_a_damaged_policy_piece_and_fails(tmp_path):

