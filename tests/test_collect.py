@@ -310,3 +310,58 @@ def test_the_collect_flow_adds_the_question_embedding(tmp_path, monkeypatch, pre
         assert first is again
     finally:
         question_embedding._loaded_embedder.cache_clear()  # ~0.55 GB of weights, not kept for later tests
+
+
+# --- the policy's prompt embedding through the real local engine (tiny model) ---------------------
+from fixtures.tiny_model import tiny_model_dir, tiny_service_client  # noqa: E402,F401
+
+
+def _tiny_settings(tiny_model_dir, **kw) -> collect.CollectSettings:
+    return collect.CollectSettings(env="rg_chain_sum", n_prompts=3, k=8, base_model=str(tiny_model_dir),
+                                   base_model_path=str(tiny_model_dir), renderer="qwen3_instruct", max_tokens=4, **kw)
+
+
+def test_the_local_prompt_embedding_is_the_models_mean_last_hidden_state(tiny_model_dir, tiny_service_client):
+    """The embedder the collection takes from a local sampling client gives, per prompt, the mean of
+    the model's last hidden state over that prompt's own tokens (an independent float64 forward),
+    prompts of different lengths in one call; a sampler without hidden states gives none."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    sampler = tiny_service_client.create_sampling_client(base_model=str(tiny_model_dir)).result()
+    embedder = collect.local_prompt_embedder(sampler)
+    assert embedder is not None and collect.local_prompt_embedder(object()) is None
+    prompts_P = [[11, 12, 13, 14, 15, 16], [21, 22, 23], [31]]
+    got_P_d = embedder(prompts_P)
+    ref_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float64).eval()
+    with torch.no_grad():
+        want_P_d = np.stack([ref_model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+                             .hidden_states[-1][0].mean(dim=0).numpy() for ids in prompts_P])
+    assert got_P_d.shape == want_P_d.shape == (3, ref_model.config.hidden_size)
+    np.testing.assert_allclose(got_P_d, want_P_d, rtol=1e-4, atol=1e-5)
+    assert not np.allclose(got_P_d[0], got_P_d[1])
+
+
+def test_embeddings_added_to_a_log_are_those_its_collection_would_have_taken(tiny_model_dir, tiny_service_client):
+    """A log collected without the prompt embedding gets, from `add_prompt_embeddings`, the very
+    column a collection with it writes (prompts rebuilt from the log's own settings), on each
+    prompt's first row, and the metadata's source; a log whose prompts its settings do not rebuild
+    is refused with the prompt named."""
+    settings = _tiny_settings(tiny_model_dir)
+    with_emb = collect.run_collection(settings, service=tiny_service_client, embed=True)
+    without = collect.run_collection(settings, service=tiny_service_client, embed=False)
+    assert "prompt_embedding" not in without.column_names and without.schema.metadata[b"gs1.embedding"] == b"none"
+    sampler = tiny_service_client.create_sampling_client(base_model=str(tiny_model_dir)).result()
+    added = collect.add_prompt_embeddings(without, sampler, chunk_prompts=2)
+    assert added.column("prompt_embedding").type == pa.list_(pa.float16())
+    assert added.column("prompt_embedding").to_pylist() == with_emb.column("prompt_embedding").to_pylist()
+    assert added.schema.metadata[b"gs1.embedding"] == with_emb.schema.metadata[b"gs1.embedding"]
+    assert added.schema.metadata[b"gs1.settings"] == without.schema.metadata[b"gs1.settings"]
+    firsts = [v is not None for v in added.column("prompt_embedding").to_pylist()]
+    assert firsts == [s == 0 for s in added.column("sample_idx").to_pylist()] and sum(firsts) == 3
+    assert log_from_table(added, "rg_chain_sum").features["embedding"].shape[0] == 3  # what the hill-climb reads
+    lengths = without.column("prompt_num_tokens").to_pylist()
+    tampered = without.set_column(without.column_names.index("prompt_num_tokens"), "prompt_num_tokens",
+                                  pa.array([n + 1 for n in lengths], type=pa.int32()))
+    with pytest.raises(UserError, match="prompt rg_chain_sum/train/.* is not rebuilt by its settings"):
+        collect.add_prompt_embeddings(tampered, sampler)

@@ -124,6 +124,7 @@ from rl.backends.local_sampler import (
     guard_failures,
     guard_failures_since,
     install_gqa_decode_attention,
+    mean_hidden_states,
     row_key,
     score_tokens,
     splitmix64,
@@ -614,6 +615,15 @@ class _Base:
                     a.decoding -= 1
                     a.stepping = a.stepping or id(a) in sampled
                 self._cv.notify_all()
+
+    def prompt_embeddings(self, adapter: AdapterWeights | None, prompts: list[list[int]]) -> LocalFuture[torch.Tensor]:
+        """Each prompt's mean-pooled last hidden state under `adapter` (None: the bare base), on
+        the worker, through the bank as a sampling client's requests are (`mean_hidden_states`)."""
+        def prompt_embedding():
+            with self.bank.serving():
+                return mean_hidden_states(self.lm, prompts, self.bank, [adapter] * len(prompts))
+
+        return self.worker.submit(prompt_embedding)
 
     def _rows(self, j: _Request) -> list[Row]:
         p = j.params
@@ -1162,6 +1172,11 @@ class LocalSamplingClient:
         n, key = self._next_key()
         return self._engine.enqueue(_Request("score", self._snapshot, prompt.to_ints(), key=key,
                                              owner=self._owner, client=self))
+
+    def prompt_embeddings(self, prompts: list[types.ModelInput]) -> LocalFuture[torch.Tensor]:
+        """(P, d) mean-pooled last hidden states of the prompts under this client's weights: a
+        kernel feature only the local backend can give (a Tinker sampler returns no hidden states)."""
+        return self._engine.prompt_embeddings(self._snapshot, [p.to_ints() for p in prompts])
 
     def get_tokenizer(self):
         return self._tokenizer

@@ -72,28 +72,14 @@ def continuation_logprob(logprobs: Sequence[float | None], n_continuation: int) 
 
 
 def local_prompt_embedder(sampling_client) -> Callable[[list[list[int]]], np.ndarray] | None:
-    """Mean-pooled last hidden state from the local engine's own model, or None off the local backend.
-
-    Runs on the engine's worker thread (which owns the model) with the sampling client's weights
-    swapped in, one prompt at a time so padding never enters the mean.
-    """
-    engine = getattr(sampling_client, "_engine", None)
-    snapshot = getattr(sampling_client, "_snapshot", None)
-    if engine is None or snapshot is None or not hasattr(engine, "run_with"):
+    """Mean-pooled last hidden state under the sampling client's own weights
+    (`LocalSamplingClient.prompt_embeddings`), or None off the local backend."""
+    if not hasattr(sampling_client, "prompt_embeddings"):
         return None
-    import torch  # here, not at the top: only the local engine has hidden states, and torch is slow to import
 
     def embed_all(prompts_P: list[list[int]]) -> np.ndarray:
-        def run():
-            out = []
-            with torch.no_grad():
-                for ids in prompts_P:
-                    x = torch.tensor([ids], device=engine.device)
-                    h = engine.model(input_ids=x, output_hidden_states=True).hidden_states[-1][0]
-                    out.append(h.float().mean(dim=0).cpu().numpy().astype(np.float64))
-            return np.stack(out)
-
-        return engine.worker.submit_raw(lambda: engine.run_with(snapshot, run)).result()
+        inputs_P = [types.ModelInput.from_ints(ids) for ids in prompts_P]
+        return sampling_client.prompt_embeddings(inputs_P).result().double().numpy()
 
     return embed_all
 
@@ -189,6 +175,43 @@ def write_rollout_log(table: pa.Table, path) -> Path:
     return write_parquet_atomic(table, path, compression="zstd")
 
 
+LOCAL_EMBEDDING_SOURCE = "mean-pooled last hidden state of the local engine's model (sampler weights)"
+
+
+def add_prompt_embeddings(table: pa.Table, sampler, data_dir=None, chunk_prompts: int = 128) -> pa.Table:
+    """A log collected without the policy's prompt embedding, with it: the log's own settings
+    (metadata) rebuild its prompts, each checked against the log's prompt id and length, and
+    `sampler` (a local one, the log's policy) embeds them. For logs whose collection could not
+    take the embedding (issue 26's first H200 logs: the engine had lost the hook)."""
+    meta = dict(table.schema.metadata)
+    settings = CollectSettings(**json.loads(meta[b"gs1.settings"]))
+    embedder = local_prompt_embedder(sampler)
+    if embedder is None:
+        raise UserError(f"{type(sampler).__name__} gives no hidden states: prompt embeddings need the local backend")
+    env = make_env(settings.env, data_dir)
+    problems = pick_problems(env, settings.split, settings.n_prompts, settings.seed)
+    renderer = renderers.get_renderer(settings.renderer, sampler.get_tokenizer())
+    tokens_P = [env.build_prompt(renderer, p).to_ints() for p in problems]
+    ids_R = table.column("prompt_id").to_pylist()
+    first_R = [s == 0 for s in table.column("sample_idx").to_pylist()]
+    lengths_R = table.column("prompt_num_tokens").to_pylist()
+    index = {p.id: i for i, p in enumerate(problems)}
+    for pid, length in zip(ids_R, lengths_R):
+        if pid not in index or len(tokens_P[index[pid]]) != length:
+            raise UserError(f"{settings.env}: prompt {pid} of the log is not rebuilt by its settings "
+                            f"(length {length} in the log)")
+    logged = list(dict.fromkeys(ids_R))  # the log's prompts, in its order
+    emb_P_d = np.concatenate([embedder([tokens_P[index[pid]] for pid in logged[lo : lo + chunk_prompts]])
+                              for lo in range(0, len(logged), chunk_prompts)])
+    row_of = {pid: i for i, pid in enumerate(logged)}
+    column = pa.array([[float(v) for v in emb_P_d[row_of[pid]]] if first else None for pid, first in zip(ids_R, first_R)],
+                      type=pa.list_(pa.float16()))
+    if "prompt_embedding" in table.column_names:
+        table = table.drop_columns(["prompt_embedding"])
+    table = table.append_column("prompt_embedding", column)
+    return table.replace_schema_metadata({**meta, b"gs1.embedding": LOCAL_EMBEDDING_SOURCE.encode()})
+
+
 def pick_problems(env, split: str, n_prompts: int, seed: int) -> list:
     """The first `n_prompts` of the seed-shuffled train order (or of the test split in file order)."""
     problems = env.train_order(seed) if split == "train" else env.test_problems()
@@ -229,5 +252,5 @@ def run_collection(settings: CollectSettings, service=None, data_dir=None, embed
     )
     rows = collect_rollouts(sampler, env, renderer, problems, settings.k, params, tokenizer, embedder,
                             settings.chunk_prompts, question_embedder)
-    source = "mean-pooled last hidden state of the local engine's model (sampler weights)" if embedder else "none"
+    source = LOCAL_EMBEDDING_SOURCE if embedder else "none"
     return rollout_log_table(rows, settings, source, question_embedding_source if question_embedder else "none")

@@ -9,7 +9,7 @@ W=${GS1_DEVICE_WORK:-/root/work}  # the device run's folder (a test points it el
 BUSY="assembling|collecting"
 . "$(dirname "$0")/device_lib.sh"
 wait_for_run "$W" "$BUSY" "${WAIT:-560}"
-grep -E "^\[collect\]" "$W/collect.log" 2>/dev/null | tail -10
+grep -E "^\[(collect|embed)\]" "$W/collect.log" 2>/dev/null | tail -10
 [ -n "${OUT:-}" ] || exit 0
 for log in "$W"/logs/*.parquet; do [ -f "$log" ] && cp "$log" "$OUT/"; done
 tar czf "$OUT/logs.tgz" -C "$W" --ignore-failed-read status collect.log logs/summary.jsonl times.txt gpu.txt \
