@@ -139,6 +139,10 @@ def test_collect_rows_features_and_metadata(tokenizer, renderer, tmp_path):
     assert set(log.features) == {"log_prompt_num_tokens", "prompt_mean_logprob", "value_easy_logprob", "embedding",
                                  "question_embedding", *TEXT_COLUMNS}
     assert log.rewards_P_K.shape == (10, 8)
+    # every feature a collection writes is searched in exactly one feature family (the frontier's rows)
+    from rl.hillclimb.data import FEATURE_FAMILIES
+
+    assert sorted(f for fam in FEATURE_FAMILIES for f in fam.of(log.feature_names)) == sorted(log.feature_names)
     # the embeddings as the hill-climb reads them: each prompt's own vector (float16 holds these exactly)
     by_question = {p.id: p.question for p in problems}
     np.testing.assert_array_equal(log.features["question_embedding"],

@@ -146,6 +146,7 @@ def test_unpack_compile_cache_leaves_a_filled_folder_and_says_so(tmp_path):
 @pytest.mark.parametrize("script,extra_env", [
     ("comparison_device_units.sh", {"UNITS": "grpo_gs8-s1"}),
     ("geff_device_run.sh", {}),
+    ("geff_device_embed.sh", {}),
 ])
 def test_a_damaged_policy_piece_stops_the_run_before_anything_starts(tmp_path, script, extra_env):
     """The run scripts' own start, on a made-up piece of the real model: the committed sums
@@ -215,6 +216,26 @@ def test_the_geff_run_collects_each_benchmark_and_the_poll_brings_it_back(tmp_pa
     with tarfile.open(out / "logs.tgz") as tgz:
         assert {"status", "collect.log", "logs/summary.jsonl", "model_sha.txt", "question_model_sha.txt",
                 "compile_from.txt", "times.txt"} <= set(tgz.getnames())
+
+    # geff_device_embed.sh: the same log without the policy's prompt embedding gets it back, the very
+    # column the collection wrote (the policy is already assembled in its folder: checked, not rebuilt)
+    assert meta["gs1.embedding"].startswith("mean-pooled last hidden state")
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    pq.write_table(table.drop_columns(["prompt_embedding"]).replace_schema_metadata(table.schema.metadata),
+                   carried / "rg_chain_sum.parquet")
+    embed_work, embed_out = tmp_path / "embed", tmp_path / "embed_out"
+    embed_out.mkdir()
+    run = subprocess.run(["bash", str(H200 / "geff_device_embed.sh")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600, env={**env, "GS1_DEVICE_WORK": str(embed_work), "LOGS": str(carried)})
+    embed_log = (embed_work / "collect.log").read_text()
+    assert run.returncode == 0 and (embed_work / "status").read_text().strip() == "all-done rc=0", embed_log[-3000:]
+    assert "[embed] rg_chain_sum.parquet: 2 prompts" in embed_log
+    embedded = pq.read_table(embed_work / "logs" / "rg_chain_sum.parquet")
+    assert embedded.column("prompt_embedding").to_pylist() == table.column("prompt_embedding").to_pylist()
+    assert embedded.column("reward").to_pylist() == rewards
+    done = _poll(embed_work, embed_out, wait=60, script=GEFF_POLL)
+    assert "[embed] rg_chain_sum.parquet" in done.stdout and (embed_out / "rg_chain_sum.parquet").is_file()
 
 
 def _checkout(tmp_path, **env) -> subprocess.CompletedProcess:

@@ -14,6 +14,7 @@ from gs1.cli import main as gs1_main
 from schemas.errors import UserError
 from schemas.kernel import KernelSpec
 from rl.hillclimb import climb as hc
+from rl.hillclimb.report import summary_markdown
 from rl.hillclimb.data import (
     EMBEDDING,
     load_log,
@@ -185,6 +186,32 @@ def test_planted_feature_wins_on_eval_and_beats_spec_and_batch_mean(planted_log)
     assert rows["winner"]["eval_corr"] > 0.7
 
 
+def test_each_feature_family_is_searched_alone_and_the_planted_one_leads(planted_log):
+    """The frontier: every feature family the log has gets its own search, each baseline family
+    its eval-split cell with an interval, no cell uses a feature outside its family, and the
+    planted value signal beats the noise and weak features; `all` is the whole search's."""
+    rep = hc.analyse(planted_log, seed=0, budget=300)
+    groups: dict[str, dict[str, dict]] = {}
+    for r in rep.frontier_rows:
+        groups.setdefault(r["features"], {})[r["family"]] = r
+    # the synthetic log has no text columns and no question embedding
+    assert list(groups) == ["length_logprob", "value_probe", "policy_embedding", hc.ALL_FEATURES]
+    outside = {"length_logprob": ("value_easy", "embedding"), "value_probe": ("log_prompt", "logprob", "embedding"),
+               "policy_embedding": ("value_easy", "log_prompt", "logprob")}
+    for group, cells in groups.items():
+        assert set(cells) == set(hc.FRONTIER_FAMILIES), group
+        for r in cells.values():
+            assert r["eval_g_eff_lo"] <= r["eval_g_eff"] <= r["eval_g_eff_hi"]
+            assert 1 <= r["search_tried"] <= r["search_candidates"] <= 300
+            assert not any(name in r["recipe"] for name in outside.get(group, ())), (group, r["recipe"])
+    best = {g: max(c.values(), key=lambda r: r["search_g_eff"])["eval_g_eff"] for g, c in groups.items()}
+    assert best["value_probe"] > 2 * best["length_logprob"]
+    assert all(r["search_candidates"] == len(rep.search.candidates) for r in groups[hc.ALL_FEATURES].values())
+    text = summary_markdown(rep)
+    assert "## Feature families (the frontier)" in text and "the local engine only" in text
+    assert hc.analyse(planted_log, seed=0, budget=100, frontier=False).frontier_rows == []
+
+
 def test_search_never_reads_the_eval_split(planted_log):
     is_eval = split_prompts(planted_log.prompt_ids_P, 0)
     assert 0.4 < is_eval.mean() < 0.6
@@ -235,7 +262,8 @@ def test_cli_writes_all_artifacts(tmp_path, capsys):
     pq.write_table(synthetic_log_table(800, 10, seed=1), log)
     out = tmp_path / "out"
     assert gs1_main(["hillclimb", "--log", str(log), "--out", str(out), "--budget", "300"]) == 0
-    for name in ["candidates.parquet", "summary.parquet", "sweep.parquet", "summary.md", "geff_vs_bandwidth.png", "kernel.json"]:
+    for name in ["candidates.parquet", "summary.parquet", "sweep.parquet", "summary.md", "geff_vs_bandwidth.png", "kernel.json",
+                 "frontier.parquet"]:
         assert (out / name).stat().st_size > 0, name
     frag = json.loads((out / "kernel.json").read_text())
     assert set(frag["kernel"]) == {"family", "features", "scales", "bandwidth", "window", "min_mass"}
@@ -270,6 +298,12 @@ def test_cli_transfer(tmp_path):
         assert sum(line.startswith(f"- {name}: ") for line in verdicts.splitlines()) == 2
     summary = (out / "bench0" / "summary.md").read_text()
     assert "| oracle |" in summary and "90% interval" in summary
+    frontier = text.split("## The frontier", 1)[1].split("## Does a kernel transfer?", 1)[0]
+    for name in ("bench0", "bench1"):  # one row per benchmark: each feature family beside GRPO-4 and the oracle
+        row = next(line for line in frontier.splitlines() if line.startswith(f"| {name} |"))
+        assert row.count("[") == 4 + 5  # value_probe, policy_embedding, length_logprob, all; 5 references
+    assert pq.read_table(out / "bench0" / "frontier.parquet").num_rows > 0
+    assert (out / "frontier.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_spec_window_and_batch_are_used(tmp_path):

@@ -43,13 +43,13 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from pydantic import ValidationError, model_validator
 
 from rl.hillclimb import geff
-from rl.hillclimb.data import RolloutLog, Stream, make_streams
+from rl.hillclimb.data import FEATURE_FAMILIES, RolloutLog, Stream, make_streams
 from rl.kernels import FEATURE_NAMES, knn_k, standardize
 from schemas.kernel import KernelForm, KernelSpec
 
@@ -61,6 +61,8 @@ WINDOWS = (64, 128, 256, 512)
 RIDGE_HISTORIES = (256, 1024)
 CROSSFIT_FOLDS = 4
 CROSSFIT_FOURIER_FEATURES = 64
+FRONTIER_FAMILIES = ("gaussian", "laplace", "knn", "ridge", "crossfit")  # the baselines that read features
+ALL_FEATURES = "all"  # the frontier's row of the whole search (every feature of the log)
 SPEC_FEATURES = FEATURE_NAMES  # the features the training loop logs, hence all the arm can use
 
 
@@ -595,6 +597,7 @@ class HillclimbReport:
     summary_rows: list[dict]  # one per reported method: eval- and search-split metrics
     sweep_rows: list[dict]  # G_eff vs bandwidth per family (best config of each family)
     n_prompts: dict[str, int]
+    frontier_rows: list[dict] = field(default_factory=list)  # feature family x baseline family (`feature_frontier`)
 
 
 def best_arm_recipe(result: SearchResult, fallback: KernelRecipe | None = None) -> KernelRecipe:
@@ -609,6 +612,47 @@ def best_arm_recipe(result: SearchResult, fallback: KernelRecipe | None = None) 
         if c["g_eff"] > best_g and c["recipe"].arm_accepts():
             best, best_g = c["recipe"], c["g_eff"]
     return best if best is not None else (fallback or spec_recipe())
+
+
+def best_by_family(result: SearchResult) -> dict[str, dict]:
+    """Each family's highest search-split candidate (first on ties)."""
+    best: dict[str, dict] = {}
+    for c in result.candidates:
+        fam = c["recipe"].family
+        if fam not in best or c["g_eff"] > best[fam]["g_eff"]:
+            best[fam] = c
+    return best
+
+
+def feature_frontier(search_stream: Stream, eval_stream: Stream, batch_size: int, budget: int, windows, window: int,
+                     seed: int = 0, whole: SearchResult | None = None) -> list[dict]:
+    """G_eff per feature family (data.FEATURE_FAMILIES) and baseline family: each feature family's
+    features alone get a search of their own (`budget` candidates, search split only), and each
+    baseline family's best there is scored on the eval split with its bootstrap interval. The
+    effort is the search's: candidates scored until that recipe was, and the search's seconds.
+    `whole`: the search over every feature (the row `all`), when the caller has run it."""
+    rows = []
+    names = list(search_stream.features)
+    groups = [(fam.name, fam.of(names)) for fam in FEATURE_FAMILIES] + [(ALL_FEATURES, tuple(names))]
+    for group, feats in groups:
+        if not feats:
+            continue  # the log lacks this family (no embedding off the local engine, no text columns)
+        if group == ALL_FEATURES and whole is not None:
+            result = whole
+        else:
+            alone = replace(search_stream, features={f: search_stream.features[f] for f in feats})
+            result = search(alone, batch_size, budget, windows=windows, families=FRONTIER_FAMILIES, window=window)
+        best = best_by_family(result)
+        for fam in FRONTIER_FAMILIES:
+            if fam not in best:
+                continue
+            recipe = best[fam]["recipe"]
+            m = evaluate_recipe(eval_stream, recipe, batch_size, interval=True, seed=seed)
+            rows.append({"features": group, "family": fam, "recipe": recipe.label(),
+                         "eval_g_eff": m["g_eff"], "eval_g_eff_lo": m["g_eff_lo"], "eval_g_eff_hi": m["g_eff_hi"],
+                         "search_g_eff": float(best[fam]["g_eff"]), "search_tried": float(result.tried_until(recipe)),
+                         "search_candidates": float(len(result.candidates)), "search_seconds": float(result.seconds)})
+    return rows
 
 
 def reference_recipes(batch_size: int, window: int, spec_kernel: KernelRecipe) -> dict[str, KernelRecipe]:
@@ -627,8 +671,10 @@ def analyse(
     budget: int = 4000,
     spec_kernel: KernelRecipe | None = None,
     windows=None,
+    frontier: bool = True,
 ) -> HillclimbReport:
-    """Search on the search half, then report the winner and the references on the eval half."""
+    """Search on the search half, then report the winner and the references on the eval half;
+    with `frontier`, each feature family's own search too (`feature_frontier`)."""
     spec_kernel = spec_kernel or spec_recipe(window=window)
     search_stream, eval_stream = make_streams(log, seed)
     windows = tuple(windows) if windows else tuple(sorted(set(WINDOWS) | {int(window)}))
@@ -658,14 +704,10 @@ def analyse(
     arm_winner = best_arm_recipe(result, spec_kernel)
     add("winner", result.best, *both(result.best))
     add("arm_winner", arm_winner, *both(arm_winner))
-    best_by_family = {}
-    for c in result.candidates:
-        fam = c["recipe"].family
-        if fam not in best_by_family or c["g_eff"] > best_by_family[fam]["g_eff"]:
-            best_by_family[fam] = c
+    best_of = best_by_family(result)
     for fam in FAMILIES:
-        if fam in best_by_family:
-            add(f"best_{fam}", best_by_family[fam]["recipe"], *both(best_by_family[fam]["recipe"]))
+        if fam in best_of:
+            add(f"best_{fam}", best_of[fam]["recipe"], *both(best_of[fam]["recipe"]))
     for method, recipe in reference_recipes(batch_size, window, spec_kernel).items():
         add(method, recipe, *both(recipe))
     K_min = int(np.min(np.sum(~np.isnan(eval_stream.rewards_N_K), axis=1)))
@@ -687,7 +729,7 @@ def analyse(
         add(method, None, m_eval, m_search)
 
     sweep = []
-    for fam, c in best_by_family.items():
+    for fam, c in best_of.items():
         r = c["recipe"]
         if fam == "constant":
             continue
@@ -708,6 +750,8 @@ def analyse(
         summary_rows=rows,
         sweep_rows=sweep,
         n_prompts={"search": search_stream.n, "eval": eval_stream.n},
+        frontier_rows=(feature_frontier(search_stream, eval_stream, batch_size, budget, windows, window, seed, result)
+                       if frontier else []),
     )
 
 

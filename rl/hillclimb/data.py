@@ -44,6 +44,37 @@ REQUIRED_COLUMNS = ("prompt_id", "sample_idx", "reward")
 SCALAR_FEATURE_PREFIXES = ("value_", "text_")  # prompt-level float columns kept under their own name
 
 
+@dataclass(frozen=True)
+class FeatureFamily:
+    """A group of kernel features one kind of client computes at sampling time (issue 26): the
+    frontier searches each family alone. `who` says which clients can have it."""
+
+    name: str
+    names: tuple[str, ...] = ()  # features taken by exact name
+    prefixes: tuple[str, ...] = ()  # ... and by prefix
+    who: str = ""
+
+    def of(self, feature_names) -> tuple[str, ...]:
+        """This family's features among `feature_names` (a log's), in their order."""
+        return tuple(f for f in feature_names if f in self.names or f.startswith(self.prefixes))
+
+
+FEATURE_FAMILIES = (
+    FeatureFamily("length_logprob", names=("log_prompt_num_tokens", "prompt_mean_logprob"),
+                  who="any client: the prompt's length, and its logprob from one compute_logprobs call (Tinker has it); "
+                      "what the training loop logs, hence all the gs1_kernel arm runs on"),
+    FeatureFamily("text", prefixes=("text_",),
+                  who="any client, no model call: statistics of the question's text and of the env's gold answer "
+                      "(where the env has one)"),
+    FeatureFamily("value_probe", prefixes=("value_",),
+                  who="any client: compute_logprobs of the prompt plus a fixed \"easy\" answer (Tinker has it)"),
+    FeatureFamily("policy_embedding", names=(EMBEDDING,),
+                  who="the local engine only: the policy's hidden states (a Tinker sampler returns none)"),
+    FeatureFamily("question_embedding", names=(QUESTION_EMBEDDING,),
+                  who="any client: a small packaged model (SmolLM2-135M) embeds the question on the client's machine"),
+)
+
+
 @dataclass
 class RolloutLog:
     """A hill-climb log gathered per prompt (P prompts, up to K samples each)."""

@@ -13,8 +13,17 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 from matplotlib.figure import Figure  # no pyplot: no global figure state, no GUI backend
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-from rl.hillclimb.climb import HillclimbReport, KernelRecipe, TransferReport, TransferVerdict
+from rl.hillclimb.climb import (
+    ALL_FEATURES,
+    FRONTIER_FAMILIES,
+    HillclimbReport,
+    KernelRecipe,
+    TransferReport,
+    TransferVerdict,
+)
+from rl.hillclimb.data import FEATURE_FAMILIES
 from rl.hillclimb.geff import BOOT_LEVEL, BOOT_RESAMPLES
 from schemas.io import write_bytes_atomic, write_json_atomic, write_parquet_atomic, write_text_atomic
 
@@ -116,8 +125,48 @@ def summary_markdown(report: HillclimbReport) -> str:
             "",
             unrestricted_note(report),
             "",
+            frontier_markdown(report),
         ]
     )
+
+
+FRONTIER_REFERENCES = ("batch_mean", "spec_kernel", "grpo_2", "grpo_4", "grpo_8", "oracle")
+WHO = {fam.name: fam.who for fam in FEATURE_FAMILIES} | {ALL_FEATURES: "as its parts"}
+
+
+def frontier_markdown(report: HillclimbReport) -> str:
+    """The feature families' table: one row per feature family, one column per baseline family
+    (eval G_eff and its interval), the family's best, the search effort and who can compute it."""
+    if not report.frontier_rows:
+        return ""
+    by_group: dict[str, dict[str, dict]] = {}
+    for r in report.frontier_rows:
+        by_group.setdefault(r["features"], {})[r["family"]] = r
+    cols = ["features", *FRONTIER_FAMILIES, "best (eval)", "effort", "who can compute it"]
+    rows = []
+    for group, cells in by_group.items():
+        best = max(cells.values(), key=lambda r: r["search_g_eff"])  # chosen on the search split
+        any_row = next(iter(cells.values()))
+        rows.append([group, *(f"{_fmt(cells[f]['eval_g_eff'])} {_interval(cells[f]['eval_g_eff_lo'], cells[f]['eval_g_eff_hi'])}"
+                              if f in cells else "-" for f in FRONTIER_FAMILIES),
+                     f"{best['family']} {_fmt(best['eval_g_eff'])}",
+                     f"{any_row['search_candidates']:.0f} kernels, {any_row['search_seconds']:.1f} s",
+                     WHO.get(group, "")])
+    refs = {r["method"]: r for r in report.summary_rows}
+    ref_line = "; ".join(f"{m} {_fmt(refs[m]['eval_g_eff'])} {_interval(refs[m]['eval_g_eff_lo'], refs[m]['eval_g_eff_hi'])}"
+                         for m in FRONTIER_REFERENCES if m in refs)
+    return "\n".join([
+        "## Feature families (the frontier)",
+        "",
+        "Each feature family's features alone, searched on the search split with every baseline family that reads "
+        f"features; each cell is that family's best recipe on the eval split, with its {BOOT_LEVEL:.0%} bootstrap "
+        "interval over prompts. `best` is the row's pick by the search split; effort: that family's search.",
+        "",
+        _md_table(cols, rows),
+        "",
+        f"References on the same eval split: {ref_line}.",
+        "",
+    ])
 
 
 def unrestricted_note(report: HillclimbReport) -> str:
@@ -179,6 +228,7 @@ def write_hillclimb(report: HillclimbReport, out_dir: str | Path) -> dict[str, P
         "plot": out / "geff_vs_bandwidth.png",
         "kernel": out / "kernel.json",
         "unrestricted": out / "winner_unrestricted.json",
+        "frontier": out / "frontier.parquet",
     }
     write_parquet_atomic(candidates_table(report), paths["candidates"])
     write_parquet_atomic(pa.Table.from_pylist(report.summary_rows), paths["summary"])
@@ -187,6 +237,8 @@ def write_hillclimb(report: HillclimbReport, out_dir: str | Path) -> dict[str, P
     plot_sweep(report, paths["plot"])
     write_json_atomic(paths["kernel"], report.arm_winner.to_fragment())
     write_json_atomic(paths["unrestricted"], unrestricted_fragment(report))
+    write_parquet_atomic(pa.Table.from_pylist(report.frontier_rows) if report.frontier_rows else pa.table({}),
+                         paths["frontier"])
     return paths
 
 
@@ -223,6 +275,39 @@ def _verdict_lines(verdicts: list[TransferVerdict]) -> str:
     return "\n".join(f"- {v.sentence()}" for v in verdicts)
 
 
+def frontier_across(tr: TransferReport) -> str:
+    """One row per benchmark: each feature family's best G_eff on the eval split (picked on the
+    search split) with its interval, beside batch mean, GRPO-2/4/8 and the oracle."""
+    groups = list(dict.fromkeys(r["features"] for rep in tr.reports for r in rep.frontier_rows))
+    if not groups:
+        return ""
+    refs = ("batch_mean", "grpo_2", "grpo_4", "grpo_8", "oracle")
+    rows = []
+    for name, rep in zip(tr.names, tr.reports):
+        cells = []
+        for g in groups:
+            mine = [r for r in rep.frontier_rows if r["features"] == g]
+            if not mine:
+                cells.append("-")
+                continue
+            best = max(mine, key=lambda r: r["search_g_eff"])
+            cells.append(f"{_fmt(best['eval_g_eff'])} {_interval(best['eval_g_eff_lo'], best['eval_g_eff_hi'])} {best['family']}")
+        summary = {r["method"]: r for r in rep.summary_rows}
+        cells += [f"{_fmt(summary[m]['eval_g_eff'])} {_interval(summary[m]['eval_g_eff_lo'], summary[m]['eval_g_eff_hi'])}"
+                  if m in summary else "-" for m in refs]
+        rows.append([name, *cells])
+    return "\n".join([
+        "## The frontier: G_eff per feature family, beside the references",
+        "",
+        "Each cell: the feature family's best baseline (any family that reads features, picked on the search "
+        f"split) on the eval split, {BOOT_LEVEL:.0%} bootstrap interval over prompts, and its family. Per benchmark "
+        "folder: `summary.md` has every family's cell and the search effort.",
+        "",
+        _md_table(["benchmark", *groups, *refs], rows),
+        "",
+    ])
+
+
 def transfer_markdown(tr: TransferReport) -> str:
     header = ["tuned on \\ applied to"] + tr.names
     rows = [[tr.names[i]] + _with_interval(tr.g_eff, tr.g_eff_lo, tr.g_eff_hi, i) for i in range(len(tr.names))]
@@ -249,6 +334,7 @@ def transfer_markdown(tr: TransferReport) -> str:
             f"windows). In brackets: {BOOT_LEVEL:.0%} percentile bootstrap interval over the column's eval prompts. "
             "n/a: the column lacks a feature the recipe uses.",
             "",
+            frontier_across(tr),
             "## Does a kernel transfer?",
             "",
             "Per benchmark, the best other benchmark's recipe against its own, paired over its eval prompts: it "
@@ -303,16 +389,53 @@ def plot_transfer(tr: TransferReport, path: Path) -> None:
     _save_png(fig, path)
 
 
+def plot_frontier(tr: TransferReport, path: Path) -> None:
+    """Per benchmark, each feature family's best G_eff (eval split, with its interval) as points,
+    beside the batch mean and GRPO-2/4/8 as lines: how far each family climbs, and what it meets."""
+    groups = list(dict.fromkeys(r["features"] for rep in tr.reports for r in rep.frontier_rows))
+    n = len(tr.names)
+    fig = Figure(figsize=(3.2 * n, 3.8), layout="constrained")
+    axes = fig.subplots(1, n, squeeze=False)
+    for ax, name, rep in zip(axes[0], tr.names, tr.reports):
+        refs = {r["method"]: r["eval_g_eff"] for r in rep.summary_rows}
+        for k, g in enumerate(groups):
+            mine = [r for r in rep.frontier_rows if r["features"] == g]
+            if not mine:
+                continue
+            best = max(mine, key=lambda r: r["search_g_eff"])
+            y, lo, hi = best["eval_g_eff"], best["eval_g_eff_lo"], best["eval_g_eff_hi"]
+            top = hi if np.isfinite(hi) else 10 * y
+            ax.errorbar([k], [y], yerr=[[y - lo], [top - y]], fmt="o", capsize=3)
+        for method, style in (("batch_mean", "--"), ("grpo_2", ":"), ("grpo_4", ":"), ("grpo_8", ":")):
+            v = refs.get(method)
+            if v is not None and np.isfinite(v) and v > 0:
+                ax.axhline(v, ls=style, color="gray", lw=0.8)
+                ax.annotate(method, (-0.4, v), fontsize=7, color="gray", va="bottom", ha="left")
+        ax.set_xlim(-0.5, len(groups) - 0.5)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xticks(range(len(groups)), groups, rotation=40, ha="right", fontsize=7)
+        ax.set_title(name, fontsize=9)
+    axes[0][0].set_ylabel("G_eff (eval split)")
+    fig.suptitle(f"G_eff per feature family ({BOOT_LEVEL:.0%} bootstrap intervals) against batch mean and GRPO-k",
+                 fontsize=10)
+    _save_png(fig, path)
+
+
 def write_transfer(tr: TransferReport, out_dir: str | Path) -> dict[str, Path]:
     out = Path(out_dir)
     paths = {
         "transfer": out / "transfer.parquet",
         "markdown": out / "transfer.md",
         "plot": out / "transfer.png",
+        "frontier_plot": out / "frontier.png",
     }
     for name, rep in zip(tr.names, tr.reports):
         write_hillclimb(rep, out / name)
     write_parquet_atomic(pa.Table.from_pylist(transfer_rows(tr)), paths["transfer"])
     write_text_atomic(paths["markdown"], transfer_markdown(tr))
     plot_transfer(tr, paths["plot"])
+    if any(rep.frontier_rows for rep in tr.reports):
+        plot_frontier(tr, paths["frontier_plot"])
     return paths
