@@ -122,11 +122,11 @@ def units_standing(plan: RunPlan, folder: UnitsLayout) -> UnitsStanding:
     def paired(arm: str, other: str, seeds: list[int]) -> dict:
         """arm minus other, items paired within each seed and averaged over the seeds."""
         mine, theirs = units_at(arm), units_at(other)
-        record = paired_decision(seed_averaged({s: evals[mine[s]] for s in seeds}, arm),
-                                 seed_averaged({s: evals[theirs[s]] for s in seeds}, other),
+        mine_by_seed = {s: evals[mine[s]] for s in seeds}
+        theirs_by_seed = {s: evals[theirs[s]] for s in seeds}
+        record = paired_decision(seed_averaged(mine_by_seed, arm), seed_averaged(theirs_by_seed, other),
                                  alpha=plan.decision.alpha, margin=plan.decision.margin, bounds=plan.decision.bounds)
-        by_seed = mean_diff_by_seed({s: evals[mine[s]] for s in seeds}, {s: evals[theirs[s]] for s in seeds})
-        return {**record, "mean_diff_by_seed": by_seed}
+        return {**record, "mean_diff_by_seed": mean_diff_by_seed(mine_by_seed, theirs_by_seed)}
 
     def summed_cost(arm: str, seeds: list[int]) -> ArmCost:
         return ArmCost.summed(arm, [costs[units_at(arm)[s]] for s in seeds])

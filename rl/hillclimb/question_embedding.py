@@ -34,7 +34,6 @@ process, see `rl.backends.models`; later loads in the same process reuse the wei
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np

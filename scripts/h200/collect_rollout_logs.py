@@ -42,9 +42,9 @@ def main() -> int:
 
     import numpy as np
 
-    from rl.hillclimb.question_embedding import question_embedding_for
     from rl.backends import make_service_client
     from rl.hillclimb.collect import CollectSettings, run_collection, write_rollout_log
+    from rl.hillclimb.question_embedding import question_embedding_for
 
     t0 = time.perf_counter()
     service = make_service_client("local")
