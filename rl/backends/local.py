@@ -621,7 +621,7 @@ class _Base:
         the worker, through the bank as a sampling client's requests are (`mean_hidden_states`)."""
         def prompt_embedding():
             with self.bank.serving():
-                return mean_hidden_states(self.lm, prompts, self.bank, [adapter] * len(prompts))
+                return mean_hidden_states(self.lm, prompts, self.bank, adapter)
 
         return self.worker.submit(prompt_embedding)
 

@@ -933,15 +933,15 @@ def score_tokens(model, seqs: list[list[int]], pad_id: int, max_elems: int = 1 <
 
 
 @torch.no_grad()
-def mean_hidden_states(model, seqs: list[list[int]], bank=None, adapters: list | None = None) -> torch.Tensor:
+def mean_hidden_states(model, seqs: list[list[int]], bank=None, adapter=None) -> torch.Tensor:
     """Each sequence's last hidden state averaged over its own tokens, (len(seqs), d) float32 on
     the CPU: a prompt embedding. One sequence a forward, so padding never enters a mean; with a
-    `bank` (held serving), sequence k under adapter `adapters[k]`."""
+    `bank` (held serving), every sequence under `adapter` (None: the bare base), loaded once."""
     dev = next(model.parameters()).device
+    if bank is not None:
+        bank.use_rows(bank.load([adapter]))
     means = []
-    for k, seq in enumerate(seqs):
-        if bank is not None:
-            bank.use_rows(bank.load([adapters[k] if adapters else None]))
+    for seq in seqs:
         h = model(input_ids=torch.tensor([seq], device=dev), output_hidden_states=True).hidden_states[-1][0]
         means.append(h.float().mean(dim=0))
     return torch.stack(means).cpu()

@@ -134,27 +134,45 @@ FRONTIER_REFERENCES = ("batch_mean", "spec_kernel", "grpo_2", "grpo_4", "grpo_8"
 WHO = {fam.name: fam.who for fam in FEATURE_FAMILIES} | {ALL_FEATURES: "as its parts"}
 
 
+def _eval_cell(row: dict) -> str:
+    """A row's eval-split G_eff with its bootstrap interval (frontier and reference rows alike)."""
+    return f"{_fmt(row['eval_g_eff'])} {_interval(row['eval_g_eff_lo'], row['eval_g_eff_hi'])}"
+
+
+def frontier_by_group(report: HillclimbReport) -> dict[str, dict[str, dict]]:
+    """The frontier rows as {feature family: {baseline family: row}}, in the search's order."""
+    groups: dict[str, dict[str, dict]] = {}
+    for r in report.frontier_rows:
+        groups.setdefault(r["features"], {})[r["family"]] = r
+    return groups
+
+
+def frontier_best(cells: dict[str, dict]) -> dict:
+    """A feature family's pick among its baseline families: the highest search-split G_eff."""
+    return max(cells.values(), key=lambda r: r["search_g_eff"])
+
+
+def frontier_groups(tr: TransferReport) -> list[str]:
+    """Every feature family any benchmark's frontier has, in first-seen order (the across-benchmark columns)."""
+    return list(dict.fromkeys(r["features"] for rep in tr.reports for r in rep.frontier_rows))
+
+
 def frontier_markdown(report: HillclimbReport) -> str:
     """The feature families' table: one row per feature family, one column per baseline family
     (eval G_eff and its interval), the family's best, the search effort and who can compute it."""
     if not report.frontier_rows:
         return ""
-    by_group: dict[str, dict[str, dict]] = {}
-    for r in report.frontier_rows:
-        by_group.setdefault(r["features"], {})[r["family"]] = r
     cols = ["features", *FRONTIER_FAMILIES, "best (eval)", "effort", "who can compute it"]
     rows = []
-    for group, cells in by_group.items():
-        best = max(cells.values(), key=lambda r: r["search_g_eff"])  # chosen on the search split
+    for group, cells in frontier_by_group(report).items():
+        best = frontier_best(cells)
         any_row = next(iter(cells.values()))
-        rows.append([group, *(f"{_fmt(cells[f]['eval_g_eff'])} {_interval(cells[f]['eval_g_eff_lo'], cells[f]['eval_g_eff_hi'])}"
-                              if f in cells else "-" for f in FRONTIER_FAMILIES),
+        rows.append([group, *(_eval_cell(cells[f]) if f in cells else "-" for f in FRONTIER_FAMILIES),
                      f"{best['family']} {_fmt(best['eval_g_eff'])}",
                      f"{any_row['search_candidates']:.0f} kernels, {any_row['search_seconds']:.1f} s",
                      WHO.get(group, "")])
     refs = {r["method"]: r for r in report.summary_rows}
-    ref_line = "; ".join(f"{m} {_fmt(refs[m]['eval_g_eff'])} {_interval(refs[m]['eval_g_eff_lo'], refs[m]['eval_g_eff_hi'])}"
-                         for m in FRONTIER_REFERENCES if m in refs)
+    ref_line = "; ".join(f"{m} {_eval_cell(refs[m])}" for m in FRONTIER_REFERENCES if m in refs)
     return "\n".join([
         "## Feature families (the frontier)",
         "",
@@ -278,24 +296,22 @@ def _verdict_lines(verdicts: list[TransferVerdict]) -> str:
 def frontier_across(tr: TransferReport) -> str:
     """One row per benchmark: each feature family's best G_eff on the eval split (picked on the
     search split) with its interval, beside batch mean, GRPO-2/4/8 and the oracle."""
-    groups = list(dict.fromkeys(r["features"] for rep in tr.reports for r in rep.frontier_rows))
+    groups = frontier_groups(tr)
     if not groups:
         return ""
     refs = ("batch_mean", "grpo_2", "grpo_4", "grpo_8", "oracle")
+    def best_cell(by_group: dict[str, dict[str, dict]], group: str) -> str:
+        if group not in by_group:
+            return "-"
+        best = frontier_best(by_group[group])
+        return f"{_eval_cell(best)} {best['family']}"
+
     rows = []
     for name, rep in zip(tr.names, tr.reports):
-        cells = []
-        for g in groups:
-            mine = [r for r in rep.frontier_rows if r["features"] == g]
-            if not mine:
-                cells.append("-")
-                continue
-            best = max(mine, key=lambda r: r["search_g_eff"])
-            cells.append(f"{_fmt(best['eval_g_eff'])} {_interval(best['eval_g_eff_lo'], best['eval_g_eff_hi'])} {best['family']}")
+        by_group = frontier_by_group(rep)
         summary = {r["method"]: r for r in rep.summary_rows}
-        cells += [f"{_fmt(summary[m]['eval_g_eff'])} {_interval(summary[m]['eval_g_eff_lo'], summary[m]['eval_g_eff_hi'])}"
-                  if m in summary else "-" for m in refs]
-        rows.append([name, *cells])
+        rows.append([name, *(best_cell(by_group, g) for g in groups),
+                     *(_eval_cell(summary[m]) if m in summary else "-" for m in refs)])
     return "\n".join([
         "## The frontier: G_eff per feature family, beside the references",
         "",
@@ -392,17 +408,17 @@ def plot_transfer(tr: TransferReport, path: Path) -> None:
 def plot_frontier(tr: TransferReport, path: Path) -> None:
     """Per benchmark, each feature family's best G_eff (eval split, with its interval) as points,
     beside the batch mean and GRPO-2/4/8 as lines: how far each family climbs, and what it meets."""
-    groups = list(dict.fromkeys(r["features"] for rep in tr.reports for r in rep.frontier_rows))
+    groups = frontier_groups(tr)
     n = len(tr.names)
     fig = Figure(figsize=(3.2 * n, 3.8), layout="constrained")
     axes = fig.subplots(1, n, squeeze=False)
     for ax, name, rep in zip(axes[0], tr.names, tr.reports):
         refs = {r["method"]: r["eval_g_eff"] for r in rep.summary_rows}
+        by_group = frontier_by_group(rep)
         for k, g in enumerate(groups):
-            mine = [r for r in rep.frontier_rows if r["features"] == g]
-            if not mine:
+            if g not in by_group:
                 continue
-            best = max(mine, key=lambda r: r["search_g_eff"])
+            best = frontier_best(by_group[g])
             y, lo, hi = best["eval_g_eff"], best["eval_g_eff_lo"], best["eval_g_eff_hi"]
             top = hi if np.isfinite(hi) else 10 * y
             ax.errorbar([k], [y], yerr=[[y - lo], [top - y]], fmt="o", capsize=3)

