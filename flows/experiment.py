@@ -101,7 +101,8 @@ def _stages(spec_path: str, layout: RunLayout, backend: str, data_dir: str | Non
     every_unit = plan.units()
     units = plan.selected_units(only)
     many = {"units": {u.unit: u.name for u in every_unit}} if len(every_unit) > 2 else {}  # two arms: projected as always
-    feasibility(pilot.timings, plan.steps, plan.n_eval, plan.budget, backend, layout, **many)
+    feasibility(pilot.timings, plan.steps, plan.n_eval, plan.budget, backend, layout, decision=plan.decision,
+                seeds=len(plan.seeds), **many)
 
     if dispatch:
         trained, evals = dispatched_units(dispatch, units, run, plan.n_eval, layout, backend, data_dir)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from rl.rules import DEFAULT_METHOD, Rule, rule_for
 from schemas.arm import ArmConfig
 from schemas.artifacts import read_artifact
 from schemas.cost import ArmCost
@@ -138,6 +139,7 @@ class Comparison(_Record):
     verdict: str
     n: int
     seeds: int = 1
+    method: str | None = None  # None: a decision from before rules were named (the default rule)
     mean_diff: float
     lower: float
     upper: float
@@ -169,6 +171,7 @@ class Decision(_Record):
     upper: float
     alpha: float
     margin: float
+    method: str | None = None  # the rule; None: a decision from before rules were named
     treatment: str | None = None
     baseline: str | None = None
     treatment_mean: float | None = None
@@ -178,7 +181,7 @@ class Decision(_Record):
     bootstrap_ci: BootstrapCI | None = None
     mcnemar_p: float | None = None
     mcnemar: McNemar | None = None
-    min_noninferior_true_diff: float | None = None
+    noninferior_threshold: float | None = None
     family: Family | None = None
     seeds: tuple[int, ...] = ()
     comparisons: tuple[Comparison, ...] = ()
@@ -187,6 +190,12 @@ class Decision(_Record):
     holm_level: float | None = None
     holm_lower: float | None = None
     holm_upper: float | None = None
+
+    @property
+    def rule(self) -> Rule:
+        """The rule that read it (`rl.rules`): a decision from before rules were named was the
+        user's pre-registered one."""
+        return rule_for(self.method or DEFAULT_METHOD)
 
 
 class Feasibility(_Record):

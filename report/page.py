@@ -15,6 +15,7 @@ from schemas.cost import ArmCost
 from report.palette import PENDING_COLOUR, STOPPED_COLOUR, verdict_colour
 from report.plots import RenderedPlot
 from report.status import Status, StageStatus, stopping_gate
+from rl.rules import rule_for
 from schemas.gate_text import fmt, is_gate_failure
 
 # Stage status -> (badge text, CSS class in report.css)
@@ -85,7 +86,7 @@ ARM_COLUMNS = (
 @dataclass(frozen=True)
 class ComparisonRow:
     """One arm in the comparison table: accuracy, its paired difference from the baseline with the
-    Hoeffding bounds, the verdict, and its training cost relative to the baseline's."""
+    rule's bounds, the verdict, and its training cost relative to the baseline's."""
 
     arm: str
     role: str
@@ -107,7 +108,7 @@ COMPARISON_COLUMNS = (
     ("role", "role"),
     ("accuracy", "accuracy"),
     ("difference vs baseline", "difference"),
-    ("paired Hoeffding bounds", "interval"),
+    ("the rule's bounds", "interval"),
     ("Holm p (noninferior)", "holm_p"),
     ("verdict", "verdict"),
     ("wall time", "wall"),
@@ -227,7 +228,7 @@ def headline(data: RunData, statuses: list[StageStatus]) -> Headline:
         return Headline(
             d.verdict.upper(), verdict_colour(d.verdict),
             f"{d.treatment} − {d.baseline} accuracy: mean difference {d.mean_diff:+.4f}; {how} "
-            f"(paired Hoeffding, n={d.n}, α={d.alpha:g}).",
+            f"({d.rule.method}, n={d.n}, α={d.alpha:g}).",
         )
     stop = stopping_gate(data)
     if stop:
@@ -253,7 +254,8 @@ def decision_lines(d: Decision) -> list[tuple[str, str]]:
     """The decision's numbers, each with a one-line explanation."""
     lines = [
         ("mean difference", f"{d.mean_diff:+.4f}: mean over {d.n} paired eval items of (treatment correct − baseline correct)"),
-        ("Hoeffding bounds", f"[{d.lower:+.4f}, {d.upper:+.4f}]: one-sided bounds at α={d.alpha:g} each; the lower one decides noninferiority"),
+        (d.rule.bounds_name, f"[{d.lower:+.4f}, {d.upper:+.4f}]: one-sided bounds at α={d.alpha:g} each ({d.rule.method}: "
+                             f"{d.rule.summary}); they cover {d.rule.covers}"),
         ("margin", f"{d.margin:+.4f}: the pre-registered noninferiority margin"),
         ("n", f"{d.n} eval items answered by both arms"),
     ]
@@ -264,7 +266,7 @@ def decision_lines(d: Decision) -> list[tuple[str, str]]:
         confidence = boot.confidence if boot and boot.confidence is not None else 1 - 2 * d.alpha
         resamples = boot.n_resamples if boot and boot.n_resamples is not None else "n/a"
         lines.append(("bootstrap CI", f"[{d.bootstrap_lower:+.4f}, {d.bootstrap_upper:+.4f}]: percentile CI at {confidence:.0%} "
-                      f"from {resamples} paired resamples; descriptive, tighter than Hoeffding, does not decide"))
+                      f"from {resamples} paired resamples over items; descriptive, does not decide"))
     if d.mcnemar_p is not None:
         mc = d.mcnemar
         b, c, n = (("?" if v is None else v) for v in ((mc.b, mc.c, mc.n_discordant) if mc else (None, None, None)))
@@ -276,8 +278,9 @@ def decision_lines(d: Decision) -> list[tuple[str, str]]:
                       f"[{d.holm_lower:+.4f}, {d.holm_upper:+.4f}]; the verdict is Holm's"))
     if d.seeds and len(d.seeds) > 1:
         lines.append(("seeds", f"{', '.join(map(str, d.seeds))}: each item's difference is paired within a seed and averaged over seeds"))
-    if d.min_noninferior_true_diff is not None:
-        lines.append(("smallest detectable", f"{d.min_noninferior_true_diff:+.4f}: the smallest true difference this rule can call noninferior at n={d.n} (margin + Hoeffding radius)"))
+    if d.noninferior_threshold is not None:
+        lines.append(("smallest detectable", f"{d.noninferior_threshold:+.4f}: the smallest observed difference the rule calls "
+                      f"noninferior at n={d.n}" + (" (at the pre-registered between-seed spread)" if d.rule.seed_aware else "")))
     return lines
 
 
@@ -312,9 +315,12 @@ def spec_facts(data: RunData) -> list[tuple[str, str]]:
         ("environment", str(run.env)),
         ("treatment vs baseline", f"{run.treatment} vs {run.baseline}"),
         ("eval items", fmt(plan.n_eval)),
-        ("decision rule", f"{rule.method}: noninferior when the one-sided lower bound at α={fmt(rule.alpha)} exceeds the margin {fmt(rule.margin)}"),
+        ("decision rule", f"{rule.method} at α={fmt(rule.alpha)}, margin {fmt(rule.margin)}: {rule_for(rule.method).summary}"),
         ("budget", f"{fmt(budget.max_wall_minutes)} wall minutes, {fmt(budget.gpu_hours)} GPU hours"),
     ]
+    power = plan.power_reading()
+    if power is not None:  # the feasibility stage records the same reading (feasibility.json's `power`)
+        facts.append(("power (before any GPU time)", power.summary()))
     if data.spec.hypothesis:
         facts.append(("hypothesis", data.spec.hypothesis))
     return facts
@@ -364,8 +370,9 @@ def comparison_view(data: RunData) -> ComparisonView:
         ))
     seeds = len(data.plan.seeds)
     note = (f"Accuracy: mean over {seeds} seed(s). Difference: the arm minus {baseline}, paired within each seed over the "
-            f"same eval items and averaged over seeds, with one-sided Hoeffding bounds at α={fmt(data.plan.decision.alpha)} "
-            "each. Costs: the arm's training (every seed) divided by the baseline's.")
+            f"same eval items, with the one-sided {rule_for(data.plan.decision.method).bounds_name} at "
+            f"α={fmt(data.plan.decision.alpha)} each (rule {data.plan.decision.method}). Costs: the arm's training "
+            "(every seed) divided by the baseline's.")
     if d and d.family:
         note += f" {d.family.statement}"
     costs = tuple(

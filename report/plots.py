@@ -22,6 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, MultipleLocator
 
 from report.model import KERNEL_P10_METRIC, ArmLogs, RunData
+from rl.rules import DEFAULT_METHOD, rule_for
 from report.palette import PENDING_COLOUR, STOPPED_COLOUR, arm_colour, colour_for, verdict_colour
 from report.status import steps_text
 from report.units_model import UnitsStanding, seeds_text
@@ -208,14 +209,14 @@ def plot_eval_accuracy(data: RunData) -> tuple[Figure | None, str]:
         colour = verdict_colour(verdict)
         lower, upper, mean, margin = d.lower, d.upper, d.mean_diff, d.margin
         ax.errorbar([mean], [1], xerr=[[mean - lower], [upper - mean]], fmt="o", color=colour, capsize=6,
-                    linewidth=2.5, markersize=8, label=f"mean diff {mean:+.3f}, Hoeffding [{lower:+.3f}, {upper:+.3f}]")
+                    linewidth=2.5, markersize=8, label=f"mean diff {mean:+.3f}, {d.rule.bounds_name} [{lower:+.3f}, {upper:+.3f}]")
         boot_lo, boot_hi = d.bootstrap_lower, d.bootstrap_upper
         if boot_lo is not None and boot_hi is not None:
             ax.errorbar([mean], [0], xerr=[[mean - boot_lo], [boot_hi - mean]], fmt="o", color="#8c959f", capsize=4,
                         linewidth=1.5, markersize=5, label=f"bootstrap {1 - 2 * d.alpha:.0%} CI [{boot_lo:+.3f}, {boot_hi:+.3f}] (descriptive)")
         ax.axvline(margin, color=STOPPED_COLOUR, linestyle="--", linewidth=1.5, label=f"noninferiority margin {margin:+.3f}")
         ax.axvline(0.0, color="#57606a", linewidth=0.8)
-        ax.set_yticks([0, 1], ["bootstrap", "Hoeffding\n(decides)"])
+        ax.set_yticks([0, 1], ["bootstrap", f"{d.rule.method}\n(decides)"])
         ax.set_ylim(-0.8, 1.8)
         ax.set_xlabel(f"accuracy difference {d.treatment or 'treatment'} − {d.baseline or 'baseline'}  (n={d.n} paired items)")
         ax.set_title(f"Paired difference, α={d.alpha:g} each side: {verdict.upper()}", color=colour, fontweight="bold")
@@ -341,6 +342,11 @@ def plot_units_accuracy(standing: UnitsStanding) -> tuple[Figure | None, str]:
         p = a.pair
         final = p["verdict"] != "interim"
         colour = verdict_colour(p["verdict"]) if final else PENDING_COLOUR
+        if p.get("lower") is None:  # interim, and the rule cannot read that few seeds: the point alone
+            diff_ax.plot([p["mean_diff"]], [y], "o", color=colour, markersize=6)
+            diff_ax.annotate(f"{p['mean_diff']:+.3f} (no bounds yet)", (p["mean_diff"], y), xytext=(6, 0),
+                             textcoords="offset points", va="center", fontsize=8)
+            continue
         diff_ax.errorbar([p["mean_diff"]], [y], xerr=[[p["mean_diff"] - p["lower"]], [p["upper"] - p["mean_diff"]]], fmt="o",
                          color=colour, capsize=5, linewidth=2, markersize=6)
         diff_ax.annotate(f"{p['mean_diff']:+.3f} [{p['lower']:+.3f}, {p['upper']:+.3f}]"
@@ -349,9 +355,10 @@ def plot_units_accuracy(standing: UnitsStanding) -> tuple[Figure | None, str]:
     diff_ax.set_yticks(range(len(paired)), [f"{a.arm}\n({seeds_text(a.common_seeds)})" for a in reversed(paired)])
     diff_ax.axvline(margin, color=STOPPED_COLOUR, linestyle="--", linewidth=1.5, label=f"noninferiority margin {margin:+.3f}")
     diff_ax.axvline(0.0, color="#57606a", linewidth=0.8)
-    width = max(max(abs(a.pair["lower"]), abs(a.pair["upper"])) for a in paired)
+    width = max(abs(v) for a in paired for v in (a.pair["lower"], a.pair["upper"], a.pair["mean_diff"], margin)
+                if v is not None)
     diff_ax.set_xlim(-width - 0.02, width + 0.09)
-    diff_ax.set_xlabel(f"arm − {baseline}, paired items (bars: Hoeffding bounds)")
+    diff_ax.set_xlabel(f"arm − {baseline}, paired items (bars: {rule_for(paired[0].pair.get('method') or DEFAULT_METHOD).bounds_name})")
     final = paired[0].pair["verdict"] != "interim"
     diff_ax.set_title(f"Against {baseline}: " + ("Holm's verdicts" if final else "interim, unadjusted (grey)"))
     diff_ax.grid(axis="y", visible=False)
@@ -450,14 +457,14 @@ PLOT_SPECS: tuple[PlotSpec, ...] = (
     PlotSpec("reward_per_step", "Training reward per step", "Mean training reward of each step's rollouts, per arm. Both arms see the same number of rollouts per step.", plot_reward_per_step),
     PlotSpec("advantage_baseline", "Advantage and baseline distributions", "Per-rollout advantage A = r − b and baseline b. GRPO's baseline is the group mean; GS1's is the kernel-weighted mean reward of other prompts' rollouts in the window.", plot_advantage_baseline),
     PlotSpec("effective_neighbours", "Kernel effective neighbours", "How many other rollouts the GS1 kernel baseline effectively averages over, (Σw)²/Σw² (at most the window size − 1). The activation gate needs its 10th percentile over the pilot's rollouts at or above the red line.", plot_effective_neighbours),
-    PlotSpec("eval_accuracy", "Eval accuracy and the paired decision", "Left: greedy eval accuracy per arm. Right: the paired difference with its one-sided Hoeffding bounds; noninferior when the lower bound is above the margin, inferior when the upper bound is below it, else inconclusive.", plot_eval_accuracy),
+    PlotSpec("eval_accuracy", "Eval accuracy and the paired decision", "Left: greedy eval accuracy per arm. Right: the paired difference with the rule's one-sided bounds; noninferior when the lower bound is above the margin, inferior when the upper bound is below it, else inconclusive.", plot_eval_accuracy),
     PlotSpec("wall_time", "Wall time per stage", "Measured wall time per stage and arm, summed over its steps (model setup from the pilot's timings; eval time is not logged). When the feasibility stage ran: its projection of the full run from the pilot (arms in parallel, plus a recovery reserve), against the wall budget.", plot_wall_time),
 )
 PLOTS = [p.name for p in PLOT_SPECS]
 
 
 UNITS_PLOT_SPECS: tuple[PlotSpec, ...] = (
-    PlotSpec("units_accuracy", "Accuracy and the paired differences", "Left: greedy eval accuracy per arm, the mean over its seeds in the folder (dots: each seed). Right: each arm minus the baseline on the same items, paired within the seeds both have and averaged over them, with its one-sided Hoeffding bounds; grey while interim (unadjusted, units missing), the verdict's colour once Holm's decision is made.", plot_units_accuracy),
+    PlotSpec("units_accuracy", "Accuracy and the paired differences", "Left: greedy eval accuracy per arm, the mean over its seeds in the folder (dots: each seed). Right: each arm minus the baseline on the same items, paired within the seeds both have, with the rule's one-sided bounds (none while the rule cannot read that few seeds); grey while interim (unadjusted, units missing), the verdict's colour once Holm's decision is made.", plot_units_accuracy),
     PlotSpec("units_reward", "Training reward per step", "Each unit's mean training reward per step (64 rollouts a step in every arm), one panel per seed (its arms saw the same prompts in the same order).", plot_units_reward),
     PlotSpec("units_cost", "Cost relative to the baseline", "Each arm's training cost over the seeds it shares with the baseline, divided by the baseline's over the same seeds: sampler tokens, trainer tokens (a critic's value model included), model calls, and wall time where the two trained side by side.", plot_units_cost),
 )

@@ -1,13 +1,10 @@
-"""Paired statistics for the decision (float64 numpy, pure functions).
+"""The decision's statistics around the rule (float64 numpy, pure functions).
 
-Primary: the paired Hoeffding rule pinned in DESIGN.md. For outcomes in bounds (lo, hi) the paired
-differences D_i = treatment_i - baseline_i lie in [-(hi - lo), hi - lo], and Hoeffding gives the
-one-sided radius (hi - lo) * sqrt(2 ln(1/alpha) / n); for 0/1 accuracy that is the pinned
-`mean(D) - sqrt(2 ln(1/alpha) / n)`.
-
-Secondary reports (never the decision): exact McNemar on the discordant pairs, a seeded paired
-bootstrap CI of the mean difference, and the smallest true difference the Hoeffding rule can call
-noninferior at this n.
+The verdict is the spec's rule's (`rl.rules`: one module per `decision_rule.method`); here is what
+every rule shares: reading eval files, pairing items within seeds, Holm's step-down over the
+compared arms, and the secondary reports beside any verdict (never the decision): exact McNemar on
+the discordant pairs, a seeded paired bootstrap CI of the mean difference over items, and the
+smallest observed difference the rule would call noninferior at this n.
 """
 
 from __future__ import annotations
@@ -20,9 +17,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from rl.rules.base import RuleSettings, SeededPairs
+from rl.rules.power import PowerDesign
+from rl.rules.registry import DEFAULT_METHOD, rule_for
 from schemas.errors import EvalDataError
-
-VERDICTS = ("noninferior", "inferior", "inconclusive")
 
 
 def _paired(treatment_R, baseline_R, bounds=None) -> tuple[np.ndarray, np.ndarray]:
@@ -39,61 +37,6 @@ def _paired(treatment_R, baseline_R, bounds=None) -> tuple[np.ndarray, np.ndarra
         if np.any((treatment_R < lo) | (treatment_R > hi) | (baseline_R < lo) | (baseline_R > hi)):
             raise ValueError(f"outcomes must lie within bounds [{lo}, {hi}]")
     return treatment_R, baseline_R
-
-
-def _range(bounds) -> float:
-    lo, hi = (float(b) for b in bounds)
-    if not hi > lo:
-        raise ValueError(f"bounds must be (lo, hi) with hi > lo, got {bounds}")
-    return hi - lo
-
-
-def _check_alpha(alpha: float) -> None:
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-
-
-def hoeffding_radius(n: int, alpha: float, bounds=(0.0, 1.0)) -> float:
-    """(hi - lo) * sqrt(2 ln(1/alpha) / n): the one-sided Hoeffding radius of a mean of n paired
-    differences in [-(hi - lo), hi - lo]."""
-    _check_alpha(alpha)
-    if n < 1:
-        raise ValueError("n must be >= 1")
-    return _range(bounds) * math.sqrt(2.0 * math.log(1.0 / alpha) / n)
-
-
-def paired_hoeffding(treatment_R, baseline_R, *, alpha: float, margin: float, bounds=(0.0, 1.0)) -> dict:
-    """The pinned decision rule on paired outcomes.
-
-    noninferior when lower = mean(D) - radius > margin; inferior when upper = mean(D) + radius
-    < margin; otherwise inconclusive.
-    """
-    treatment_R, baseline_R = _paired(treatment_R, baseline_R, bounds)
-    n = treatment_R.size
-    mean_diff = float(np.mean(treatment_R - baseline_R))
-    radius = hoeffding_radius(n, alpha, bounds)
-    lower, upper = mean_diff - radius, mean_diff + radius
-    if lower > margin:
-        verdict = "noninferior"
-    elif upper < margin:
-        verdict = "inferior"
-    else:
-        verdict = "inconclusive"
-    return {
-        "n": int(n),
-        "mean_diff": mean_diff,
-        "lower": lower,
-        "upper": upper,
-        "alpha": float(alpha),
-        "margin": float(margin),
-        "verdict": verdict,
-    }
-
-
-def min_noninferior_true_diff(n: int, alpha: float, margin: float, bounds=(0.0, 1.0)) -> float:
-    """The smallest true mean difference the Hoeffding rule can call noninferior at this n:
-    margin + radius (an observed mean difference above it is needed for lower > margin)."""
-    return float(margin) + hoeffding_radius(n, alpha, bounds)
 
 
 def mcnemar_exact(treatment_R, baseline_R) -> dict:
@@ -224,27 +167,19 @@ def paired_outcomes(treatment: dict, baseline: dict) -> tuple[list[str], np.ndar
     )
 
 
-def paired_decision(treatment, baseline, *, alpha: float, margin: float, bounds=(0.0, 1.0), n_resamples: int = 10_000, seed: int = 0) -> dict:
-    """The decision record for two arms' eval results (paths to eval files, or item -> outcome maps).
+def _settings(rule: RuleSettings | None) -> RuleSettings:
+    return rule if rule is not None else rule_for(DEFAULT_METHOD).settings()
 
-    The paired Hoeffding rule decides (n, mean_diff, lower, upper, alpha, margin, verdict); the
-    rest is descriptive: arm means, exact McNemar, a paired bootstrap CI at confidence 1 - 2 alpha
-    (its low end is a one-sided level-alpha bound, comparable with `lower`), and the smallest true
-    difference the rule can call noninferior at this n. Flat keys follow the `decision` artifact's
-    columns (paired_t_* are not computed: None); `mcnemar` and `bootstrap_ci` hold the full reports.
-    """
-    if not isinstance(treatment, dict):
-        treatment = read_eval_items(treatment)
-    if not isinstance(baseline, dict):
-        baseline = read_eval_items(baseline)
-    _, treatment_R, baseline_R = paired_outcomes(treatment, baseline)
-    record = paired_hoeffding(treatment_R, baseline_R, alpha=alpha, margin=margin, bounds=bounds)
+
+def describe_pair(treatment_R: np.ndarray, baseline_R: np.ndarray, *, alpha: float, n_resamples: int = 10_000,
+                  seed: int = 0) -> dict:
+    """The descriptive numbers beside any verdict, over items (outcomes averaged over the seeds):
+    arm means, exact McNemar (0/1 outcomes), and a paired bootstrap CI at confidence 1 - 2 alpha
+    (its low end a one-sided level-alpha bound over items)."""
     binary = bool(np.all(np.isin(treatment_R, (0.0, 1.0)) & np.isin(baseline_R, (0.0, 1.0))))
     mcnemar = mcnemar_exact(treatment_R, baseline_R) if binary else None
     bootstrap = paired_bootstrap_ci(treatment_R, baseline_R, confidence=1.0 - 2.0 * alpha, n_resamples=n_resamples, seed=seed)
     return {
-        **record,
-        "bounds": [float(b) for b in bounds],
         "treatment_mean": float(treatment_R.mean()),
         "baseline_mean": float(baseline_R.mean()),
         "paired_t_lower": None,
@@ -254,26 +189,41 @@ def paired_decision(treatment, baseline, *, alpha: float, margin: float, bounds=
         "mcnemar_p": None if mcnemar is None else mcnemar["p_value"],
         "mcnemar": mcnemar,
         "bootstrap_ci": bootstrap,
-        "min_noninferior_true_diff": min_noninferior_true_diff(len(treatment_R), alpha, margin, bounds),
     }
 
 
+def read_pairs(pairs: SeededPairs, *, alpha: float, margin: float, bounds=(0.0, 1.0), rule: RuleSettings | None = None,
+               design: PowerDesign | None = None, n_resamples: int = 10_000, seed: int = 0) -> dict:
+    """The decision record of one pair of arms: the rule's reading (method, n, mean_diff, lower, upper,
+    p-values, verdict, its own details), the descriptive reports over items, and the smallest observed
+    difference the rule would call noninferior here (at `design`'s spread for a seed-aware rule)."""
+    settings = _settings(rule)
+    the_rule = rule_for(settings.method)
+    reading = the_rule.read(pairs, alpha=alpha, margin=margin, bounds=bounds, settings=settings)
+    treatment_R, baseline_R = pairs.seed_averaged()
+    design = design or PowerDesign(n_eval=pairs.n)
+    threshold, _ = the_rule.observed_thresholds(design, pairs.n, pairs.n_seeds, alpha, margin, bounds, settings)
+    return {**reading.record(), "bounds": [float(b) for b in bounds],
+            **describe_pair(treatment_R, baseline_R, alpha=alpha, n_resamples=n_resamples, seed=seed),
+            "noninferior_threshold": threshold}
+
+
+def paired_decision(treatment, baseline, *, alpha: float, margin: float, bounds=(0.0, 1.0), rule: RuleSettings | None = None,
+                    design: PowerDesign | None = None, n_resamples: int = 10_000, seed: int = 0) -> dict:
+    """The decision record for two arms' eval results at one seed (paths to eval files, or item ->
+    outcome maps), under `rule` (default: the user's pre-registered rule). Flat keys follow the
+    `decision` artifact's columns; `mcnemar` and `bootstrap_ci` hold the full reports."""
+    if not isinstance(treatment, dict):
+        treatment = read_eval_items(treatment)
+    if not isinstance(baseline, dict):
+        baseline = read_eval_items(baseline)
+    paired_outcomes(treatment, baseline)  # the item sets must agree (the error names both sides)
+    pairs = SeededPairs.of({0: treatment}, {0: baseline})
+    return read_pairs(pairs, alpha=alpha, margin=margin, bounds=bounds, rule=rule, design=design,
+                      n_resamples=n_resamples, seed=seed)
+
+
 # ------------------------------------------------------------- many arms, one baseline, several seeds
-
-
-def hoeffding_p_value(mean_diff: float, n: int, margin: float, bounds=(0.0, 1.0), *, side: str = "noninferior") -> float:
-    """The one-sided Hoeffding p-value matching `paired_hoeffding`'s bounds: for side
-    "noninferior", of H0: true difference <= margin, exp(-n (mean_diff - margin)^2 / (2 (hi - lo)^2))
-    when mean_diff > margin, else 1; for "inferior", of H0: difference >= margin (mirrored).
-    `lower > margin` at level alpha exactly when this p-value is below alpha."""
-    if n < 1:
-        raise ValueError("n must be >= 1")
-    gap = (mean_diff - margin) if side == "noninferior" else (margin - mean_diff)
-    if side not in ("noninferior", "inferior"):
-        raise ValueError(f"side must be noninferior or inferior, got {side!r}")
-    if gap <= 0:
-        return 1.0
-    return float(math.exp(-n * gap * gap / (2.0 * _range(bounds) ** 2)))
 
 
 def holm_adjust(p_values) -> list[float]:
@@ -308,65 +258,49 @@ def mean_diff_by_seed(treatment: dict[int, dict[str, float]], baseline: dict[int
     return by_seed
 
 
-def seed_averaged(by_seed: dict[int, dict[str, float]], arm: str) -> dict[str, float]:
-    """item -> the item's outcome averaged over the seeds (every seed must hold the same items).
-
-    Differences are paired within a seed (the same item, both arms trained at that seed) and then
-    averaged over seeds per item: the items stay the independent units Hoeffding needs, and the
-    average of per-seed outcomes stays within the metric's bounds."""
-    if not by_seed:
-        raise EvalDataError(f"{arm}: no seed has eval results")
-    seeds = sorted(by_seed)
-    items = by_seed[seeds[0]]
-    for s in seeds[1:]:
-        if by_seed[s].keys() != items.keys():
-            raise EvalDataError(f"{arm}: seed {s} holds other eval items than seed {seeds[0]}")
-    return {i: float(np.mean([by_seed[s][i] for s in seeds])) for i in items}
+def _loaded(by_seed: dict[int, object]) -> dict[int, dict[str, float]]:
+    return {s: (v if isinstance(v, dict) else read_eval_items(v)) for s, v in by_seed.items()}
 
 
 def family_decision(compared: dict[str, dict[int, object]], baseline: dict[int, object], *, alpha: float, margin: float,
-                    bounds=(0.0, 1.0), n_resamples: int = 10_000, seed: int = 0) -> dict:
-    """Every compared arm against one baseline, the family-wise error controlled by Holm.
+                    bounds=(0.0, 1.0), rule: RuleSettings | None = None, design: PowerDesign | None = None,
+                    n_resamples: int = 10_000, seed: int = 0) -> dict:
+    """Every compared arm against one baseline under `rule`, the family-wise error held by Holm.
 
     `compared`: arm -> seed -> eval results (a path or an item -> outcome map); `baseline`: seed ->
-    eval results. Each arm is paired with the baseline on the same items within each seed, and the
-    per-item differences averaged over seeds; `paired_decision` gives its Hoeffding bounds (at the
-    unadjusted alpha) and descriptive statistics. The verdicts come from the Holm-adjusted Hoeffding
-    p-values over the m compared arms: noninferior when the adjusted p of H0 (difference <= margin)
-    is <= alpha, inferior when that of H0 (difference >= margin) is, else inconclusive; each of the
-    two one-sided families is held at alpha, as the single-pair rule holds each side at alpha.
+    eval results. Each arm is paired with the baseline on the same items within each seed
+    (`SeededPairs`); the rule reads the pairs (bounds at the unadjusted alpha, one-sided p-values),
+    `describe_pair` adds the descriptive reports over the seed-averaged items. The verdicts come
+    from the Holm-adjusted p-values over the m compared arms: noninferior when the adjusted p of H0
+    (difference <= margin) is <= alpha, inferior when that of H0 (difference >= margin) is, else
+    inconclusive; each of the two one-sided families is held at alpha, as a single pair holds each
+    side at alpha. `holm_lower`/`holm_upper` are the rule's bounds at the level Holm tests the arm at.
     """
-    def outcomes(by_seed, arm):
-        return seed_averaged({s: (v if isinstance(v, dict) else read_eval_items(v)) for s, v in by_seed.items()}, arm)
-
     if not compared:
         raise ValueError("no arm to compare with the baseline")
-    base_seeds = sorted(baseline)
-    base = outcomes(baseline, "baseline")
-    base_by_seed = {s: (v if isinstance(v, dict) else read_eval_items(v)) for s, v in baseline.items()}
-    records = []
+    settings = _settings(rule)
+    the_rule = rule_for(settings.method)
+    base_by_seed = _loaded(baseline)
+    base_seeds = sorted(base_by_seed)
+    records, arm_pairs = [], []
     for arm, by_seed in compared.items():
-        if sorted(by_seed) != base_seeds:
-            raise EvalDataError(f"{arm}: seeds {sorted(by_seed)} differ from the baseline's {base_seeds}")
-        loaded = {s: (v if isinstance(v, dict) else read_eval_items(v)) for s, v in by_seed.items()}
-        record = paired_decision(seed_averaged(loaded, arm), base, alpha=alpha, margin=margin, bounds=bounds,
-                                 n_resamples=n_resamples, seed=seed)
-        record.update(
-            arm=arm, seeds=len(base_seeds), mean_diff_by_seed=mean_diff_by_seed(loaded, base_by_seed),
-            p_noninferior=hoeffding_p_value(record["mean_diff"], record["n"], margin, bounds, side="noninferior"),
-            p_inferior=hoeffding_p_value(record["mean_diff"], record["n"], margin, bounds, side="inferior"),
-        )
+        loaded = _loaded(by_seed)
+        pairs = SeededPairs.of(loaded, base_by_seed, arm)
+        record = read_pairs(pairs, alpha=alpha, margin=margin, bounds=bounds, rule=settings, design=design,
+                            n_resamples=n_resamples, seed=seed)
+        record.update(arm=arm, seeds=len(base_seeds), mean_diff_by_seed=mean_diff_by_seed(loaded, base_by_seed))
         records.append(record)
+        arm_pairs.append(pairs)
     m = len(records)
     for side in ("noninferior", "inferior"):
         raw = [r[f"p_{side}"] for r in records]
         ranks = np.argsort(np.argsort(raw, kind="stable"), kind="stable")
-        for r, adjusted, rank in zip(records, holm_adjust(raw), ranks):
+        for r, pairs, adjusted, rank in zip(records, arm_pairs, holm_adjust(raw), ranks):
             r[f"holm_p_{side}"] = adjusted
             if side == "noninferior":  # the bounds at the level Holm tests this arm at
                 level = holm_level(alpha, int(rank), m)
-                radius = hoeffding_radius(r["n"], level, bounds)
-                r.update(holm_level=level, holm_lower=r["mean_diff"] - radius, holm_upper=r["mean_diff"] + radius)
+                lower, upper = the_rule.interval(pairs, level, bounds, settings)
+                r.update(holm_level=level, holm_lower=lower, holm_upper=upper)
     for r in records:
         r["verdict"] = ("noninferior" if r["holm_p_noninferior"] <= alpha
                         else "inferior" if r["holm_p_inferior"] <= alpha else "inconclusive")
@@ -375,8 +309,7 @@ def family_decision(compared: dict[str, dict[int, object]], baseline: dict[int, 
             "method": "holm", "alpha": float(alpha), "m": m,
             "statement": (f"Holm's step-down procedure over the {m} arm(s) compared with the baseline holds the "
                           f"family-wise error at alpha={alpha:g} for the noninferiority claims (and, separately, for "
-                          "the inferiority claims); each arm's p-value is the one-sided Hoeffding p-value of its "
-                          "seed-averaged paired differences."),
+                          f"the inferiority claims); each arm's p-value is the {the_rule.method} rule's one-sided p-value."),
         },
         "seeds": base_seeds,
         "comparisons": records,

@@ -182,17 +182,18 @@ GATE_REPORT = _schema(
     _opt("observed", pa.string()),  # the raw metric when it is not one number (e.g. per-step sizes)
 )
 
-# One row per decision criterion.
+# One row per decision criterion: the spec's rule (`method`, rl.rules.registry) and its reading.
 DECISION = _schema(
     "decision",
     _req("criterion", pa.string()),
     _req("n", pa.int64()),  # paired items
-    _req("mean_diff", pa.float64()),  # mean of D_i = treatment_i - baseline_i (weighted)
-    _req("lower", pa.float64()),  # one-sided Hoeffding lower bound
-    _req("upper", pa.float64()),  # one-sided Hoeffding upper bound
+    _req("mean_diff", pa.float64()),  # the difference the rule's bounds are around (treatment - baseline)
+    _req("lower", pa.float64()),  # the rule's one-sided lower bound at alpha
+    _req("upper", pa.float64()),  # the rule's one-sided upper bound at alpha
     _req("alpha", pa.float64()),
     _req("margin", pa.float64()),
     _req("verdict", pa.string()),  # noninferior / inferior / inconclusive
+    _opt("method", pa.string()),  # the rule that read it (null in a decision from before rules were named)
     # secondary, descriptive statistics (null when not computed)
     _opt("treatment_mean", pa.float64()),
     _opt("baseline_mean", pa.float64()),
@@ -201,7 +202,7 @@ DECISION = _schema(
     _opt("bootstrap_lower", pa.float64()),
     _opt("bootstrap_upper", pa.float64()),
     _opt("mcnemar_p", pa.float64()),
-    _opt("min_noninferior_true_diff", pa.float64()),  # smallest true diff the rule calls noninferior at n
+    _opt("noninferior_threshold", pa.float64()),  # the smallest observed difference the rule calls noninferior at n
     _opt("treatment", pa.string()),  # arm names
     _opt("baseline", pa.string()),
 )
@@ -254,23 +255,24 @@ STEP_COSTS = _schema("step_costs", _req("step", pa.int32()), *_COST_FIELDS)
 # One row: one unit's (arm x seed) training cost, its steps summed (schemas.cost.ArmCost).
 ARM_COSTS = _schema("arm_costs", _req("unit", pa.string()), _req("steps", pa.int32()), *_COST_FIELDS)
 
-# One row per arm compared with the baseline (a multi-arm or multi-seed decision).
+# One row per arm compared with the baseline (a multi-arm or multi-seed decision, or a secondary reading).
 COMPARISONS = _schema(
     "comparisons",
     _req("arm", pa.string()),
     _req("baseline", pa.string()),
-    _req("n", pa.int64()),  # paired items (per-item outcomes averaged over the seeds)
+    _req("n", pa.int64()),  # paired items per seed
     _req("seeds", pa.int32()),
     _req("mean_diff", pa.float64()),
-    _req("lower", pa.float64()),  # one-sided Hoeffding bounds at the unadjusted alpha
+    _req("lower", pa.float64()),  # the rule's one-sided bounds at the unadjusted alpha
     _req("upper", pa.float64()),
-    _req("p_noninferior", pa.float64()),  # Hoeffding p-value of H0: difference <= margin
+    _req("p_noninferior", pa.float64()),  # the rule's p-value of H0: difference <= margin
     _req("p_inferior", pa.float64()),  # of H0: difference >= margin
     _req("holm_p_noninferior", pa.float64()),  # Holm-adjusted over the compared arms
     _req("holm_p_inferior", pa.float64()),
     _req("verdict", pa.string()),
     _opt("treatment_mean", pa.float64()),
     _opt("baseline_mean", pa.float64()),
+    _opt("method", pa.string()),  # the rule (null in a decision from before rules were named)
 )
 
 SCHEMAS: dict[str, pa.Schema] = {

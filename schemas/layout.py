@@ -432,6 +432,26 @@ class UnitsLayout:
     def comparison_md(self) -> Path:
         return self.root / "comparison.md"
 
+    # secondary readings under another rule than the spec's (`gs1 decide --units DIR --rule R`)
+    READINGS_FOLDER = "readings"
+
+    def reading_dir(self, method: str) -> Path:
+        return self.root / self.READINGS_FOLDER / method
+
+    def reading_json(self, method: str) -> Path:
+        return self.reading_dir(method) / "reading.json"
+
+    def reading_md(self, method: str) -> Path:
+        return self.reading_dir(method) / "reading.md"
+
+    def reading_comparisons(self, method: str) -> Path:
+        return self.reading_dir(method) / "comparisons.parquet"
+
+    def readings(self) -> list[str]:
+        """The rules a secondary reading of this folder was written under, by name."""
+        folder = self.root / self.READINGS_FOLDER
+        return sorted(p.parent.name for p in folder.glob("*/reading.json")) if folder.is_dir() else []
+
     # the plots' folder, relative to the units folder: the README links to PLOTS_FOLDER/<plot>.png
     PLOTS_FOLDER = "plots"
 

@@ -35,6 +35,17 @@ _ENV_OPTIONS: dict[str, tuple[str, ...] | None] = {
 }
 ENV_NAMES = tuple(_ENV_OPTIONS)  # the built-in benchmarks
 
+# test items an env holds when its options do not say (`n_test`): GSM8K's test split
+_ENV_TEST_ITEMS = {"gsm8k": 1319}
+
+
+def env_test_items(name: str, options: Mapping) -> int | None:
+    """How many test items env `name` with these options has (its `n_test` option, else a fixed
+    test split's size), or None when only loading it would tell."""
+    if "n_test" in options:
+        return int(options["n_test"])
+    return _ENV_TEST_ITEMS.get(name)
+
 
 def declare_env(name: str, options: tuple[str, ...] | None) -> None:
     """Let a spec name env `name` with these keyword options (None: any); `rl.envs.register_env` calls it."""

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from rl.rules.power import PowerDesign, PowerReading, power_reading
+from rl.rules.registry import RuleSettingsUnion, rule_for
 
 from schemas.arm import ArmConfig
 from schemas.errors import UserError
-from schemas.spec import Budget, CorrectnessPreflight, GateCheck, Pilot
+from schemas.spec import Budget, CorrectnessPreflight, ExperimentSpec, GateCheck, Pilot, compared_arms, eval_items
 
 
 class _Plan(BaseModel):
@@ -35,10 +38,50 @@ class DecisionPlan(_Plan):
     margin: float
     bounds: tuple[float, float]
     criterion: str
-    method: str
+    method: str  # the rule (rl.rules.registry); `rule` holds its settings
     # Every arm decided against the baseline (spec order); more than one: Holm over them.
     # Empty in a plan written before multi-arm specs: the treatment alone.
     compared: tuple[str, ...] = ()
+    rule: RuleSettingsUnion = None  # filled from `method` in a plan written before rules had settings
+    power: PowerDesign | None = None  # the spread the power reading assumes (None: a plan from before)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rule_of_method(cls, data):
+        if isinstance(data, dict) and data.get("rule") is None and "method" in data:
+            data = {**data, "rule": {"method": data["method"]}}
+        return data
+
+    @model_validator(mode="after")
+    def _one_method(self):
+        if self.rule.method != self.method:
+            raise ValueError(f"rule settings are {self.rule.method}'s, the plan's method is {self.method}")
+        return self
+
+    @classmethod
+    def of_spec(cls, spec: ExperimentSpec) -> DecisionPlan:
+        """What the spec's decision_rule means for the decision stage (its first criterion)."""
+        rule, criterion = spec.decision_rule, spec.decision_rule.criteria[0]
+        return cls(alpha=rule.alpha, margin=criterion.margin, bounds=tuple(criterion.bounds), criterion=criterion.id,
+                   method=rule.method, rule=rule.settings, compared=tuple(a.name for a in compared_arms(spec)),
+                   power=rule.power_design(n) if (n := eval_items(spec)) else None)
+
+    def power_design(self, n_eval: int) -> PowerDesign:
+        """The plan's power design (the measured defaults at n_eval items for a plan from before)."""
+        return self.power or PowerDesign(n_eval=n_eval)
+
+    def power_reading(self, n_eval: int | None, seeds: int, items: tuple[int, ...] = (),
+                      rule: str | None = None) -> PowerReading | None:
+        """What this rule (or `rule`) can tell at the eval items, `seeds` seeds and the margin, with
+        the design table over `items` (the plan's own when empty); None without an item count."""
+        if self.power is None and not n_eval:
+            return None
+        design = self.power_design(n_eval)
+        the_rule = rule_for(rule or self.method)
+        settings = self.rule if the_rule.method == self.method else the_rule.settings()
+        return power_reading(the_rule, settings, n=design.n_eval, seeds=seeds, alpha=self.alpha, margin=self.margin,
+                             compared=max(len(self.compared), 1), design=design, bounds=tuple(self.bounds),
+                             items=items or (design.n_eval,))
 
 
 class RunPlan(_Plan):
@@ -100,6 +143,11 @@ class RunPlan(_Plan):
     @property
     def steps(self) -> int:
         return self.arms[0].steps
+
+    def power_reading(self, items: tuple[int, ...] = (), rule: str | None = None) -> PowerReading | None:
+        """What the plan's rule (or `rule`) can tell at its eval items, seeds and margin, before any
+        GPU time (`DecisionPlan.power_reading`)."""
+        return self.decision.power_reading(self.n_eval, len(self.seeds), items, rule)
 
     def calibrated(self, bandwidth: float, revised_spec: str) -> RunPlan:
         """This plan with the treatment's kernel at the calibrated bandwidth."""

@@ -21,6 +21,10 @@ Optional fields this project adds (defaults make the user's spec valid as it is)
   when the spec loads (its recipe then counts in the spec's hash), recorded in the run plan.
 - `arms[].trust_delta`: FlashREINFORCE's trust threshold (default 3e-3; flash_reinforce arms).
 - `arms[].critic`: a `schemas.arm.CriticSpec` (critic arms).
+- `decision_rule.method`: any rule of `rl.rules.registry`, with that rule's own keys beside it
+  (`Rule.own_spec_keys`, e.g. a bootstrap's `n_resamples` and `rng_seed`) and the seeds it needs; `decision_rule.between_seed_sd`
+  and `item_sd` (the spread `gs1 power` assumes; None: `rl.rules.power`'s measured defaults),
+  `min_power` (a power gate at feasibility) and `power_difference` (where it reads; None: half the margin).
 
 Problems are reported as `field.path: reason` lines (`load_spec` raises `SpecError`).
 """
@@ -39,9 +43,12 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 from rl.estimators.critic import CriticSpec
 from rl.estimators.flash_reinforce import DEFAULT_TRUST_DELTA
 from rl.estimators.registry import ESTIMATORS, KINDS, estimator_for
+from rl.rules.base import RuleSettings
+from rl.rules.power import PowerDesign
+from rl.rules.registry import RULES, own_spec_keys, rule_for
 from schemas.errors import FieldProblems, SpecError, UserError, known_keys_only
 from schemas.kernel import KernelSpec
-from schemas.names import GATE_METRICS, env_names, unknown_env_options
+from schemas.names import GATE_METRICS, env_names, env_test_items, unknown_env_options
 
 # ---------------------------------------------------------------------------------------------
 # names the validators check against
@@ -49,7 +56,6 @@ from schemas.names import GATE_METRICS, env_names, unknown_env_options
 
 TREATMENT_ADVANTAGE = "kernel_cross_prompt_baseline"
 BASELINE_ADVANTAGE = "group_mean"
-DECISION_METHODS = ("paired_hoeffding",)
 OPTIMIZERS = ("adam", "adamw")  # both backends run Adam(W) with AdamParams
 ROLES = ("treatment", "baseline")
 
@@ -309,6 +315,12 @@ class Criterion(Record):
 
 
 class DecisionRule(Record):
+    """The pre-registered decision. `method` names a rule (`rl.rules.registry`): its own keys
+    (`Rule.own_spec_keys`, e.g. a bootstrap's `n_resamples`) sit here beside the common ones and
+    are validated by the rule, as are the seeds it needs. The power fields are this project's:
+    the between-run spread the power reading assumes (`rl.rules.power`), and an optional power
+    gate (`min_power`: P(conclusive) at `power_difference`, default half the margin)."""
+
     method: str
     alpha: Annotated[float, Probability]
     criteria: Annotated[list[Criterion], NonEmpty]
@@ -316,12 +328,18 @@ class DecisionRule(Record):
     estimand: str | None = None
     unit: str | None = None
     version: int | None = None
+    # added by this project (optional; None: rl.rules.power's measured defaults)
+    between_seed_sd: Annotated[float | None, Positive] = None
+    item_sd: Annotated[float | None, Positive] = None
+    min_power: Annotated[float | None, Probability] = None
+    power_difference: float | None = None
+    record_keys: ClassVar[frozenset[str]] = own_spec_keys()
+    _settings: RuleSettings | None = PrivateAttr(default=None)
 
     @field_validator("method")
     @classmethod
     def _method(cls, v):
-        if v not in DECISION_METHODS:
-            raise ValueError(f"unsupported decision method {v!r} (supported: {', '.join(DECISION_METHODS)})")
+        rule_for(v)  # ValueError naming the known rules
         return v
 
     @model_validator(mode="after")
@@ -334,9 +352,31 @@ class DecisionRule(Record):
             seen.add(c.id)
         if len(set(self.seeds)) != len(self.seeds):
             problems.append(("seeds", "duplicate seed"))
+        rule = rule_for(self.method)
+        extra = self.model_extra or {}
+        problems += [(k, f"read only by the {', '.join(m for m, r in RULES.items() if k in r.own_spec_keys)} rule, "
+                         f"not {self.method}") for k in sorted(extra) if k not in rule.own_spec_keys]
+        if (why := rule.seeds_problem(len(self.seeds))) is not None:
+            problems.append(("seeds", why))
+        try:
+            self._settings = rule.settings(**{k: v for k, v in extra.items() if k in rule.own_spec_keys})
+        except ValidationError as e:
+            problems += [(".".join(str(x) for x in err["loc"]), err["msg"].removeprefix("Value error, ")) for err in e.errors()]
         if problems:
             raise FieldProblems(problems)
         return self
+
+    @property
+    def settings(self) -> RuleSettings:
+        """The rule's own settings (its spec keys, validated)."""
+        return self._settings
+
+    def power_design(self, n_eval: int) -> PowerDesign:
+        """The spread the power reading assumes at the spec's n_eval items: the spec's own where it
+        gives one, else `rl.rules.power`'s measured defaults; and the power gate, if any."""
+        given = {k: v for k in ("between_seed_sd", "item_sd") if (v := getattr(self, k)) is not None}
+        return PowerDesign(n_eval=n_eval, min_power=self.min_power, power_difference=self.power_difference,
+                           from_spec=bool(given), **given)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -770,6 +810,12 @@ def resolve_base_model_path(spec: ExperimentSpec) -> str | None:
     if not path.exists():
         raise UserError(f"base_model_path: {path} does not exist")
     return str(path)
+
+
+def eval_items(spec: ExperimentSpec) -> int | None:
+    """The eval items a run of `spec` scores: `eval.n_examples`, else the env's whole test set where
+    that is known without loading it (`schemas.names.env_test_items`)."""
+    return spec.eval.n_examples or env_test_items(spec.dataset.name, spec.dataset.options)
 
 
 def hashed_dump(spec: ExperimentSpec) -> dict:

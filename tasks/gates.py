@@ -1,4 +1,4 @@
-"""Stages that judge: offline unit checks, the activation gate, feasibility, the decision.
+"""Stages that judge: offline unit checks, the activation gate, feasibility (and the power reading), the decision.
 
 Every gate writes its metrics (Parquet + a table artifact) before it raises `GateFailed`, so the
 values are in plain sight whether the gate passed or not.
@@ -17,6 +17,7 @@ from rl.audit import RolloutLog, audit_log
 from rl.reference import gs1_kernel_reference
 from rl.feasibility import PilotTimings, project_full_run
 from rl.gates import NotApplicable, compute_gate_metrics, evaluate_checks
+from rl.rules.registry import rule_for
 from rl.stats import family_decision, paired_decision
 from schemas.arm import ArmConfig
 from schemas.errors import GateFailed
@@ -141,10 +142,13 @@ def audit_gate(arms: tuple[ArmConfig, ...], rollout_paths: list[str], layout: Ru
 
 @judging_task(name=FEASIBILITY, task_run_name=FEASIBILITY, **stage_end_hooks(), cache_policy=stage_cache("timings_path"), persist_result=True)
 def feasibility(timings_path: str, steps: int, n_eval: int, budget: Budget, backend: str, layout: RunLayout,
-                recovery_reserve: float = 0.25, units: dict[str, str] | None = None) -> dict:
+                recovery_reserve: float = 0.25, units: dict[str, str] | None = None,
+                decision: DecisionPlan | None = None, seeds: int = 1) -> dict:
     """Project the full run from the pilot's timings; over budget is a gate failure. `units`
     (unit -> arm) projects every arm x seed: an arm the pilot did not run is taken to step as
-    slowly as the slowest one it did."""
+    slowly as the slowest one it did. Beside it, the power of the `decision` rule at `seeds` seeds
+    (`DecisionPlan.power_reading`): recorded always, a gate only where the spec pre-registers
+    `min_power`."""
     timings = json.loads(Path(timings_path).read_text())
     piloted = timings["step_seconds"]
     step_seconds = piloted if units is None else {u: piloted.get(arm, max(piloted.values())) for u, arm in units.items()}
@@ -158,7 +162,9 @@ def feasibility(timings_path: str, steps: int, n_eval: int, budget: Budget, back
         measured, steps=steps, n_eval=n_eval, budget_gpu_hours=budget.gpu_hours,
         budget_wall_minutes=budget.max_wall_minutes, arms_in_parallel=True, recovery_reserve=recovery_reserve,
     )
-    record = {"source": str(timings_path), "measurements": timings, **projection.as_record()}
+    power = decision.power_reading(n_eval, seeds) if decision is not None else None
+    record = {"source": str(timings_path), "measurements": timings, **projection.as_record(),
+              "power": None if power is None else power.record()}
     write_json_atomic(layout.feasibility_json, record)
     write_json_atomic(layout.spec_with_feasibility_json, spec_with_feasibility(layout, record))
     rows = [
@@ -167,6 +173,11 @@ def feasibility(timings_path: str, steps: int, n_eval: int, budget: Budget, back
         {"gate": "feasibility", "metric": "projected_gpu_hours", "value": projection.gpu_hours,
          "op": "max", "bound": str(budget.gpu_hours), "passed": projection.gpu_hours <= budget.gpu_hours},
     ]
+    if power is not None and (row := power.gate_row()) is not None:
+        rows.append(row)
+    if power is not None:
+        publish_markdown(artifact_key(FEASIBILITY) + "-power", f"# Power of the decision rule\n\n{power.summary()}\n\n"
+                         + power.table_markdown(), description=f"power: {power.method}")
     record_gate(FEASIBILITY, rows, layout.feasibility_dir)
     return record
 
@@ -203,10 +214,9 @@ def _gpus(backend: str) -> int:
       persist_result=True)
 def paired_decision_record(treatment_eval: str, baseline_eval: str, decision: DecisionPlan, names: dict,
                            layout: RunLayout) -> dict:
-    """Paired Hoeffding (+ McNemar, bootstrap) on the two arms' per-item correctness."""
-    record = paired_decision(
-        treatment_eval, baseline_eval, alpha=decision.alpha, margin=decision.margin, bounds=tuple(decision.bounds)
-    )
+    """The spec's rule (+ McNemar, bootstrap) on the two arms' per-item correctness."""
+    record = paired_decision(treatment_eval, baseline_eval, alpha=decision.alpha, margin=decision.margin,
+                             bounds=tuple(decision.bounds), rule=decision.rule, design=decision.power)
     record = {**record, "criterion": decision.criterion, "treatment": names["treatment"], "baseline": names["baseline"]}
     out = layout.decision
     write_json_atomic(out.json, record)
@@ -218,13 +228,15 @@ def paired_decision_record(treatment_eval: str, baseline_eval: str, decision: De
 
 
 def decision_markdown(record: dict) -> str:
+    rule = rule_for(record["method"])
     return (
         f"# Decision: **{record['verdict']}**\n\n"
-        f"{record['treatment']} minus {record['baseline']}, paired over {record['n']} eval items.\n\n"
+        f"{record['treatment']} minus {record['baseline']}, paired over {record['n']} eval items; "
+        f"rule {rule.method}: {rule.summary}.\n\n"
         f"| quantity | value |\n|---|---|\n"
         f"| mean difference | {record['mean_diff']:+.4f} |\n"
-        f"| Hoeffding lower bound (alpha={record['alpha']}) | {record['lower']:+.4f} |\n"
-        f"| Hoeffding upper bound | {record['upper']:+.4f} |\n"
+        f"| lower bound ({rule.bounds_name}, alpha={record['alpha']}) | {record['lower']:+.4f} |\n"
+        f"| upper bound | {record['upper']:+.4f} |\n"
         f"| noninferiority margin | {record['margin']:+.4f} |\n"
     )
 
@@ -248,31 +260,39 @@ def family_decision_record(eval_files: list[str], units: list[tuple[str, int]], 
 def write_family_decision(eval_files: list[str], units: list[tuple[str, int]], decision: DecisionPlan, names: dict,
                           out: DecisionFiles) -> tuple[dict, str]:
     """The family decision's files `out` (decision.json, decision.parquet,
-    comparisons.parquet, decision.md): the decision stage's and `gs1 decide --units`' one writer.
-    Returns the record and its markdown."""
+    comparisons.parquet, decision.md) under the plan's rule: the decision stage's and `gs1 decide
+    --units`' one writer (its secondary readings under another rule too). Every input is read and
+    decided before the first file is written. Returns the record and its markdown."""
+    record = family_record(eval_files, units, decision, names)
+    markdown = family_markdown(record)
+    write_json_atomic(out.json, record)
+    write_artifact("decision", [{c: record.get(c) for c in DECISION.names}], out.parquet)
+    write_artifact("comparisons", [{c: p.get(c) for c in COMPARISONS.names}
+                                   for p in record["comparisons"]], out.comparisons)
+    write_text_atomic(out.markdown, markdown)
+    return record, markdown
+
+
+def family_record(eval_files: list[str], units: list[tuple[str, int]], decision: DecisionPlan, names: dict) -> dict:
+    """Every compared arm against the baseline under the plan's rule, Holm over them: the record
+    decision.json holds (the treatment's pair at the top level, the family and every pair)."""
     by_arm: dict[str, dict[int, str]] = {}
     for path, (arm, seed) in zip(eval_files, units, strict=True):
         by_arm.setdefault(arm, {})[int(seed)] = path
     baseline = names["baseline"]
     compared = {arm: by_arm[arm] for arm in decision.compared or (names["treatment"],)}
     family = family_decision(compared, by_arm[baseline], alpha=decision.alpha, margin=decision.margin,
-                             bounds=tuple(decision.bounds))
+                             bounds=tuple(decision.bounds), rule=decision.rule, design=decision.power)
     for pair in family["comparisons"]:
         pair.update(criterion=decision.criterion, treatment=pair["arm"], baseline=baseline)
     primary = next(p for p in family["comparisons"] if p["arm"] == names["treatment"]) if names["treatment"] in compared \
         else family["comparisons"][0]
-    record = {**{k: v for k, v in primary.items() if k != "arm"}, **family}
-    write_json_atomic(out.json, record)
-    write_artifact("decision", [{c: record.get(c) for c in DECISION.names}], out.parquet)
-    write_artifact("comparisons", [{c: p.get(c) for c in COMPARISONS.names}
-                                   for p in family["comparisons"]], out.comparisons)
-    markdown = family_markdown(record)
-    write_text_atomic(out.markdown, markdown)
-    return record, markdown
+    return {**{k: v for k, v in primary.items() if k != "arm"}, **family}
 
 
 def family_markdown(record: dict) -> str:
     family = record["family"]
+    rule = rule_for(record["method"])
     rows = "\n".join(
         f"| {p['arm']} | {p['treatment_mean']:.4f} | {p['mean_diff']:+.4f} | [{p['lower']:+.4f}, {p['upper']:+.4f}] | "
         f"{p['holm_p_noninferior']:.3g} | {p['holm_p_inferior']:.3g} | **{p['verdict']}** |"
@@ -281,9 +301,9 @@ def family_markdown(record: dict) -> str:
     return (
         f"# Decision: {family['m']} arm(s) against **{record['baseline']}** "
         f"(accuracy {record['baseline_mean']:.4f}), {len(record['seeds'])} seed(s)\n\n"
-        f"Paired over {record['n']} eval items within each seed (seeds {', '.join(map(str, record['seeds']))}), "
-        f"differences averaged over seeds; noninferiority margin {record['margin']:+.4f}.\n\n"
+        f"Paired over {record['n']} eval items within each seed (seeds {', '.join(map(str, record['seeds']))}); "
+        f"noninferiority margin {record['margin']:+.4f}. Rule {rule.method}: {rule.summary}; it covers {rule.covers}.\n\n"
         f"{family['statement']}\n\n"
-        f"| arm | accuracy | mean difference | Hoeffding bounds (α={record['alpha']:g} each side) | "
+        f"| arm | accuracy | mean difference | {rule.bounds_name} (α={record['alpha']:g} each side) | "
         f"Holm p (noninferior) | Holm p (inferior) | verdict |\n|---|---|---|---|---|---|---|\n{rows}\n"
     )

@@ -20,7 +20,7 @@ from schemas.kernel import CALIBRATION
 from schemas.layout import CALIBRATED_SPEC, VALIDATE_SPEC, RunLayout
 from schemas.plan import DecisionPlan, RunContext, RunPlan
 from schemas.revision import SpecRevision, experiment_hash, field_changes
-from schemas.spec import (ExperimentSpec, anchored, baseline_arm, compared_arms, load_spec, set_arm_kernel, spec_hash,
+from schemas.spec import (ExperimentSpec, anchored, baseline_arm, load_spec, set_arm_kernel, spec_hash,
                           treatment_arm)
 from tasks.artifacts import publish_markdown
 from tasks.cache import stage_cache
@@ -72,7 +72,6 @@ def plan_from_spec(spec: ExperimentSpec) -> RunPlan:
         )
         for arm in spec.arms
     )
-    criterion = spec.decision_rule.criteria[0]
     return RunPlan(
         title=spec.title,
         run=RunContext(
@@ -83,11 +82,7 @@ def plan_from_spec(spec: ExperimentSpec) -> RunPlan:
         pilot=spec.pilot,
         checks=tuple(spec.activation_gate.checks),
         n_eval=spec.eval.n_examples,
-        decision=DecisionPlan(
-            alpha=spec.decision_rule.alpha, margin=criterion.margin, bounds=tuple(criterion.bounds),
-            criterion=criterion.id, method=spec.decision_rule.method,
-            compared=tuple(a.name for a in compared_arms(spec)),
-        ),
+        decision=DecisionPlan.of_spec(spec),
         budget=spec.budget,
         preflight=spec.correctness_preflight,
         seeds=tuple(spec.decision_rule.seeds),

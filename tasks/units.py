@@ -8,8 +8,10 @@ lands). From that folder:
 - every unit in: the family decision, written by the decision stage's own writer
   (`tasks.gates.write_family_decision`), so it is the decision the flow would have made;
 - units missing: no decision. The comparison table shows, per arm, the seeds it has in common with
-  the baseline so far and an interim paired difference with its unadjusted Hoeffding bounds, marked
-  as such, and the folder says which units are still missing.
+  the baseline so far and an interim paired difference with the rule's unadjusted bounds (none while
+  the rule cannot read that few seeds), marked as such, and the folder says which units are still missing;
+- `--rule R`: a secondary reading of the complete folder under another rule (`write_reading`), in
+  `readings/<R>/`, labelled as such: the pre-registered rule's decision stays the decision.
 
 Costs in the table are each arm's training over those common seeds divided by the baseline's over
 the same seeds (a ratio of unequal seed sets would mislead). Wall time depends on how many units
@@ -28,15 +30,17 @@ import numpy as np
 
 from report.plots import UNITS_PLOT_SPECS, RenderedPlot, render_plots
 from report.render import write_plots
+from rl.rules import rule_for
 from report.units_model import ArmStanding, UnitSharing, UnitsStanding, VersusArm, seeds_text
 from schemas.cost import ArmCost
 from schemas.errors import UserError
-from schemas.io import compact_copy, loads_strict, write_bytes_atomic, write_text_atomic
+from schemas.artifacts import COMPARISONS, write_artifact
+from schemas.io import compact_copy, loads_strict, write_bytes_atomic, write_json_atomic, write_text_atomic
 from schemas.layout import UNIT_EVAL_FILES, UNIT_TRAIN_FILES, RunLayout, UnitsLayout, gate_record_folders
 from schemas.plan import RunPlan
 from schemas.revision import experiment_hash
 from schemas.spec import ExperimentSpec, anchored, parse_spec
-from tasks.gates import write_family_decision
+from tasks.gates import family_markdown, family_record, write_family_decision
 from tasks.spec import plan_from_spec
 
 def collect_units(spec: ExperimentSpec, run: RunLayout, out: UnitsLayout, spec_dir: Path) -> list[str]:
@@ -96,7 +100,8 @@ def keep_gate_records(run: RunLayout, out: UnitsLayout) -> Path:
 
 def units_standing(plan: RunPlan, folder: UnitsLayout) -> UnitsStanding:
     """Read the folder; decide (and write the decision's files) once every unit is in."""
-    from rl.stats import mean_diff_by_seed, paired_decision, read_eval_items, seed_averaged
+    from rl.rules import SeededPairs
+    from rl.stats import describe_pair, mean_diff_by_seed, read_eval_items, read_pairs
     from schemas.artifacts import read_rows
 
     every = plan.units()
@@ -119,14 +124,24 @@ def units_standing(plan: RunPlan, folder: UnitsLayout) -> UnitsStanding:
     def units_at(arm: str) -> dict[int, str]:
         return {u.order_seed: u.unit for u in present if u.name == arm}
 
+    rule = plan.decision.rule
+
     def paired(arm: str, other: str, seeds: list[int]) -> dict:
-        """arm minus other, items paired within each seed and averaged over the seeds."""
+        """arm minus other, items paired within each seed, under the plan's rule at the unadjusted
+        alpha; where the rule cannot read that few seeds, the differences without bounds."""
         mine, theirs = units_at(arm), units_at(other)
         mine_by_seed = {s: evals[mine[s]] for s in seeds}
         theirs_by_seed = {s: evals[theirs[s]] for s in seeds}
-        record = paired_decision(seed_averaged(mine_by_seed, arm), seed_averaged(theirs_by_seed, other),
-                                 alpha=plan.decision.alpha, margin=plan.decision.margin, bounds=plan.decision.bounds)
-        return {**record, "mean_diff_by_seed": mean_diff_by_seed(mine_by_seed, theirs_by_seed)}
+        by_seed = mean_diff_by_seed(mine_by_seed, theirs_by_seed)
+        pairs = SeededPairs.of(mine_by_seed, theirs_by_seed, arm)
+        if (why := rule_for(rule.method).seeds_problem(len(seeds))) is not None:
+            t_R, b_R = pairs.seed_averaged()
+            return {"method": rule.method, "n": pairs.n, "mean_diff": float(np.mean(t_R - b_R)), "lower": None,
+                    "upper": None, "margin": plan.decision.margin, "why_no_bounds": why, "mean_diff_by_seed": by_seed,
+                    **describe_pair(t_R, b_R, alpha=plan.decision.alpha)}
+        record = read_pairs(pairs, alpha=plan.decision.alpha, margin=plan.decision.margin, bounds=plan.decision.bounds,
+                            rule=rule, design=plan.decision.power)
+        return {**record, "mean_diff_by_seed": by_seed}
 
     def summed_cost(arm: str, seeds: list[int]) -> ArmCost:
         return ArmCost.summed(arm, [costs[units_at(arm)[s]] for s in seeds])
@@ -232,10 +247,12 @@ def _wall_cell(seeds: tuple[int, ...], wall_seeds: tuple[int, ...], ratio: float
     return f"{_ratio(ratio)} at {seeds_text(wall_seeds)}"
 
 
-def standing_markdown(plan: RunPlan, standing: UnitsStanding, plots: Sequence[RenderedPlot] = ()) -> str:
+def standing_markdown(plan: RunPlan, standing: UnitsStanding, folder: UnitsLayout,
+                      plots: Sequence[RenderedPlot] = ()) -> str:
     """The comparison table and what is still missing (comparison.md, and the block `gs1 decide
     --units` keeps in the folder's README), with links to `plots` (drawn into UnitsLayout.PLOTS_FOLDER)."""
     baseline = plan.run.baseline
+    rule = rule_for(plan.decision.method)
     rows = []
     for a in standing.arms:
         p, cost, rel = a.pair, a.cost, a.relative_cost
@@ -244,7 +261,7 @@ def standing_markdown(plan: RunPlan, standing: UnitsStanding, plots: Sequence[Re
             a.arm, a.role, ", ".join(map(str, a.seeds)) or dash,
             _accuracy_cell(a),
             dash if p is None else f"{p['mean_diff']:+.4f}",
-            dash if p is None else f"[{p['lower']:+.4f}, {p['upper']:+.4f}]",
+            dash if p is None else _bounds_text(p),
             dash if p is None or "holm_p_noninferior" not in p else f"{p['holm_p_noninferior']:.3g}",
             "" if p is None else p["verdict"],
         ]
@@ -265,8 +282,8 @@ def standing_markdown(plan: RunPlan, standing: UnitsStanding, plots: Sequence[Re
     else:
         status = (f"**No decision yet: {len(standing.missing)} of {len(standing.present) + len(standing.missing)} units "
                   f"are missing** ({', '.join(standing.missing)}). Each difference below is interim: paired over the "
-                  f"seeds the arm and {baseline} both have so far, with unadjusted one-sided Hoeffding bounds at "
-                  f"α={alpha:g}; no verdict is drawn from it.")
+                  f"seeds the arm and {baseline} both have so far, with the unadjusted one-sided {rule.bounds_name} at "
+                  f"α={alpha:g} where the rule can read that many seeds; no verdict is drawn from it.")
     return (
         f"## Comparison against {baseline}\n\n{status}\n\n{_power_line(plan, standing)}"
         "Accuracy: mean over the arm's seeds in the folder, each seed's in brackets where there are two or more "
@@ -276,10 +293,11 @@ def standing_markdown(plan: RunPlan, standing: UnitsStanding, plots: Sequence[Re
         "to the baseline's steps: every arm runs the same number; it is taken over the seeds at which the arm's units "
         "trained side by side with the baseline's, sharing the GPU alike, named when not every seed, and reads "
         "\"ran apart\" where there is none: see GPU sharing below). Model calls count the service requests; a critic's value model's share is named apart.\n\n"
-        "| arm | role | seeds in | accuracy | difference | Hoeffding bounds | Holm p (noninferior) | verdict | "
+        f"| arm | role | seeds in | accuracy | difference | {rule.bounds_name} | Holm p (noninferior) | verdict | "
         "wall time | sampler tokens | trainer tokens | model calls |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
-        + _versus_table(plan, standing) + _plots_section(plots) + _sharing_table(standing) + _admit_table(standing) +
+        + _versus_table(plan, standing) + _readings_section(folder) + _plots_section(plots) + _sharing_table(standing)
+        + _admit_table(standing) +
         f"Units in ({len(standing.present)}): {', '.join(standing.present) or 'none'}.\n\n"
         f"Units missing ({len(standing.missing)}): {', '.join(standing.missing) or 'none'}.\n"
     )
@@ -338,23 +356,43 @@ def answers_markdown(plan: RunPlan, standing: UnitsStanding) -> str:
         lines.append(f"- **{treatment} and {name}** ({plan.arm(name).advantage}): " + "; ".join(parts) + ".")
     paired_seeds = t.common_seeds if t is not None else ()
     reach = _first_pair(standing)
-    reach_text = (f" At {reach['n']} paired items the rule calls an arm noninferior (margin {reach['margin']:+.2f}) "
-                  f"only when its observed difference is above {reach['min_noninferior_true_diff']:+.4f}: an arm "
-                  "as good as the baseline most likely reads inconclusive." if reach else "")
+    reach_text = (f" At {reach['n']} paired items and {len(paired_seeds)} seed(s) the rule calls an arm noninferior (margin "
+                  f"{reach['margin']:+.2f}) only when its observed difference is above {reach['noninferior_threshold']:+.4f}"
+                  f"{_threshold_basis(plan)}: an arm as good as the baseline most likely reads inconclusive."
+                  if reach and reach['noninferior_threshold'] > 0 else
+                  f" At {reach['n']} paired items and {len(paired_seeds)} seed(s) the rule calls an arm noninferior "
+                  f"(margin {reach['margin']:+.2f}) when its observed difference is above "
+                  f"{reach['noninferior_threshold']:+.4f}{_threshold_basis(plan)}." if reach else "")
     lines.append(
         f"- **What the units cannot tell:** one model ({plan.run.base_model}), one benchmark ({plan.run.env}), "
         f"{plan.steps} steps, {len(paired_seeds)} of {len(plan.seeds)} seeds paired{'' if standing.complete else ' so far'} ({treatment} with "
         f"{baseline}). Only the comparisons against "
         f"{baseline} are pre-registered (Holm over {len(plan.compared)}); {treatment} against the other arms is "
         "descriptive and unadjusted. Wall times compare only between units that trained side by side." + reach_text)
-    legend = (f"Brackets: one-sided Hoeffding bounds at α={plan.decision.alpha:g}, items paired within each seed and "
-              "averaged over seeds (Holm's p where the decision is in); the bootstrap interval is descriptive. The "
-              "tables below give every number's source.\n\n")
+    rule = rule_for(plan.decision.method)
+    legend = (f"Brackets: one-sided {rule.bounds_name} at α={plan.decision.alpha:g} (rule {rule.method}: {rule.summary}), "
+              "items paired within each seed (Holm's p where the decision is in); the bootstrap interval over items is "
+              "descriptive. The tables below give every number's source.\n\n")
     return head + legend + "\n".join(lines) + "\n\n"
 
 
 def _interval_text(p: dict) -> str:
-    return f"{p['mean_diff']:+.4f} [{p['lower']:+.4f}, {p['upper']:+.4f}]"
+    return f"{p['mean_diff']:+.4f} {_bounds_text(p)}"
+
+
+def _bounds_text(p: dict) -> str:
+    """The pair's bounds, or why it has none yet (the rule cannot read so few seeds)."""
+    if p.get("lower") is None:
+        return f"(no bounds yet: {p.get('why_no_bounds', 'not read')})"
+    return f"[{p['lower']:+.4f}, {p['upper']:+.4f}]"
+
+
+def _threshold_basis(plan: RunPlan) -> str:
+    """For a seed-aware rule the threshold moves with the observed spread: say which spread it is at."""
+    if not rule_for(plan.decision.method).seed_aware:
+        return ""
+    design = plan.decision.power_design(plan.n_eval or 0)
+    return f" (at the pre-registered between-seed SD {design.between_seed_sd:g})"
 
 
 def _by_seed_text(p: dict) -> str:
@@ -384,16 +422,18 @@ def _first_pair(standing: UnitsStanding) -> dict | None:
 
 
 def _power_line(plan: RunPlan, standing: UnitsStanding) -> str:
-    """What the pre-registered rule can tell at the folder's number of paired items: the smallest
-    true difference it can call noninferior (a tie reads inconclusive below it)."""
+    """What the pre-registered rule can tell at the folder's number of paired items and seeds: the
+    smallest observed difference it would call noninferior (a tie reads inconclusive below it)."""
     p = _first_pair(standing)
-    if p is None:
+    if p is None or p.get("noninferior_threshold") is None:
         return ""
-    return (f"What the rule can tell: with {p['n']} paired items, the one-sided Hoeffding lower bound at "
-            f"α={plan.decision.alpha:g} lies {p['min_noninferior_true_diff'] - p['margin']:.4f} below the observed "
-            f"difference, so an arm is called noninferior (margin "
-            f"{p['margin']:+.2f}) only when its observed difference is above {p['min_noninferior_true_diff']:+.4f}; "
-            "an arm as good as the baseline, or a little better, reads inconclusive.\n\n")
+    rule = rule_for(plan.decision.method)
+    return (f"What the rule can tell: with {p['n']} paired items, the one-sided {rule.bounds_name} at "
+            f"α={plan.decision.alpha:g} lie {p['noninferior_threshold'] - p['margin']:.4f} from the observed "
+            f"difference{_threshold_basis(plan)}, so an arm is called noninferior (margin "
+            f"{p['margin']:+.2f}) only when its observed difference is above {p['noninferior_threshold']:+.4f}"
+            + ("; an arm as good as the baseline, or a little better, reads inconclusive.\n\n"
+               if p["noninferior_threshold"] > 0 else ".\n\n"))
 
 
 def _versus_table(plan: RunPlan, standing: UnitsStanding) -> str:
@@ -401,24 +441,25 @@ def _versus_table(plan: RunPlan, standing: UnitsStanding) -> str:
     if not standing.versus:
         return ""
     treatment, baseline, alpha = plan.run.treatment, plan.run.baseline, plan.decision.alpha
+    rule = rule_for(plan.decision.method)
     rows = []
     for v in standing.versus:
         p, rel = v.pair, v.relative_cost
         counts = p.get("mcnemar")
         wall = _wall_cell(v.common_seeds, v.wall_seeds, v.wall_ratio)
         rows.append(f"| {v.arm} | {', '.join(map(str, v.common_seeds))} | {p['mean_diff']:+.4f} | "
-                    f"[{p['lower']:+.4f}, {p['upper']:+.4f}] | [{p['bootstrap_lower']:+.4f}, {p['bootstrap_upper']:+.4f}] | "
+                    f"{_bounds_text(p)} | [{p['bootstrap_lower']:+.4f}, {p['bootstrap_upper']:+.4f}] | "
                     + (f"{counts['b']} / {counts['c']}" if counts else "—") + " | "
                     f"{wall} | {_ratio(rel.get('trainer_tokens'))} | {_ratio(rel.get('model_calls'))} |")
     return (
         f"### {treatment} against the other arms (secondary)\n\n"
         f"The pre-registered decision compares every arm with {baseline} only. Here {treatment} minus each other arm, "
         "on the same eval items paired within the seeds both have and averaged over them: descriptive, with "
-        f"unadjusted one-sided Hoeffding bounds at α={alpha:g} and a paired bootstrap interval at {1 - 2 * alpha:.0%}; "
+        f"the rule's unadjusted one-sided {rule.bounds_name} at α={alpha:g} and a paired bootstrap interval over items at {1 - 2 * alpha:.0%}; "
         f"no verdict. Items: those {treatment} gets right and the other arm wrong / the reverse (one seed: an item's "
         f"outcome over several seeds is a mean). Costs: {treatment}'s training divided by the other arm's over the "
         "same seeds (wall time over the seeds at which they trained side by side).\n\n"
-        f"| other arm | seeds | {treatment} − other | Hoeffding bounds | bootstrap interval | items right only in "
+        f"| other arm | seeds | {treatment} − other | {rule.bounds_name} | bootstrap interval | items right only in "
         f"{treatment} / only in other | wall time | trainer tokens | model calls |\n"
         "|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
     )
@@ -475,6 +516,73 @@ def _admit_table(standing: UnitsStanding) -> str:
     )
 
 
+def write_reading(plan: RunPlan, folder: UnitsLayout, method: str) -> tuple[dict, str]:
+    """A secondary reading of a complete units folder under the rule `method` (its default
+    settings), beside the pre-registered decision and never in its place: `readings/<method>/`
+    (reading.json, comparisons.parquet, reading.md), labelled as such. A rule that reads one seed
+    reads each seed apart (a row per arm and seed); a rule that needs more seeds than the folder has
+    writes why it reads nothing. Returns the record and its markdown."""
+    rule = rule_for(method)
+    every = plan.units()
+    missing = [u.unit for u in every if not folder.eval_jsonl(u.unit).is_file()]
+    if missing:
+        raise UserError(f"--rule {method}: a secondary reading needs every unit in; missing: {', '.join(missing)}")
+    decision = plan.decision.model_copy(update={"method": method, "rule": rule.settings()})
+    names = {"treatment": plan.run.treatment, "baseline": plan.run.baseline}
+    label = (f"# Secondary reading under {method} (not the decision)\n\n"
+             f"The pre-registered rule is {plan.decision.method}; its decision is `decision/decision.md` and stays the "
+             f"decision. This reading asks what {method} makes of the same {len(every)} units: {rule.summary}; it covers "
+             f"{rule.covers}.\n\n")
+    groups: list[tuple[str, list]] = []
+    why = rule.seeds_problem(len(plan.seeds))
+    if why is None:
+        groups.append(("", list(every)))
+    elif rule.max_seeds == 1:
+        groups += [(f"seed {s}", [u for u in every if u.order_seed == s]) for s in plan.seeds]
+    records, parts = [], []
+    for title, units in groups:
+        record = family_record([str(folder.eval_jsonl(u.unit)) for u in units], [(u.name, u.order_seed) for u in units],
+                               decision, names)
+        records.append(record)
+        body = family_markdown(record).replace("# Decision:", "## Reading:", 1)
+        parts.append(body.replace("## Reading:", f"## {title.capitalize()}:", 1) if title else body)
+    if not groups:
+        parts.append(f"**No reading:** {why}. With {len(plan.seeds)} seed(s) a seed-aware rule has "
+                     f"{len(plan.seeds) - 1} degree(s) of freedom for the run-to-run spread: it can say nothing here.\n")
+    record = {"method": method, "secondary": True, "decision_method": plan.decision.method,
+              "why_not": None if groups else why, "readings": records}
+    markdown = label + "\n".join(parts)
+    rows = [{**{c: p.get(c) for c in COMPARISONS.names}, "arm": p["arm"] if len(groups) < 2 else f"{p['arm']}-s{r['seeds'][0]}"}
+            for r in records for p in r["comparisons"]]
+    write_json_atomic(folder.reading_json(method), record)
+    write_artifact("comparisons", rows, folder.reading_comparisons(method))
+    write_text_atomic(folder.reading_md(method), markdown)
+    return record, markdown
+
+
+def _readings_section(folder: UnitsLayout) -> str:
+    """The folder's secondary readings (other rules than the spec's), linked, each in one line."""
+    lines = []
+    for method in folder.readings():
+        record = loads_strict(folder.reading_json(method).read_text(encoding="utf-8"), str(folder.reading_json(method)))
+        if record.get("why_not"):
+            what = f"no reading ({record['why_not']})"
+        else:
+            per_seed = len(record["readings"]) > 1
+
+            def seed_of(r: dict) -> str:
+                return f" s{r['seeds'][0]}" if per_seed else ""
+
+            what = "; ".join(f"{p['arm']}{seed_of(r)} {p['mean_diff']:+.4f} {_bounds_text(p)} {p['verdict']}"
+                             for r in record["readings"] for p in r["comparisons"])
+        lines.append(f"- [{method}]({UnitsLayout.READINGS_FOLDER}/{method}/reading.md): {what}")
+    if not lines:
+        return ""
+    return ("### Secondary readings (other rules; not the decision)\n\n"
+            "`gs1 decide --units DIR --rule R` reads the same units under another rule. The pre-registered decision above "
+            "stays the decision.\n\n" + "\n".join(lines) + "\n\n")
+
+
 README_BEGIN = "<!-- gs1 decide --units: begin (written by the command; edits inside are replaced) -->"
 README_END = "<!-- gs1 decide --units: end -->"
 # the answers' own block, at the top of the README (under its title) where a reader lands first
@@ -503,7 +611,7 @@ def write_standing(plan: RunPlan, standing: UnitsStanding, folder: UnitsLayout) 
     the plots beside them."""
     plots = render_plots(standing, UNITS_PLOT_SPECS)
     write_plots(folder.plots_dir, plots)
-    markdown, answers = standing_markdown(plan, standing, plots), answers_markdown(plan, standing)
+    markdown, answers = standing_markdown(plan, standing, folder, plots), answers_markdown(plan, standing)
     write_text_atomic(folder.comparison_md, answers + markdown)
     readme = folder.root / "README.md"
     text = readme.read_text() if readme.is_file() else f"# {plan.title}: units\n"

@@ -156,7 +156,7 @@ def test_decide_matches_rl_stats_and_ignores_row_order(tmp_path, capsys):
     assert report["mcnemar"]["b"] == sum(x == 1 and y == 0 for x, y in zip(t, b))
     assert report["mcnemar"]["c"] == sum(x == 0 and y == 1 for x, y in zip(t, b))
     assert report["bootstrap_ci"]["low"] < mean < report["bootstrap_ci"]["high"]
-    assert abs(report["min_noninferior_true_diff"] - (-0.03 + radius)) < 1e-12
+    assert abs(report["noninferior_threshold"] - (-0.03 + radius)) < 1e-12
 
 
 def test_decide_flags(tmp_path, capsys):

@@ -8,15 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from rl.stats import (
-    family_decision,
-    hoeffding_p_value,
-    hoeffding_radius,
-    holm_adjust,
-    paired_decision,
-    paired_hoeffding,
-    seed_averaged,
-)
+from rl.rules import SeededPairs
+from rl.rules.paired_hoeffding import hoeffding_p_value, hoeffding_radius, paired_hoeffding
+from rl.stats import family_decision, holm_adjust, paired_decision
 from schemas.errors import EvalDataError
 
 
@@ -114,7 +108,7 @@ def test_mismatched_seeds_or_items_are_named():
     with pytest.raises(EvalDataError, match="seeds"):
         family_decision({"x": {0: t, 1: t}}, {0: b}, alpha=0.05, margin=0.0)
     with pytest.raises(EvalDataError, match="seed 1 holds other eval items"):
-        seed_averaged({0: t, 1: outcomes([1, 0])}, "x")
+        SeededPairs.of({0: t, 1: outcomes([1, 0])}, {0: t, 1: t}, "x")
     with pytest.raises(ValueError):
         family_decision({}, {0: b}, alpha=0.05, margin=0.0)
 

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "tinker", "tinker_cookbook", "transformers")
 
 # The numpy-and-pydantic library the fast tier tests; every schemas module is added in the probe.
-PURE_LIBRARY = ("rl.estimators", "rl.kernels", "rl.stats", "rl.reference", "rl.checks", "rl.gates", "rl.audit",
+PURE_LIBRARY = ("rl.estimators", "rl.rules", "rl.kernels", "rl.stats", "rl.reference", "rl.checks", "rl.gates", "rl.audit",
                 "rl.feasibility", "rl.hillclimb.climb", "rl.hillclimb.data", "rl.hillclimb.geff")
 # Test modules of pure numpy code: run whole, in a fresh process, they must not pull torch or tinker in.
 PURE_NUMPY_TESTS = ("tests/test_estimators.py", "tests/test_stats.py", "tests/test_family.py", "tests/test_geff.py",

@@ -12,6 +12,7 @@ import pytest
 import fixtures.flow_env  # noqa: F401  (registers the token_threshold env)
 from fixtures.tiny_model import tiny_model_dir  # noqa: F401
 from schemas.artifacts import read_rows
+from schemas.plan import RunPlan
 
 
 def flow_spec(repo_root: Path, model_dir: Path, **changes) -> dict:
@@ -110,6 +111,10 @@ def test_clean_run_reaches_a_paired_decision(prefect_harness, tmp_path, repo_roo
         assert "compute_advantages" in json.loads(audit["grpo_gs8.max_abs_diff"]["observed"])["reference"]
     feasibility = json.loads((run_dir / "feasibility" / "feasibility.json").read_text())
     assert feasibility["status"] == "feasible" and feasibility["wall_seconds"] > 0
+    # the power of the spec's rule, recorded beside the projection (the spec has no power gate: no row for it)
+    plan = RunPlan.model_validate_json((run_dir / "spec" / "plan.json").read_text())
+    assert feasibility["power"] == json.loads(json.dumps(plan.power_reading().record()))
+    assert "power" not in {r["metric"] for r in read_rows("gate_report", run_dir / "feasibility" / "gate_report.parquet")}
     # The pilot ran its two arms side by side: the baseline's step overlaps the treatment's steps.
     spans = {}
     for arm in ("gs1_kernel", "grpo_gs8"):

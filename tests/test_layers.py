@@ -13,15 +13,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # bottom to top: a package may import its own layer and the layers below it, never one above
 # (`report/`, the run report, sits beside the library: it reads run directories, no Prefect).
-# The arm kinds (`rl.estimators`) and the pure numpy / plain-Python modules they use sit in the
-# bottom layer with the schemas: a spec's arm is validated by its kind, and `ArmConfig.recipe` is
-# the union of the kinds' recipes. The longest matching prefix names a module's layer.
-LAYERS = (("schemas", "rl.estimators", "rl.kernels", "rl.reference"), ("rl", "report"), ("tasks",), ("flows",), ("gs1",))
+# The arm kinds (`rl.estimators`), the decision rules (`rl.rules`) and the pure numpy / plain-Python
+# modules they use sit in the bottom layer with the schemas: a spec's arm is validated by its kind,
+# `ArmConfig.recipe` is the union of the kinds' recipes, and a spec's decision_rule by its rule. The
+# longest matching prefix names a module's layer.
+LAYERS = (("schemas", "rl.estimators", "rl.rules", "rl.kernels", "rl.reference"), ("rl", "report"), ("tasks",), ("flows",),
+          ("gs1",))
 # outside packages a layer must not import (the library runs and is tested without Prefect)
 FORBIDDEN = {"schemas": {"prefect"}, "rl": {"prefect"}, "report": {"prefect"}}
 # the bottom layer's arm kinds import neither torch nor prefect, even lazily (tinker and the
 # cookbook only inside the function that is the GRPO reference: the cookbook's own code)
-PURE = {"rl.estimators": {"prefect", "torch", "transformers", "peft"}}
+PURE = {"rl.estimators": {"prefect", "torch", "transformers", "peft"},
+        "rl.rules": {"prefect", "torch", "transformers", "peft", "tinker", "tinker_cookbook"}}
 # sub-packages that only their own layer's callers above may import (nothing else in `rl`)
 LEAVES = {"rl.hillclimb": "rl"}
 

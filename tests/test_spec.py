@@ -188,7 +188,7 @@ def test_demo_spec_validates_and_is_the_shrunk_dag():
         (lambda d: d["decision_rule"].__setitem__("seeds", []), "decision_rule.seeds: must not be empty"),
         (
             lambda d: d["decision_rule"].__setitem__("method", "bootstrap"),
-            "decision_rule.method: unsupported decision method 'bootstrap' (supported: paired_hoeffding)",
+            "decision_rule.method: unsupported decision method 'bootstrap' (supported: paired_hoeffding, paired_seed_t, hierarchical_bootstrap, paired_score)",
         ),
         (lambda d: d["activation_gate"]["checks"][2].__setitem__("min", 0.95), "activation_gate.checks.2.min: must be <= max (0.95 > 0.9)"),
         (lambda d: d.pop("title"), "title: required field is missing"),
@@ -414,7 +414,7 @@ def test_validate_invalid_spec_prints_one_line_per_problem(tmp_path, raw, capsys
     assert captured.out == ""
     assert captured.err.splitlines() == [
         "arms.1.group_size: must be >= 1",
-        "decision_rule.method: unsupported decision method 't_test' (supported: paired_hoeffding)",
+        "decision_rule.method: unsupported decision method 't_test' (supported: paired_hoeffding, paired_seed_t, hierarchical_bootstrap, paired_score)",
     ]
 
 

@@ -8,13 +8,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from rl.stats import (
-    hoeffding_radius,
-    mcnemar_exact,
-    min_noninferior_true_diff,
-    paired_bootstrap_ci,
-    paired_hoeffding,
-)
+from rl.rules.paired_hoeffding import hoeffding_radius, noninferior_threshold, paired_hoeffding
+from rl.stats import mcnemar_exact, paired_bootstrap_ci
 
 
 def _binary_pairs(seed, n, p_t=0.7, p_b=0.72):
@@ -81,13 +76,13 @@ def test_hoeffding_rejects_bad_input():
         paired_hoeffding([float("nan")], [0.0], alpha=0.05, margin=0)
 
 
-def test_min_noninferior_true_diff():
+def test_noninferior_threshold():
     for n in (10, 1319, 100000):
         want = -0.03 + math.sqrt(2 * math.log(20) / n)
-        assert abs(min_noninferior_true_diff(n, 0.05, -0.03) - want) < 1e-15
+        assert abs(noninferior_threshold(n, 0.05, -0.03) - want) < 1e-15
     # an observed difference just above it is called noninferior, just below it is not
     n = 400
-    threshold = min_noninferior_true_diff(n, 0.05, -0.03)
+    threshold = noninferior_threshold(n, 0.05, -0.03)
     k = math.ceil((threshold + 1e-9) * n)
     t = np.zeros(n)
     t[:k] = 1
@@ -169,7 +164,7 @@ def test_paired_decision_record_from_maps_and_files(tmp_path):
     assert record["mcnemar_p"] == mcnemar_exact(t, b)["p_value"] == record["mcnemar"]["p_value"]
     assert record["bootstrap_ci"]["confidence"] == pytest.approx(0.9)
     assert record["bootstrap_lower"] == record["bootstrap_ci"]["low"]
-    assert record["min_noninferior_true_diff"] == min_noninferior_true_diff(120, 0.05, -0.03)
+    assert record["noninferior_threshold"] == noninferior_threshold(120, 0.05, -0.03)
 
     # every column of the decision artifact but the criterion name is in the record
     from schemas.artifacts import DECISION

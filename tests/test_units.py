@@ -264,7 +264,7 @@ def test_the_table_reads_what_the_folder_holds(tmp_path, repo_root, tiny_model_d
     assert (tmp_path / "decision" / "decision.json").exists() == (not missing)
     assert rows["critic"].relative_cost["model_calls"] == pytest.approx(1.5)
 
-    table = standing_markdown(plan, standing)
+    table = standing_markdown(plan, standing, UnitsLayout(tmp_path))
     critic_row = next(line for line in table.splitlines() if line.startswith("| critic |"))
     assert "| 24 (1.50x; critic 8) |" in critic_row  # two seeds of 12 calls, 4 of them the critic's
     assert "| 21 s, 5.2 s/step (1.00x) |" in critic_row  # (10 + 11) s over 4 steps, as the baseline's
@@ -316,7 +316,7 @@ def test_wall_time_compares_only_units_that_shared_the_gpu_alike(tmp_path, repo_
                                                                "batch_mean": (1,)}
     assert rows["gs1_kernel"].wall_ratio == pytest.approx(8.4 / 8.0)  # seed 0 only: seed 1 ran alone
     assert rows["batch_mean"].wall_ratio == pytest.approx(6.8 / 6.0)
-    lines = standing_markdown(plan, standing).splitlines()
+    lines = standing_markdown(plan, standing, UnitsLayout(tmp_path)).splitlines()
 
     def row(first: str) -> str:
         return next(line for line in lines if line.startswith(f"| {first} |"))

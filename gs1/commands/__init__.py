@@ -6,4 +6,4 @@ loading pydantic, numpy, Prefect or torch. Each such import says `# lazy: start-
 """
 
 # Module names under gs1.commands, in the order `gs1 --help` lists them.
-COMMANDS = ["validate", "run", "advantages", "decide", "collect", "hillclimb", "report", "serve", "replay"]
+COMMANDS = ["validate", "power", "run", "advantages", "decide", "collect", "hillclimb", "report", "serve", "replay"]

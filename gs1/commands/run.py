@@ -138,13 +138,16 @@ def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None
             print(f"gs1: no decision yet, it waits for: {', '.join(decision['waiting_for'])}; "
                   f"`gs1 decide --spec {spec_path} --units DIR --collect {run_dir}` gathers units and decides once all are in")
             return 0
+        from rl.rules import rule_for  # lazy: start-up time
+
+        bounds_name = rule_for(decision["method"]).bounds_name
         for pair in decision.get("comparisons", []):  # several arms (or seeds): one line per arm, Holm's verdicts
             print(f"gs1: {pair['arm']} - {decision['baseline']} = {pair['mean_diff']:+.4f} "
-                  f"(Hoeffding [{pair['lower']:+.4f}, {pair['upper']:+.4f}], Holm p {pair['holm_p_noninferior']:.3g}): "
+                  f"({bounds_name} [{pair['lower']:+.4f}, {pair['upper']:+.4f}], Holm p {pair['holm_p_noninferior']:.3g}): "
                   f"{pair['verdict']}")
         print(
             f"gs1: decision {decision['verdict']}: {decision['treatment']} - {decision['baseline']} = "
-            f"{decision['mean_diff']:+.4f} (Hoeffding lower {decision['lower']:+.4f}, margin {decision['margin']:+.4f}, "
+            f"{decision['mean_diff']:+.4f} ({bounds_name}: lower {decision['lower']:+.4f}, margin {decision['margin']:+.4f}, "
             f"n={decision['n']})"
         )
         print(f"gs1: decision at {layout.decision.json}; artifacts under {run_dir}")

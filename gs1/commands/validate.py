@@ -39,6 +39,7 @@ def _weighted(crit) -> str:
 
 def summary(spec, path: str) -> str:
     # lazy: start-up time
+    from schemas.plan import DecisionPlan
     from schemas.spec import (baseline_arm, compared_arms, resolve_base_model_path, resolve_renderer_name, spec_hash,
                               treatment_arm)
 
@@ -94,6 +95,13 @@ def summary(spec, path: str) -> str:
             f"  {crit.id}: {crit.metric} in {list(crit.bounds)}; D = {_weighted(crit)}; "
             f"noninferior if lower bound > {crit.margin:g}, inferior if upper bound < {crit.margin:g}"
         )
+    power = DecisionPlan.of_spec(spec).power_reading(None, len(dr.seeds))
+    if power is not None and power.why_not is None:  # `gs1 power SPEC` gives the whole reading and its design table
+        at = ", ".join(f"{p.p_conclusive:.0%} at {p.true_diff:+.3f}" for p in power.points)
+        lines.append(f"  power: noninferior above {power.noninferior_threshold:+.4f}; P(conclusive) {at}"
+                     + ("" if power.design.min_power is None else
+                        f"; gate needs {power.design.min_power:.0%}: {'passes' if power.gate_passed else 'FAILS'}")
+                     + " (gs1 power SPEC)")
     cp = spec.correctness_preflight
     if cp is not None:
         lines.append(f"preflight   correctness {'required' if cp.required else 'optional'}: {len(cp.paths)} path(s)"
