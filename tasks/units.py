@@ -355,14 +355,7 @@ def answers_markdown(plan: RunPlan, standing: UnitsStanding) -> str:
                          f"{c.wall_seconds:.0f} s ({seeds_text(a.common_seeds)})")
         lines.append(f"- **{treatment} and {name}** ({plan.arm(name).advantage}): " + "; ".join(parts) + ".")
     paired_seeds = t.common_seeds if t is not None else ()
-    reach = _first_pair(standing)
-    reach_text = (f" At {reach['n']} paired items and {len(paired_seeds)} seed(s) the rule calls an arm noninferior (margin "
-                  f"{reach['margin']:+.2f}) only when its observed difference is above {reach['noninferior_threshold']:+.4f}"
-                  f"{_threshold_basis(plan)}: an arm as good as the baseline most likely reads inconclusive."
-                  if reach and reach['noninferior_threshold'] > 0 else
-                  f" At {reach['n']} paired items and {len(paired_seeds)} seed(s) the rule calls an arm noninferior "
-                  f"(margin {reach['margin']:+.2f}) when its observed difference is above "
-                  f"{reach['noninferior_threshold']:+.4f}{_threshold_basis(plan)}." if reach else "")
+    reach_text = _reach_text(plan, _first_pair(standing), len(paired_seeds))
     lines.append(
         f"- **What the units cannot tell:** one model ({plan.run.base_model}), one benchmark ({plan.run.env}), "
         f"{plan.steps} steps, {len(paired_seeds)} of {len(plan.seeds)} seeds paired{'' if standing.complete else ' so far'} ({treatment} with "
@@ -385,6 +378,22 @@ def _bounds_text(p: dict) -> str:
     if p.get("lower") is None:
         return f"(no bounds yet: {p.get('why_no_bounds', 'not read')})"
     return f"[{p['lower']:+.4f}, {p['upper']:+.4f}]"
+
+
+def _reach_text(plan: RunPlan, reach: dict | None, seeds: int) -> str:
+    """What the rule can tell: the smallest observed difference it calls noninferior at the pair's
+    items and seeds, or, while it cannot read that few seeds, at the spec's own (its power reading)."""
+    if reach is None:
+        return ""
+    threshold, at = reach.get("noninferior_threshold"), f"{reach['n']} paired items and {seeds} seed(s)"
+    if threshold is None:
+        power = plan.power_reading()
+        if power is None or power.noninferior_threshold is None:
+            return ""
+        threshold, at = power.noninferior_threshold, f"{power.n} items and all {power.seeds} seeds (once they are in)"
+    tail = (": an arm as good as the baseline most likely reads inconclusive." if threshold > 0 else ".")
+    return (f" At {at} the rule calls an arm noninferior (margin {reach['margin']:+.2f}) only when its observed "
+            f"difference is above {threshold:+.4f}{_threshold_basis(plan)}{tail}")
 
 
 def _threshold_basis(plan: RunPlan) -> str:

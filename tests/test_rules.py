@@ -274,7 +274,9 @@ def test_decide_with_a_rule_that_needs_seeds_given_two_files_is_one_line(tmp_pat
 
 def _fake_units_folder(root: Path, spec: dict, n_items: int, rng_seed: int):
     """A made-up units folder (a fake, no training): every unit of the spec with random 0/1
-    outcomes on n_items; returns the plan."""
+    outcomes on n_items and a made-up training cost; returns the plan."""
+    from schemas.artifacts import write_artifact
+    from schemas.cost import ArmCost
     from schemas.spec import anchored, parse_spec
     from tasks.spec import plan_from_spec
 
@@ -286,6 +288,9 @@ def _fake_units_folder(root: Path, spec: dict, n_items: int, rng_seed: int):
         correct = rng.random(n_items) < (0.6 if unit.name != plan.run.baseline else 0.62)
         (folder / "eval.jsonl").write_text("".join(json.dumps({"item_id": f"i{i}", "correct": bool(c)}) + "\n"
                                                    for i, c in enumerate(correct)))
+        cost = ArmCost(arm=unit.name, seed=unit.order_seed, unit=unit.unit, steps=2, wall_seconds=10.0, sample_seconds=5.0,
+                       train_seconds=5.0, sampler_tokens=1000, trainer_tokens=500, model_calls=8)
+        write_artifact("arm_costs", [cost.model_dump()], folder / "costs.parquet")
     return plan
 
 
@@ -356,3 +361,35 @@ def test_a_power_gate_reads_where_the_spec_says_and_only_there():
     assert DecisionPlan.of_spec(parse_spec(raw)).power_reading(None, seeds).gate_row()["passed"] is False
     del raw["decision_rule"]["min_power"]
     assert DecisionPlan.of_spec(parse_spec(raw)).power_reading(None, seeds).gate_row() is None
+
+
+def test_an_interim_folder_under_a_seed_aware_rule_shows_differences_without_bounds(tmp_path):
+    """Made-up units (a fake, no training) of a three-seed paired_seed_t spec with seed 2 missing:
+    each arm's interim difference over the two seeds in, no bounds (the rule needs three) and why,
+    in the table, the answers and the plot; once seed 2 is in, the decision is the rule's."""
+    import shutil
+
+    from schemas.layout import UnitsLayout
+    from tasks.units import units_standing, write_standing
+
+    raw = json.loads((ROOT / "specs" / "gsm8k_gs1_vs_grpo_seeds.json").read_text())
+    raw["decision_rule"]["seeds"] = [0, 1, 2]
+    plan = _fake_units_folder(tmp_path, raw, 80, 4)
+    kept = tmp_path.parent / "kept"
+    for unit in ("grpo_gs8-s2", "gs1_kernel-s2", "batch_mean-s2"):
+        shutil.move(tmp_path / unit, kept / unit)
+    folder = UnitsLayout(tmp_path)
+    standing = units_standing(plan, folder)
+    pair = {a.arm: a.pair for a in standing.arms}["gs1_kernel"]
+    assert pair["verdict"] == "interim" and pair["lower"] is None and "needs at least 3 seeds" in pair["why_no_bounds"]
+    want = np.mean([pair["mean_diff_by_seed"][s] for s in ("0", "1")])
+    assert pair["mean_diff"] == pytest.approx(want, abs=1e-12)
+    write_standing(plan, standing, folder)
+    text = folder.comparison_md.read_text()
+    assert "(no bounds yet: paired_seed_t needs at least 3 seeds (got 2))" in text and "seed-t bounds" in text
+    assert (folder.plots_dir / "units_accuracy.png").is_file()
+    for unit in ("grpo_gs8-s2", "gs1_kernel-s2", "batch_mean-s2"):
+        shutil.move(kept / unit, tmp_path / unit)
+    decision = units_standing(plan, folder).decision
+    assert decision["method"] == "paired_seed_t" and decision["seeds"] == [0, 1, 2]
+    assert decision["rule_details"]["df"] == 2 and decision["verdict"] in ("noninferior", "inferior", "inconclusive")

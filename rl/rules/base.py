@@ -20,12 +20,14 @@ name a rule.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
+from scipy.stats import norm
 
 from schemas.errors import EvalDataError
 
@@ -231,5 +233,9 @@ class Rule:
 
     def power(self, design, true_diff: float, n: int, seeds: int, level: float, margin: float, bounds,
               settings: RuleSettings) -> tuple[float, float]:
-        """(P(noninferior), P(inferior)) when the true difference is `true_diff`."""
-        raise NotImplementedError
+        """(P(noninferior), P(inferior)) when the true difference is `true_diff`. Here for a rule whose
+        thresholds do not move with the data: the observed mean ~ N(true_diff, sigma(n)^2 / seeds)
+        against them (a rule whose bound carries the observed spread overrides it)."""
+        ni, inf = self.observed_thresholds(design, n, seeds, level, margin, bounds, settings)
+        se = design.seed_sd(n) / math.sqrt(seeds)
+        return float(norm.sf((ni - true_diff) / se)), float(norm.cdf((inf - true_diff) / se))

@@ -114,11 +114,6 @@ class HierarchicalBootstrap(Rule):
         half = float(norm.ppf(1.0 - level)) * self._bootstrap_se(design, n, seeds)
         return margin + half, margin - half
 
-    def power(self, design, true_diff, n, seeds, level, margin, bounds, settings):
-        # normal approximation: the observed mean ~ N(true, sigma(n)^2 / S), the bound's half-width fixed
-        ni, inf = self.observed_thresholds(design, n, seeds, level, margin, bounds, settings)
-        se = design.seed_sd(n) / math.sqrt(seeds)
-        return float(norm.sf((ni - true_diff) / se)), float(norm.cdf((inf - true_diff) / se))
 
 
 RULE = HierarchicalBootstrap()

@@ -12,8 +12,6 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-import numpy as np
-from scipy.stats import norm
 
 from rl.rules.base import Rule, RuleSettings, SeededPairs, value_range
 
@@ -92,11 +90,6 @@ class PairedHoeffding(Rule):
         radius = hoeffding_radius(n, level, bounds)
         return margin + radius, margin - radius
 
-    def power(self, design, true_diff, n, seeds, level, margin, bounds, settings):
-        # the seed-averaged mean difference ~ N(true_diff, sigma(n)^2 / seeds)
-        ni, inf = self.observed_thresholds(design, n, seeds, level, margin, bounds, settings)
-        se = design.seed_sd(n) / np.sqrt(seeds)
-        return float(norm.sf((ni - true_diff) / se)), float(norm.cdf((inf - true_diff) / se))
 
 
 RULE = PairedHoeffding()

@@ -123,10 +123,6 @@ class PairedScore(Rule):
         half = float(norm.ppf(1.0 - level)) * design.item_sd / math.sqrt(n)
         return margin + half, margin - half
 
-    def power(self, design, true_diff, n, seeds, level, margin, bounds, settings):
-        ni, inf = self.observed_thresholds(design, n, seeds, level, margin, bounds, settings)
-        se = design.seed_sd(n)
-        return float(norm.sf((ni - true_diff) / se)), float(norm.cdf((inf - true_diff) / se))
 
 
 RULE = PairedScore()
