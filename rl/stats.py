@@ -150,23 +150,6 @@ def read_eval_items(path) -> dict[str, float]:
     return items
 
 
-def paired_outcomes(treatment: dict, baseline: dict) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """(item_ids sorted, treatment_R, baseline_R) matched by item id; differing sets -> error."""
-    only_treatment = treatment.keys() - baseline.keys()
-    only_baseline = baseline.keys() - treatment.keys()
-    if only_treatment or only_baseline:
-        raise EvalDataError(
-            f"item sets differ: {len(only_treatment) + len(only_baseline)} item(s) differ "
-            f"({len(only_treatment)} only in treatment, {len(only_baseline)} only in baseline)"
-        )
-    item_ids = sorted(treatment)
-    return (
-        item_ids,
-        np.array([treatment[i] for i in item_ids], dtype=np.float64),
-        np.array([baseline[i] for i in item_ids], dtype=np.float64),
-    )
-
-
 def _settings(rule: RuleSettings | None) -> RuleSettings:
     return rule if rule is not None else rule_for(DEFAULT_METHOD).settings()
 
@@ -217,7 +200,6 @@ def paired_decision(treatment, baseline, *, alpha: float, margin: float, bounds=
         treatment = read_eval_items(treatment)
     if not isinstance(baseline, dict):
         baseline = read_eval_items(baseline)
-    paired_outcomes(treatment, baseline)  # the item sets must agree (the error names both sides)
     pairs = SeededPairs.of({0: treatment}, {0: baseline})
     return read_pairs(pairs, alpha=alpha, margin=margin, bounds=bounds, rule=rule, design=design,
                       n_resamples=n_resamples, seed=seed)
@@ -246,16 +228,6 @@ def holm_adjust(p_values) -> list[float]:
 def holm_level(alpha: float, rank: int, m: int) -> float:
     """The level Holm tests the hypothesis of 0-based `rank` (by ascending p) at: alpha / (m - rank)."""
     return alpha / (m - rank)
-
-
-def mean_diff_by_seed(treatment: dict[int, dict[str, float]], baseline: dict[int, dict[str, float]]) -> dict[str, float]:
-    """Treatment minus baseline at each seed, items paired within the seed (JSON keys: the seeds
-    as text): how far the seeds agree on a difference the decision averages over them."""
-    by_seed = {}
-    for s in sorted(baseline):
-        _, t_R, b_R = paired_outcomes(treatment[s], baseline[s])
-        by_seed[str(s)] = float(np.mean(t_R - b_R))
-    return by_seed
 
 
 def _loaded(by_seed: dict[int, object]) -> dict[int, dict[str, float]]:
@@ -288,7 +260,7 @@ def family_decision(compared: dict[str, dict[int, object]], baseline: dict[int, 
         pairs = SeededPairs.of(loaded, base_by_seed, arm)
         record = read_pairs(pairs, alpha=alpha, margin=margin, bounds=bounds, rule=settings, design=design,
                             n_resamples=n_resamples, seed=seed)
-        record.update(arm=arm, seeds=len(base_seeds), mean_diff_by_seed=mean_diff_by_seed(loaded, base_by_seed))
+        record.update(arm=arm, seeds=len(base_seeds), mean_diff_by_seed=pairs.mean_diff_by_seed())
         records.append(record)
         arm_pairs.append(pairs)
     m = len(records)

@@ -30,8 +30,8 @@ import numpy as np
 
 from report.plots import UNITS_PLOT_SPECS, RenderedPlot, render_plots
 from report.render import write_plots
-from rl.rules import rule_for
 from report.units_model import ArmStanding, UnitSharing, UnitsStanding, VersusArm, seeds_text
+from rl.rules import rule_for
 from schemas.cost import ArmCost
 from schemas.errors import UserError
 from schemas.artifacts import COMPARISONS, write_artifact
@@ -101,7 +101,7 @@ def keep_gate_records(run: RunLayout, out: UnitsLayout) -> Path:
 def units_standing(plan: RunPlan, folder: UnitsLayout) -> UnitsStanding:
     """Read the folder; decide (and write the decision's files) once every unit is in."""
     from rl.rules import SeededPairs
-    from rl.stats import describe_pair, mean_diff_by_seed, read_eval_items, read_pairs
+    from rl.stats import describe_pair, read_eval_items, read_pairs
     from schemas.artifacts import read_rows
 
     every = plan.units()
@@ -132,8 +132,8 @@ def units_standing(plan: RunPlan, folder: UnitsLayout) -> UnitsStanding:
         mine, theirs = units_at(arm), units_at(other)
         mine_by_seed = {s: evals[mine[s]] for s in seeds}
         theirs_by_seed = {s: evals[theirs[s]] for s in seeds}
-        by_seed = mean_diff_by_seed(mine_by_seed, theirs_by_seed)
         pairs = SeededPairs.of(mine_by_seed, theirs_by_seed, arm)
+        by_seed = pairs.mean_diff_by_seed()
         if (why := rule_for(rule.method).seeds_problem(len(seeds))) is not None:
             t_R, b_R = pairs.seed_averaged()
             return {"method": rule.method, "n": pairs.n, "mean_diff": float(np.mean(t_R - b_R)), "lower": None,

@@ -186,13 +186,13 @@ def test_paired_decision_record_from_maps_and_files(tmp_path):
 
 
 def test_mean_diff_by_seed_pairs_items_within_each_seed():
-    """rl.stats.mean_diff_by_seed: per seed, treatment minus baseline on the same items, matched by
+    """SeededPairs.mean_diff_by_seed: per seed, treatment minus baseline on the same items, matched by
     id whatever their order; a seed whose item sets differ is an error, not a silent mean."""
-    from rl.stats import mean_diff_by_seed
+    from rl.rules import SeededPairs
     from schemas.errors import EvalDataError
 
     treatment = {0: {"a": 1.0, "b": 0.0, "c": 1.0}, 1: {"c": 0.0, "a": 1.0, "b": 1.0}}
     baseline = {1: {"a": 0.0, "b": 1.0, "c": 0.0}, 0: {"a": 1.0, "b": 1.0, "c": 0.0}}
-    assert mean_diff_by_seed(treatment, baseline) == {"0": pytest.approx(0.0), "1": pytest.approx(1 / 3)}
+    assert SeededPairs.of(treatment, baseline).mean_diff_by_seed() == {"0": pytest.approx(0.0), "1": pytest.approx(1 / 3)}
     with pytest.raises(EvalDataError, match="item sets differ"):
-        mean_diff_by_seed({0: {"a": 1.0}}, {0: {"b": 1.0}})
+        SeededPairs.of({0: {"a": 1.0}}, {0: {"b": 1.0}})

@@ -3,9 +3,9 @@ functions), the registry the rest of gs1 asks (`rule_for`), and the power model 
 Each rule reads paired per-item outcomes grouped by seed (`SeededPairs`) and answers a `Reading`.
 """
 
-from rl.rules.base import VERDICTS, Reading, Rule, RuleSettings, SeededPairs
+from rl.rules.base import Reading, Rule, RuleSettings, SeededPairs
 from rl.rules.power import PowerDesign, PowerReading, power_reading
 from rl.rules.registry import DEFAULT_METHOD, METHODS, RULES, RuleSettingsUnion, rule_for
 
-__all__ = ["DEFAULT_METHOD", "METHODS", "RULES", "VERDICTS", "PowerDesign", "PowerReading", "Reading", "Rule",
+__all__ = ["DEFAULT_METHOD", "METHODS", "RULES", "PowerDesign", "PowerReading", "Reading", "Rule",
            "RuleSettings", "RuleSettingsUnion", "SeededPairs", "power_reading", "rule_for"]

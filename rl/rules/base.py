@@ -31,9 +31,6 @@ from scipy.stats import norm
 
 from schemas.errors import EvalDataError
 
-VERDICTS = ("noninferior", "inferior", "inconclusive")
-
-
 class RuleSettings(BaseModel):
     """A rule's own spec fields (each rule subclasses this with `method: Literal[...]`)."""
 
@@ -64,12 +61,16 @@ class SeededPairs:
         items = tuple(sorted(baseline[seeds[0]]))
         if not items:
             raise ValueError("no paired items")
-        for s in seeds:
-            for side, by_seed in (("baseline", baseline), (arm, treatment)):
-                if by_seed[s].keys() != set(items):
-                    only = len(by_seed[s].keys() - set(items)) + len(set(items) - by_seed[s].keys())
-                    raise EvalDataError(f"{side}: seed {s} holds other eval items than seed {seeds[0]} "
-                                        f"({only} item(s) differ)")
+        for side, by_seed in (("baseline", baseline), (arm, treatment)):  # each arm holds one item set over its seeds
+            first = by_seed[seeds[0]].keys()
+            for s in seeds[1:]:
+                if by_seed[s].keys() != first:
+                    raise EvalDataError(f"{side}: seed {s} holds other eval items than seed {seeds[0]}")
+        only_treatment = treatment[seeds[0]].keys() - set(items)
+        only_baseline = set(items) - treatment[seeds[0]].keys()
+        if only_treatment or only_baseline:
+            raise EvalDataError(f"item sets differ: {len(only_treatment) + len(only_baseline)} item(s) differ "
+                                f"({len(only_treatment)} only in {arm}, {len(only_baseline)} only in baseline)")
         t = np.array([[treatment[s][i] for i in items] for s in seeds], dtype=np.float64)
         b = np.array([[baseline[s][i] for i in items] for s in seeds], dtype=np.float64)
         return cls(seeds, items, t, b)
@@ -106,6 +107,10 @@ class SeededPairs:
     def seed_means(self) -> np.ndarray:
         """diff_S: each seed's mean paired difference over the items."""
         return self.diff_S_N.mean(axis=1)
+
+    def mean_diff_by_seed(self) -> dict[str, float]:
+        """Each seed's mean paired difference, keyed by the seed as text (the records' JSON keys)."""
+        return {str(s): float(d) for s, d in zip(self.seeds, self.seed_means())}
 
     def seed_averaged(self) -> tuple[np.ndarray, np.ndarray]:
         """(treatment_N, baseline_N): each item's outcome averaged over the seeds."""

@@ -213,14 +213,3 @@ def power_reading(rule, settings, *, n: int, seeds: int, alpha: float, margin: f
     table = tuple(cell(s, k) for k in (items or (n,)) for s in sorted({*seed_counts, seeds}))
     return PowerReading(rule.method, n, seeds, float(alpha), level, compared, float(margin), own.noninferior_threshold,
                         own.inferior_threshold, own.points, design, table, own.why_not)
-
-
-def smallest_seeds(rule, settings, *, n: int, alpha: float, margin: float, compared: int, design: PowerDesign,
-                   true_diff: float, target: float, bounds=(0.0, 1.0), most: int = 64) -> int | None:
-    """The fewest seeds at which the rule's P(noninferior) at `true_diff` reaches `target` (None
-    within `most`)."""
-    level = alpha / max(compared, 1)
-    for s in range(1, most + 1):
-        if rule.seeds_problem(s) is None and rule.power(design, true_diff, n, s, level, margin, bounds, settings)[0] >= target:
-            return s
-    return None
