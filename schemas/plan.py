@@ -180,6 +180,8 @@ class TrainedArm(_Plan):
     metrics: str
     sampler_digest: str  # content hash of the sampler weights: eval keys on the weights themselves
     costs: str | None = None  # its arm_costs record
+    # how its numbers were made (rl.backends.determinism.Numerics.record): whether a rerun repeats it
+    numerics: dict | None = None
 
 
 class EvalResult(_Plan):

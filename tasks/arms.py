@@ -28,7 +28,7 @@ from prefect.context import TaskRunContext
 from tinker_cookbook import model_info, renderers
 
 from rl.backends import release_training_client
-from rl.backends.responses import resolved
+from rl.backends.responses import backend_of, resolved
 from rl.envs import get_env
 from rl.stats import read_eval_items
 from rl.loop import HeldoutRequest, StepLog, eval_rows, new_window, train_arm, window_from_logs
@@ -46,7 +46,7 @@ from schemas.spec import Pilot
 from tasks.cache import digest_paths, record_output, stage_cache
 from tasks.judging import judging_task
 from tasks.running import stage_end_hooks
-from tasks.services import service_client
+from tasks.services import engine_numerics, service_client
 
 
 def env_for(run: RunContext, data_dir: str | None):
@@ -71,7 +71,9 @@ def _lora_client(arm: ArmConfig, backend: str, rank: int, state_path: str | None
     service = service_client(backend)
     if state_path is None:
         kwargs = {"base_model_path": arm.base_model_path} if backend == "local" and arm.base_model_path else {}
-        future = service.create_lora_training_client(base_model=arm.base_model, rank=rank, seed=arm.seed, **kwargs)
+        # the unit's name: the local engine's deterministic mode orders a batch's rows by it
+        future = service.create_lora_training_client(base_model=arm.base_model, rank=rank, seed=arm.seed,
+                                                     user_metadata={"unit": arm.unit}, **kwargs)
         call = "create_lora_training_client"
     else:
         future = service.create_training_client_from_state_with_optimizer(state_path)
@@ -368,7 +370,8 @@ def _train_from(arm: ArmConfig, layout: RunLayout, env, order, arm_dir: Path, tr
     record_output(sampler_path)  # the local engine's adapter files: verified before a cache hit
     # eval keys on the weights themselves: a retrained arm with other weights is evaluated again
     final = TrainedArm(arm=arm.unit, sampler_path=sampler_path, rollouts=str(rollouts_path), metrics=str(metrics_path),
-                       sampler_digest=digest_paths(sampler_path), costs=str(costs_path))
+                       sampler_digest=digest_paths(sampler_path), costs=str(costs_path),
+                       numerics=engine_numerics(backend_of(training_client)))
     write_json_atomic(layout.final_json(arm.unit), final.model_dump())
     return final
 

@@ -26,6 +26,16 @@ def service_client(backend: str):
         return _SERVICES[backend]
 
 
+def engine_numerics(backend: str) -> dict:
+    """How the backend makes its numbers (`Numerics.record`): the local engine's mode, device and
+    dtype; for a hosted service only its name (whether it reproduces is not gs1's to see)."""
+    from rl.backends.determinism import Numerics
+
+    if backend != "local":
+        return Numerics(backend=backend, deterministic=None).record()
+    return service_client(backend).numerics().record()
+
+
 def engine_usage(backend: str) -> tuple[float, dict] | None:
     """The local engine's usage now (`LocalServiceClient.usage`) and the time, to bound a stage
     with `log_engine_usage`; None on a hosted service."""

@@ -114,6 +114,7 @@ from rl.backends.attention import (
     sdpa_flags,
     versions,
 )
+from rl.backends import determinism
 from rl.backends.futures import LocalClientFuture, LocalFuture, SerialWorker, WorkerUsage
 from rl.backends.lora_bank import DECODE_FORMS, DEFAULT_DECODE_FORM, AdapterBank, AdapterWeights
 from rl.backends.local_sampler import (
@@ -271,6 +272,8 @@ class EngineSettings:
     # float32 matmuls (the LoRA's in the learner, the bank's in decode) on TF32 tensor cores
     # (`use_tf32`): set process-wide by a CUDA base; no effect on the CPU
     tf32: bool = False
+    # runs that reproduce (rl/backends/determinism.py): set process-wide when the service is made
+    deterministic: bool = False
 
 
 LEARNER_LORA = ("fused", "peft")
@@ -597,8 +600,11 @@ class _Base:
                     for j, lp in zip(scored, lps):
                         j.future.set_result(lp)
                 # Generation: consecutive requests packed into batches of at most max_batch_rows rows.
+                samples = [j for j in jobs if j.kind == "sample"]
+                if self.settings.deterministic:  # the batches' rows whatever order the threads queued them in
+                    samples.sort(key=lambda j: determinism.request_order(j.key, j.owner, j.prompt, j.num_samples))
                 batch: list[_Request] = []
-                for j in (j for j in jobs if j.kind == "sample"):
+                for j in samples:
                     if batch and sum(b.num_samples for b in batch) + j.num_samples > self.max_batch_rows:
                         self._generate(batch)
                         batch = []
@@ -952,6 +958,7 @@ class _Adapter:
         self.stray = False  # not ready in time: not waited for until it waits on samples again
         self.thread: int | None = None  # the thread that last queued its requests or waited on them
         self.train_calls = 0  # forward_backward calls (the compiled learner starts at `compile_learner_after`)
+        self.unit = ""  # the arm it trains, as the caller named it (the deterministic mode's batch order)
 
     def __getattr__(self, name: str):
         """The base's parts (device, dtype, tokenizer, generator, worker, settings), as each
@@ -1452,7 +1459,11 @@ class LocalServiceClient:
                  batch_across_clients: bool | None = None, gather_busy_s: float | None = None,
                  bank_decode: str | None = None, compile_after_batches: int | None = None,
                  learner_lora: str = "fused", compile_learner: bool | None = None,
-                 compile_learner_after: int | None = None, tf32: bool | None = None):
+                 compile_learner_after: int | None = None, tf32: bool | None = None,
+                 deterministic: bool | None = None):
+        deterministic = determinism.requested(deterministic)
+        if deterministic:  # before anything runs on the device (cuBLAS sizes its workspace once)
+            determinism.enable()
         self.device = _pick_device(device)
         self.dtype = _pick_dtype(dtype, self.device)
         cache = cache_dir or os.environ.get("GS1_LOCAL_CACHE")
@@ -1488,7 +1499,7 @@ class LocalServiceClient:
             compile_after_batches=compile_after_batches or COMPILE_AFTER_BATCHES,
             learner_lora=learner_lora, compile_learner=bool(compile_learner),
             compile_learner_after=compile_learner_after or COMPILE_LEARNER_AFTER,
-            tf32=use_tf32(self.device, tf32))
+            tf32=use_tf32(self.device, tf32), deterministic=deterministic)
         if learner_lora not in LEARNER_LORA:
             raise UserError(f"learner LoRA path {learner_lora!r}: one of {', '.join(LEARNER_LORA)}")
         if self.settings.bank_decode not in DECODE_FORMS:
@@ -1503,6 +1514,14 @@ class LocalServiceClient:
     @property
     def max_batch_rows(self) -> int:
         return self.settings.max_batch_rows
+
+    def numerics(self) -> determinism.Numerics:
+        """How this engine's numbers are made (a unit's record carries it)."""
+        return determinism.Numerics(
+            backend="local", deterministic=self.settings.deterministic and determinism.enabled(),
+            device=str(self.device), dtype=str(self.dtype).removeprefix("torch."), tf32=self.settings.tf32,
+            cublas_workspace=os.environ.get("CUBLAS_WORKSPACE_CONFIG") if self.device.type == "cuda" else None,
+            torch=torch.__version__)
 
     def place(self) -> torch.device:
         """The device of the next client. `device="cuda"` (or None) on a machine with several
@@ -1538,13 +1557,16 @@ class LocalServiceClient:
     def create_lora_training_client(self, base_model: str, rank: int = 32, seed: int | None = None,
                                     train_mlp: bool = True, train_attn: bool = True,
                                     train_unembed: bool = False, *,
-                                    base_model_path: str | None = None, **_: Any
+                                    base_model_path: str | None = None,
+                                    user_metadata: dict[str, str] | None = None, **_: Any
                                     ) -> LocalClientFuture[LocalTrainingClient]:
-        """`base_model` names the model; weights load from `base_model_path` when given."""
+        """`base_model` names the model; weights load from `base_model_path` when given.
+        `user_metadata["unit"]` names the client's arm for the deterministic mode's batch order."""
         lora = LoraSpec(int(rank), train_mlp, train_attn, train_unembed)
         lora.target_modules()  # a LoRA on nothing is refused here, not on the worker
         base = self.base(base_model_path or base_model)
         adapter = base.worker.submit(base.add_adapter, lora, seed).result()
+        adapter.unit = (user_metadata or {}).get("unit", "")
         model_id = f"local-{next(self._ids):04d}-{uuid.uuid4().hex[:8]}"
         run_dir = self.cache_dir / "runs" / model_id
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -127,6 +127,20 @@ def _truncate(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) ->
     return torch.empty_like(scaled).scatter_(-1, idx, sorted_l)
 
 
+# The deterministic mode's draw (rl/backends/determinism.py): probabilities in units of 2^-50, so
+# the cumulative sum is an integer one (exact, any order; torch's float cumsum on CUDA has no
+# deterministic form). It draws what the float64 scan draws unless u falls within ~V * 2^-50 of a
+# token's boundary; a token below 2^-50 is never drawn.
+FIXED_POINT_BITS = 50
+
+
+def _draw_fixed_point(lp_all: torch.Tensor, u_B: torch.Tensor) -> torch.Tensor:
+    mass = (lp_all.exp().to(torch.float64) * 2.0**FIXED_POINT_BITS).floor().to(torch.int64)
+    cdf = mass.cumsum(-1)
+    target = (u_B * cdf[:, -1].to(torch.float64)).floor().to(torch.int64)
+    return torch.searchsorted(cdf, target[:, None], right=True).squeeze(1).clamp_max(lp_all.shape[-1] - 1)
+
+
 def sample_step(
     logits: torch.Tensor,  # [B, V] float32
     temps: torch.Tensor,  # [B] float32, 0 = greedy
@@ -142,9 +156,12 @@ def sample_step(
     if top_k is not None:
         scaled = _truncate(scaled, top_k, top_p)
     lp_all = torch.log_softmax(scaled, dim=-1)
-    cdf = lp_all.exp().to(torch.float64).cumsum(-1)
-    u = uniforms(keys, step) * cdf[:, -1]
-    tok = torch.searchsorted(cdf, u[:, None], right=True).squeeze(1).clamp_max(logits.shape[-1] - 1)
+    if torch.are_deterministic_algorithms_enabled():
+        tok = _draw_fixed_point(lp_all, uniforms(keys, step))
+    else:
+        cdf = lp_all.exp().to(torch.float64).cumsum(-1)
+        u = uniforms(keys, step) * cdf[:, -1]
+        tok = torch.searchsorted(cdf, u[:, None], right=True).squeeze(1).clamp_max(logits.shape[-1] - 1)
     tok = torch.where(greedy, logits.argmax(-1), tok)
     lp = lp_all.gather(1, tok[:, None]).squeeze(1)
     if any_greedy if any_greedy is not None else bool(greedy.any()):

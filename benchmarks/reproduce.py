@@ -1,0 +1,188 @@
+"""Does a run reproduce? The same spec's arms trained several times, and the runs compared.
+
+    python benchmarks/reproduce.py SPEC --steps 7 --runs 3 --out DIR --label default
+    GS1_DETERMINISTIC=1 python benchmarks/reproduce.py SPEC --steps 7 --runs 1 --out DIR --label det-a
+    python benchmarks/reproduce.py --compare DIR                     # every run under DIR
+
+A run is the flow's own training stage body (`tasks.arms.train_with_checkpoints`) for every arm of
+the spec at its first seed, the arms in parallel threads on one engine as `gs1 run` trains them,
+from fresh clients, for `--steps` steps, in `DIR/<label>-<k>/` (a run directory). Several runs of one
+process share its model and compiled kernels; runs of separate processes (a label each) test
+reproduction across processes too. `--compare` reads each run's step logs and final adapter and
+prints, per arm and step, the mean reward and loss of every run and whether each matches the first
+run bit for bit (rollouts included), then each run's final-adapter difference from the first
+(largest |difference| and relative L2 over every LoRA tensor); `--json` writes it all too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+STEP_FIELDS = ("reward_mean", "loss", "grad_norm", "num_tokens")
+TIME_COLUMNS = {"step_seconds", "sample_seconds", "train_seconds", "wall_time"}
+
+
+def train_runs(spec: str, steps: int, runs: int, out: Path, label: str, data_dir: str | None) -> None:
+    from rl.backends.determinism import requested
+    from schemas.layout import RunLayout
+    from tasks.arms import train_with_checkpoints
+    from tasks.services import engine_numerics
+    from schemas.spec import load_spec
+    from tasks.spec import plan_from_spec
+
+    plan = plan_from_spec(load_spec(spec))
+    arms = [a.model_copy(update={"steps": steps}) for a in plan.arms]
+    for k in range(runs):
+        layout = RunLayout(out / f"{label}-{k}")
+        layout.root.mkdir(parents=True, exist_ok=True)
+        errors: list[BaseException] = []
+        seconds: dict[str, float] = {}
+
+        def train(arm):
+            t0 = time.perf_counter()
+            try:
+                train_with_checkpoints(arm, plan.run, layout, "local", data_dir, checkpoint_every=0)
+            except BaseException as e:  # reported below, after every arm is done
+                errors.append(e)
+            seconds[arm.name] = time.perf_counter() - t0
+
+        threads = [threading.Thread(target=train, args=(a,), name=f"arm-{a.name}") for a in arms]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        record = {"spec": spec, "steps": steps, "label": label, "run": k, "arm_seconds": seconds,
+                  "deterministic_requested": requested(), "numerics": engine_numerics("local")}
+        (layout.root / "reproduce.json").write_text(json.dumps(record, indent=2))
+        print(f"{layout.root.name}: " + ", ".join(f"{a} {s:.1f} s" for a, s in seconds.items()), flush=True)
+
+
+def _rollout_digest(table) -> str:
+    """The step's rollouts, every column but the clocks, as one digest."""
+    keep = [c for c in table.column_names if c not in TIME_COLUMNS]
+    return hashlib.sha256(json.dumps(table.select(keep).to_pylist(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run_logs(run_dir: Path) -> dict:
+    """{arm: {"steps": {step: {field: value, "rollouts": digest}}, "adapter": path, "seconds": [...]}}."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from schemas.layout import RunLayout
+    from schemas.plan import TrainedArm
+
+    layout = RunLayout(run_dir)
+    logs = {}
+    for final_json in sorted((run_dir / "train").glob("*/final.json")):
+        trained = TrainedArm.model_validate_json(final_json.read_text())
+        metrics = pq.read_table(trained.metrics)
+        rollouts = pq.read_table(trained.rollouts)
+        steps = {}
+        for row in metrics.to_pylist():
+            s = row["step"]
+            steps[s] = {f: row.get(f) for f in STEP_FIELDS}
+            steps[s]["step_seconds"] = row.get("step_seconds")
+            steps[s]["train_seconds"] = row.get("train_seconds")
+            steps[s]["rollouts"] = _rollout_digest(rollouts.filter(pc.equal(rollouts["step"], s)))
+        logs[trained.arm] = {"steps": steps, "adapter": trained.sampler_path, "numerics": trained.numerics}
+    if not logs:
+        raise SystemExit(f"{layout.root}: no trained arm (train/<arm>/final.json)")
+    return logs
+
+
+def adapter_difference(a: str, b: str) -> tuple[float, float]:
+    """(largest |a - b|, ||a - b|| / ||a||) over every tensor of two adapter folders."""
+    import torch
+    from safetensors.torch import load_file
+
+    ta = load_file(str(Path(a) / "adapter_model.safetensors"))
+    tb = load_file(str(Path(b) / "adapter_model.safetensors"))
+    worst, diff2, norm2 = 0.0, 0.0, 0.0
+    for name, x in ta.items():
+        d = (x.double() - tb[name].double())
+        worst = max(worst, float(d.abs().max()))
+        diff2 += float((d * d).sum())
+        norm2 += float((x.double() ** 2).sum())
+    return worst, (diff2 ** 0.5) / max(norm2 ** 0.5, 1e-300)
+
+
+def compare(dirs: list[Path], as_json: Path | None) -> bool:
+    """Prints the comparison; returns whether every run matched the first bit for bit."""
+    runs = {d.name: run_logs(d) for d in dirs}
+    names = list(runs)
+    first = runs[names[0]]
+    out = {"runs": names, "arms": {}, "identical": True}
+    print(f"runs: {', '.join(names)} (first: {names[0]})")
+    for arm, ref in first.items():
+        print(f"\n{arm}: per step, each run's mean reward / loss; '=' matches {names[0]} bit for bit "
+              f"(rewards, losses, grad norms, token counts and every rollout), '~' does not")
+        print("| step | " + " | ".join(names) + " |")
+        print("|---|" + "---|" * len(names))
+        arm_out = {"steps": {}, "adapters": {}}
+        for step in sorted(ref["steps"]):
+            cells, row = [], {}
+            for n in names:
+                got = runs[n].get(arm, {}).get("steps", {}).get(step)
+                if got is None:
+                    cells.append("missing")
+                    out["identical"] = False
+                    continue
+                same = all(got[f] == ref["steps"][step][f] for f in (*STEP_FIELDS, "rollouts"))
+                out["identical"] &= same
+                cells.append(f"{got['reward_mean']:.4f} / {got['loss']:.2f} {'=' if same else '~'}")
+                row[n] = {**got, "same_as_first": same}
+            arm_out["steps"][step] = row
+            print(f"| {step} | " + " | ".join(cells) + " |")
+        print(f"\n{arm}: final adapter against {names[0]}'s (largest |difference|, relative L2)")
+        for n in names[1:]:
+            if arm not in runs[n]:
+                continue
+            worst, rel = adapter_difference(ref["adapter"], runs[n][arm]["adapter"])
+            arm_out["adapters"][n] = {"max_abs": worst, "rel_l2": rel}
+            out["identical"] &= worst == 0.0
+            print(f"  {n}: {worst:.3e}, {rel:.3e}")
+        seconds = {n: [s["step_seconds"] for _, s in sorted(runs[n].get(arm, {}).get("steps", {}).items())] for n in names}
+        arm_out["step_seconds"] = seconds
+        print(f"\n{arm}: step seconds (after the first two): " + ", ".join(
+            f"{n} {sum(v[2:]) / max(len(v[2:]), 1):.2f}" for n, v in seconds.items()))
+        out["arms"][arm] = arm_out
+    print(f"\nidentical: {out['identical']}")
+    if as_json is not None:
+        as_json.write_text(json.dumps(out, indent=2, default=str))
+    return out["identical"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("spec", nargs="?")
+    p.add_argument("--steps", type=int, default=7)
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--out", type=Path, default=Path("runs/reproduce"))
+    p.add_argument("--label", default="run")
+    p.add_argument("--data-dir")
+    p.add_argument("--compare", type=Path, nargs="+", help="a folder of runs, or the runs' folders")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    if args.compare:
+        dirs = [d for c in args.compare for d in ([c] if (c / "train").is_dir() else sorted(x for x in c.iterdir() if (x / "train").is_dir()))]
+        compare(dirs, args.json)
+        return 0
+    if not args.spec:
+        p.error("a spec, or --compare")
+    train_runs(args.spec, args.steps, args.runs, args.out, args.label, args.data_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,44 @@
+#!/bin/bash
+# Waits up to ${WAIT:-560} s for engine_device_run.sh and prints where it is. A part is packed into
+# $OUT in the call that first sees it done (W/parts), once: units.tgz.NN (the 24-unit run directory
+# without weights: gates, train and eval logs, decision, .stage-results) and repro.tgz.NN (the
+# reproduction's run folders without weights, their logs and comparisons). Once the run has ended,
+# logs.tgz (status, times, logs, GPU samples, versions) and inductor's cache in pieces
+# (compile.tgz.NN) when they fit. A run that stopped short (e.g. "model checksum failed") ends the
+# wait at once and brings back what it wrote of its start (tests/test_device_scripts.py).
+W=${GS1_DEVICE_WORK:-/root/work}  # the device run's folder (a test points it elsewhere)
+BUSY="assembling|running"
+. "$(dirname "$0")/device_lib.sh"
+
+# pack PART: W/PART (and its log) without weights into $OUT/PART.tgz.NN, 15 MB pieces (a piece
+# over 16 MiB would not come back; `cat PART.tgz.* | tar xz` joins them), once
+pack() {
+  [ -f "$W/$1.packed" ] && return 0
+  tar czf - -C "$W" --exclude='*.safetensors' --exclude='*.pt' --ignore-failed-read "$1" "$1.log" 2>/dev/null \
+    | split -b 15000000 -d -a 2 - "$OUT/$1.tgz." && touch "$W/$1.packed"
+}
+
+pack_parts() {
+  [ -n "${OUT:-}" ] || return 0
+  grep -qx units-done "$W/parts" 2>/dev/null && pack units
+  grep -qx repro-done "$W/parts" 2>/dev/null && pack repro
+}
+
+end=$(( $(date +%s) + ${WAIT:-560} ))
+while :; do
+  pack_parts
+  if run_ended "$W" "$BUSY" || [ "$(date +%s)" -ge "$end" ]; then break; fi
+  sleep 5
+done
+pack_parts
+echo "status: $(cat "$W/status" 2>/dev/null)"
+cat "$W/times.txt" 2>/dev/null
+grep -hE "Finished in state|failed|Error|error:|gs1:|step [0-9]+/" "$W/units.log" 2>/dev/null | tail -8
+tail -3 "$W"/repro/*.log 2>/dev/null
+[ -n "${OUT:-}" ] || exit 0
+if run_ended "$W" "$BUSY"; then
+  tar czf "$OUT/logs.tgz" -C "$W" --ignore-failed-read status times.txt parts model_sha.txt gpu.txt gpu_samples.csv \
+    compile_from.txt units.log 2>/dev/null
+  grep -q all-done "$W/status" && pack_compile_cache "$W" "$OUT"
+fi
+ls -la "$OUT"

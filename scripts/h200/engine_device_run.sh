@@ -1,0 +1,52 @@
+#!/bin/bash
+# Issue 46 on the H200, started with `setsid nohup` from the device checkout's root once the wheels
+# are in /tmp/site and the model pieces (q.00..q.18) in /root/m (carry [".data", ".tree_commit"]):
+#   part "units":     the 24 units (3 arms x 8 seeds) of results/h200-engine/spec_24units.json, 4
+#                     steps each, in one `gs1 run` on one base, eval on 128 items;
+#   part "reproduce": the user's spec's two arms (results/h200-gsm8k/spec_revised.json) for 7 steps,
+#                     three runs in one process as they run by default, then one run in each of two
+#                     processes in the deterministic mode (GS1_DETERMINISTIC=1), each set compared
+#                     (benchmarks/reproduce.py).
+#   PARTS=units,reproduce [COMPILE_FROM=.compile] setsid nohup bash scripts/h200/engine_device_run.sh &
+#   WAIT=560 bash scripts/h200/engine_device_poll.sh      # in the same call, then again
+# Everything is written under /root/work; `status` there says how far it got, times.txt when each
+# part started and ended.
+set -u
+W=${GS1_DEVICE_WORK:-/root/work}; mkdir -p "$W"
+M=${GS1_DEVICE_MODELS:-/root/m}  # the model pieces' folder (a test points these folders elsewhere)
+DATA=${GS1_DEVICE_DATA:-/root/data}
+PARTS=${PARTS:-units,reproduce}
+PY=${GS1_DEVICE_PYTHON:-python3}
+. "$(dirname "$0")/device_lib.sh"
+device_env "$W"
+start_run "$W" "$M" "$DATA" "$PWD/scripts/h200/model_pieces.sha256" || exit 1
+unpack_compile_cache "$W" "${COMPILE_FROM:-}"
+record_device "$W"
+sample_gpu "$W"
+stamp() { echo "$1 $(date +%s.%N)" >> "$W/times.txt"; }
+
+if [[ ",$PARTS," == *",units,"* ]]; then
+  echo "running units" > "$W/status"; stamp units-start
+  $PY -m gs1 run results/h200-engine/spec_24units.json --run-dir "$W/units" --data-dir "$DATA/gsm8k" > "$W/units.log" 2>&1
+  echo "units-rc $?" >> "$W/times.txt"; stamp units-end
+  echo units-done >> "$W/parts"  # the poll packs the part as soon as it sees this line
+fi
+
+if [[ ",$PARTS," == *",reproduce,"* ]]; then
+  echo "running reproduce" > "$W/status"
+  R=$W/repro; SPEC=results/h200-gsm8k/spec_revised.json; mkdir -p "$R"
+  stamp repro-default-start
+  $PY benchmarks/reproduce.py $SPEC --steps 7 --runs 3 --out "$R" --label default --data-dir "$DATA/gsm8k" > "$R/default.log" 2>&1
+  echo "repro-default-rc $?" >> "$W/times.txt"
+  for label in det-a det-b; do
+    stamp "repro-$label-start"
+    GS1_DETERMINISTIC=1 $PY benchmarks/reproduce.py $SPEC --steps 7 --runs 1 --out "$R" --label $label --data-dir "$DATA/gsm8k" > "$R/$label.log" 2>&1
+    echo "repro-$label-rc $?" >> "$W/times.txt"
+  done
+  stamp repro-end
+  $PY benchmarks/reproduce.py --compare "$R"/default-* --json "$R/compare-default.json" > "$R/compare-default.txt" 2>&1
+  $PY benchmarks/reproduce.py --compare "$R"/det-a-0 "$R"/det-b-0 --json "$R/compare-det.json" > "$R/compare-det.txt" 2>&1
+  echo repro-done >> "$W/parts"
+fi
+kill $SMI 2>/dev/null
+echo "all-done" > "$W/status"
