@@ -53,6 +53,7 @@ def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: s
     `RunLayout`."""
     bound_malloc()
     layout = RunLayout(run_dir)
+    layout.claim()  # a run started from the UI takes only a gs1 run directory too (`gs1 run` took it already)
     try:
         decision = _stages(spec_path, layout, backend, data_dir, dispatch, units)
     except GateFailed as failed:

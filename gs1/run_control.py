@@ -2,7 +2,8 @@
 and how it stops on Ctrl-C or SIGTERM.
 
 - Lock: one `gs1 run` per run directory (`.gs1-run.lock`, an flock the kernel drops when the holder
-  dies however it dies); a second one is told who holds it.
+  dies however it dies); a second one is told who holds it. Only a gs1 run directory is taken
+  (`.gs1-run-dir` marks one): a user's own folder is refused untouched.
 - Prefect API: a configured `PREFECT_API_URL` must answer `/health` within `API_PROBE_S`;
   otherwise a temporary server is started as our child, with a parent-death signal so that it
   dies with `gs1 run` even after SIGKILL, and stopped when the run ends.
@@ -29,6 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from schemas.errors import UserError
+from schemas.layout import RunLayout
 
 LOCK_FILE = ".gs1-run.lock"
 API_PROBE_S = 6.0  # a configured Prefect API must answer /health within this
@@ -43,22 +45,48 @@ _PR_SET_PDEATHSIG = 1
 
 @contextmanager
 def run_dir_lock(run_dir: Path):
-    """Hold `<run_dir>/.gs1-run.lock` for the run; a UserError naming the holder if it is held."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    """Hold `<run_dir>/.gs1-run.lock` for the run; a UserError naming the holder if it is held.
+
+    Only a gs1 run directory is taken (`RunLayout.claim`; one an earlier gs1 made before markers
+    holds the lock file). The lock file goes when the run ends (a later holder checks that the file it locked
+    is still the one at the path, so removing it never lets two runs in)."""
+    RunLayout(run_dir).claim(legacy=LOCK_FILE)
     path = run_dir / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise UserError(f"--run-dir {run_dir}: cannot write the run directory ({e.strerror})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            os.close(fd)
             raise UserError(f"{run_dir} is in use by another gs1 run ({_holder(path)}); wait for it to end or stop it") from None
+        if _same_file(fd, path):
+            break
+        os.close(fd)  # the holder before us removed the file we locked: lock the one there now
+    try:
         holder = {"pid": os.getpid(), "host": socket.gethostname(),
                   "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(holder).encode(), 0)
         yield
     finally:
+        try:
+            if _same_file(fd, path):
+                path.unlink()  # while still held: a waiting opener finds its file gone and retries
+        except OSError:
+            pass
         os.close(fd)  # closing drops the lock (as the kernel does when the process dies)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 def _holder(path: Path) -> str:

@@ -23,6 +23,7 @@ non-finite exact one point at the attention kernel at that shape or on that back
 from __future__ import annotations
 
 import json
+import pickle
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,9 @@ from rl.backends.local import (
     datum_from_tensors,
 )
 from schemas.errors import NonFiniteStep, UserError
+
+# what replay reads of a dump's settings (`_dump_nonfinite` writes them)
+DUMP_SETTINGS = ("device", "dtype", "tokens_per_microbatch", "gradient_checkpointing")
 
 
 @dataclass(frozen=True)
@@ -74,9 +78,25 @@ def load_dump(path: Path) -> Dump:
         settings = json.loads((path / NONFINITE_SETTINGS).read_text())
         datums = [datum_from_tensors(t) for t in torch.load(path / NONFINITE_DATUMS, weights_only=True)]
         mbs = [Microbatch(tuple(m["datums"]), tuple(m["lengths"]), int(m["padded_length"])) for m in layout["microbatches"]]
-    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        missing = [k for k in DUMP_SETTINGS if k not in settings]
+        if missing:
+            raise KeyError(f"{NONFINITE_SETTINGS} has no {', '.join(missing)}")
+        dump = Dump(path, datums, mbs, layout["loss_fn"], layout["failed"], settings)
+        dump.layout[dump.failed_microbatch]  # the failing microbatch is one of the layout's
+    # a truncated or zero-byte file, a key missing, a value of the wrong type: bad input, one line
+    except (OSError, ValueError, KeyError, IndexError, TypeError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
         raise UserError(f"{path}: damaged dump ({type(e).__name__}: {e})") from None
-    return Dump(path, datums, mbs, layout["loss_fn"], layout["failed"], settings)
+    return dump
+
+
+def replay_device(dump: Dump, device: str | None) -> str:
+    """Where to rerun: `device`, else where the dump ran; a CUDA dump on a host without CUDA is
+    bad input (one line), not a crash."""
+    where = device or dump.settings["device"]
+    if str(where).startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"{dump.path}: the step ran on {where} and this host has no CUDA device; "
+                        "rerun it here with --device cpu")
+    return where
 
 
 def _variants(dump: Dump, device: torch.device) -> list[tuple[str, dict]]:
@@ -113,7 +133,7 @@ def replay(path: Path, device: str | None = None) -> tuple[Dump, list[ReplayRun]
     """Every run of the module doc, in order; the SDPA flags of the process are restored after."""
     dump = load_dump(path)
     s = dump.settings
-    service = LocalServiceClient(device=device or s["device"], dtype=s["dtype"],
+    service = LocalServiceClient(device=replay_device(dump, device), dtype=s["dtype"],
                                  cache_dir=tempfile.mkdtemp(prefix="gs1-replay-"),
                                  tokens_per_microbatch=s["tokens_per_microbatch"],
                                  gradient_checkpointing=s["gradient_checkpointing"],

@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from schemas.errors import UserError
+
 PilotStage = Literal["pilot", "calibration"]  # a pilot stage: the pilot, or the calibration's re-pilot
 AuditStage = Literal["pilot", "calibration", "train"]  # whose logs an audit reads
 PILOT_STAGES: tuple[PilotStage, ...] = ("pilot", "calibration")
@@ -183,6 +185,7 @@ def unit_name(arm: str, run_seed: int | None) -> str:
 
 # File names (each stage writes them in its folder; a units folder copies some of them).
 NONFINITE_STEP_FILE = "step.json"  # the loop's part of a non-finite step's dump: arm, step, datum -> rollout
+RUN_DIR_MARKER = ".gs1-run-dir"  # in every run directory gs1 made or took (`RunLayout.claim`)
 COSTS_FILE = "costs.parquet"  # a training unit's cost record (schemas.cost.ArmCost), in its train folder
 GATE_REPORT_FILE = "gate_report.parquet"  # a judging stage's checks, one row each
 MISMATCHES_FILE = "mismatches.parquet"  # an audit's logged values it could not reproduce
@@ -241,6 +244,37 @@ class RunLayout:
     def resolved(self) -> RunLayout:
         """The same directory by its absolute path (a result store, a path another process reads)."""
         return RunLayout(self.root.resolve())
+
+    @property
+    def marker(self) -> Path:
+        """Written into every run directory gs1 makes or takes: what lets a later run take it again."""
+        return self.root / RUN_DIR_MARKER
+
+    def claim(self, legacy: str | None = None) -> None:
+        """Make the run directory, or take an existing one that is empty or a gs1 run directory
+        (its marker; an earlier gs1's: its stage results, or `legacy`, a file each of them holds),
+        and mark it.
+        A file, a foreign non-empty folder, or one gs1 cannot write: a UserError, one line,
+        nothing in it touched."""
+        root = self.root
+        if root.exists() and not root.is_dir():
+            raise UserError(f"run directory {root}: is a file, not a folder; name a new folder or a gs1 run directory")
+        if root.is_dir():
+            try:
+                entries = {p.name for p in root.iterdir()}
+            except OSError as e:
+                raise UserError(f"run directory {root}: cannot read the folder ({e.strerror})") from None
+            # an earlier gs1's run directory: its stage results, or `legacy`
+            earlier = {self.stage_results.name} | ({legacy} if legacy else set())
+            if entries and RUN_DIR_MARKER not in entries and not entries & earlier:
+                shown = ", ".join(sorted(entries)[:3]) + (", ..." if len(entries) > 3 else "")
+                raise UserError(f"run directory {root}: not a gs1 run directory (no {RUN_DIR_MARKER}; it holds "
+                                f"{shown}); name a new or empty folder, or a run directory gs1 made")
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            self.marker.touch()
+        except OSError as e:
+            raise UserError(f"run directory {root}: cannot write there ({e.strerror})") from None
 
     def _folder(self, stage_id: str) -> Path:
         return self.root / stage_info(stage_id).folder

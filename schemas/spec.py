@@ -207,6 +207,8 @@ def read_kernel_file(path: str, spec_dir: str | None, estimator) -> tuple[dict, 
     file = Path(path).expanduser()
     if not file.is_absolute() and spec_dir is not None:
         file = Path(spec_dir) / file
+    if file.is_dir():
+        raise ValueError(f"kernel file {str(file)!r} is a directory, not a kernel file")
     if not file.is_file():
         raise ValueError(f"no such kernel file {str(file)!r}")
     raw = file.read_bytes()
@@ -636,6 +638,10 @@ class ExperimentSpec(Record):
                 for a_i, ra in enumerate(group.arms):
                     if ra.name not in names:
                         problems.append((f"restoration_preflight.groups.{g_i}.arms.{a_i}.name", f"no arm named {ra.name!r}"))
+        test_items = env_test_items(self.dataset.name, self.dataset.options)
+        if self.eval.n_examples is not None and test_items is not None and self.eval.n_examples > test_items:
+            problems.append(("eval.n_examples", f"{self.eval.n_examples} is more than the {test_items} test items "
+                                                f"{self.dataset.name} has"))
         if self.max_seq_len is not None and self.sampling.max_tokens >= self.max_seq_len:
             problems.append(("sampling.max_tokens", f"{self.sampling.max_tokens} leaves no room for the prompt in max_seq_len {self.max_seq_len}"))
         eff = self.feasibility.effective_config if self.feasibility else None
@@ -900,7 +906,7 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     if not path.is_file():
         raise UserError(f"{path}: no such spec file")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # an editor's byte-order mark is read, not refused
     except UnicodeDecodeError:
         raise UserError(f"{path}: not UTF-8 text") from None
     except OSError as e:

@@ -20,7 +20,8 @@ import pyarrow as pa
 from gs1.commands.argtypes import positive_float, positive_int
 from schemas.errors import UserError
 
-REQUIRED_COLUMNS = ("step", "prompt_id", "reward", "prompt_num_tokens", "prompt_mean_logprob")
+PROMPT_FEATURE_COLUMNS = ("prompt_num_tokens", "prompt_mean_logprob")  # read by a kernel kind alone
+REQUIRED_COLUMNS = ("step", "prompt_id", "reward", *PROMPT_FEATURE_COLUMNS)
 
 
 def offline_kinds() -> dict[str, str]:
@@ -48,6 +49,11 @@ def register(subparsers) -> None:
     parser.add_argument("--bandwidth", type=positive_float, default=None, metavar="H", help="a kernel kind only (default 0.5)")
     parser.add_argument("--window", type=positive_int, default=None, metavar="N", help="a kernel kind only (default 256)")
     parser.set_defaults(func=run)
+
+
+def required_columns(kind) -> tuple[str, ...]:
+    """The columns kind `kind` reads: the prompt features only where it reads them."""
+    return tuple(c for c in REQUIRED_COLUMNS if kind.reads_prompt_features or c not in PROMPT_FEATURE_COLUMNS)
 
 
 def _numeric(table: pa.Table, name: str, path) -> np.ndarray:
@@ -133,10 +139,10 @@ def compute(table: pa.Table, estimator: str, *, bandwidth: float | None = None, 
 def run(args) -> int:
     from schemas.io import read_parquet, write_parquet_atomic  # lazy: start-up time
 
-    recipe_for(args.estimator, bandwidth=args.bandwidth, window=args.window)  # flags checked before the work
+    kind, _ = recipe_for(args.estimator, bandwidth=args.bandwidth, window=args.window)  # flags checked before the work
     if Path(args.out).is_dir():  # checked before the work, not after it
         raise UserError(f"--out {args.out}: is a directory; name the Parquet file to write")
-    table = read_parquet(args.rollouts, required=REQUIRED_COLUMNS)
+    table = read_parquet(args.rollouts, required=required_columns(kind))
     result = compute(table, args.estimator, bandwidth=args.bandwidth, window=args.window, path=args.rollouts)
     write_parquet_atomic(result, args.out)
     print(f"wrote {result.num_rows} rows to {args.out}")

@@ -25,11 +25,11 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    path = Path(args.dump)
+    if not path.is_dir():  # said before torch is imported (seconds on a cold start)
+        raise UserError(f"{path}: no such folder (a failure line names its `gs1 replay DIR`)")
     from rl.replay import replay, replay_table, verdict  # lazy: start-up time
 
-    path = Path(args.dump)
-    if not path.is_dir():
-        raise UserError(f"{path}: no such folder (a failure line names its `gs1 replay DIR`)")
     dump, runs = replay(path, device=args.device)
     print(replay_table(dump, runs))
     print(verdict(runs))

@@ -19,12 +19,14 @@ damaged folder is replaced by a fresh conversion, with a warning.
 from __future__ import annotations
 
 import copy
+import fcntl
 import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -453,12 +455,57 @@ def _save_converted(model, out: Path, dtype) -> None:
                  "the converted GGUF model")
 
 
+# A partial folder (`_keep_folder`'s `.tmp-<pid>`, `_remove_dir`'s `.damaged-<pid>`) is stale when its
+# process is gone, or it is older than this whatever its pid says (a pid is reused): a model-sized
+# folder a killed save left behind goes with the next save into the same cache.
+STALE_PARTIAL_S = 6 * 3600
+_PARTIAL = re.compile(r"^\..+\.(tmp|damaged)-(\d+)$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_partials(folder: Path, now: float | None = None) -> list[Path]:
+    """Remove the stale partial folders in `folder` (see STALE_PARTIAL_S), under the cache's lock
+    so two processes never remove one at once; returns what went."""
+    now = time.time() if now is None else now
+    gone: list[Path] = []
+    try:
+        lock = os.open(folder / ".gs1-cache.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return gone
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for entry in folder.iterdir():
+            m = _PARTIAL.match(entry.name)
+            if not m or int(m.group(2)) == os.getpid():
+                continue
+            try:
+                old = now - entry.stat().st_mtime > STALE_PARTIAL_S
+            except FileNotFoundError:
+                continue
+            if old or not _alive(int(m.group(2))):
+                shutil.rmtree(entry, ignore_errors=True)
+                gone.append(entry)
+    finally:
+        os.close(lock)  # drops the lock
+    return gone
+
+
 def _keep_folder(out: Path, write, what: str) -> None:
     """`write(tmp)` fills a fresh folder, kept as `out` atomically (renamed into place); best
     effort: a failure (a full disk) costs the next load's time and one warning, nothing else."""
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_partials(out.parent)
         shutil.rmtree(tmp, ignore_errors=True)  # a killed process with this pid may have left one
         write(tmp)  # save_pretrained makes the folder
         os.replace(tmp, out)

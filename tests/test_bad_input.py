@@ -1,0 +1,149 @@
+"""Bad input is one line and exit 2 (issue 47's rough edges): a damaged non-finite dump, a CUDA
+dump replayed on a CPU host, a missing dump folder said before torch is imported, a spec saved
+with a byte-order mark. No model is loaded: the fast tier."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gs1.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _dump(folder: Path, *, datums=b"ok", layout: dict | None = None, settings: dict | None = None) -> Path:
+    """A non-finite dump's files as `_dump_nonfinite` writes them (one datum, one microbatch)."""
+    from rl.backends.local import META_FILE, NONFINITE_DATUMS, NONFINITE_LAYOUT, NONFINITE_SETTINGS
+
+    folder.mkdir(parents=True)
+    (folder / META_FILE).write_text(json.dumps({"base_model": "x", "rank": 4}))
+    if datums == b"ok":
+        torch.save([{"tokens": torch.tensor([1, 2, 3]), "weights": torch.ones(3)}], folder / NONFINITE_DATUMS)
+    else:
+        (folder / NONFINITE_DATUMS).write_bytes(datums)
+    layout = layout if layout is not None else {
+        "loss_fn": "cross_entropy", "microbatches": [{"datums": [0], "lengths": [3], "padded_length": 3}],
+        "failed": {"what": "loss", "microbatch": 0, "datum": 0, "token": 1}}
+    (folder / NONFINITE_LAYOUT).write_text(json.dumps(layout))
+    settings = settings if settings is not None else {
+        "device": "cpu", "dtype": "float32", "tokens_per_microbatch": 64, "gradient_checkpointing": True}
+    (folder / NONFINITE_SETTINGS).write_text(json.dumps(settings))
+    return folder
+
+
+def _replay(folder: Path, capsys, *extra: str) -> tuple[int, str]:
+    rc = main(["replay", str(folder), *extra])
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["zero-byte datums", "truncated datums", "layout without loss_fn",
+                                    "layout without failed", "settings without device", "failed microbatch out of range"])
+def test_a_damaged_dump_is_bad_input(tmp_path, capsys, damage):
+    good_layout = {"loss_fn": "cross_entropy", "microbatches": [{"datums": [0], "lengths": [3], "padded_length": 3}],
+                   "failed": {"what": "loss", "microbatch": 0, "datum": 0, "token": 1}}
+    kw: dict = {}
+    if damage == "zero-byte datums":
+        kw["datums"] = b""
+    elif damage == "truncated datums":
+        whole = tmp_path / "whole.pt"
+        torch.save([{"tokens": torch.tensor([1, 2, 3])}], whole)
+        kw["datums"] = whole.read_bytes()[:40]
+    elif damage == "layout without loss_fn":
+        kw["layout"] = {k: v for k, v in good_layout.items() if k != "loss_fn"}
+    elif damage == "layout without failed":
+        kw["layout"] = {k: v for k, v in good_layout.items() if k != "failed"}
+    elif damage == "settings without device":
+        kw["settings"] = {"dtype": "float32", "tokens_per_microbatch": 64, "gradient_checkpointing": True}
+    else:
+        kw["layout"] = {**good_layout, "failed": {**good_layout["failed"], "microbatch": 3}}
+    rc, err = _replay(_dump(tmp_path / "dump", **kw), capsys)
+    assert rc == 2 and len(err.splitlines()) == 1 and "damaged dump" in err, (rc, err)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a host without CUDA")
+def test_a_cuda_dump_on_a_cpu_host_says_rerun_with_device_cpu(tmp_path, capsys):
+    folder = _dump(tmp_path / "dump", settings={"device": "cuda:0", "dtype": "bfloat16", "tokens_per_microbatch": 64,
+                                                "gradient_checkpointing": False})
+    rc, err = _replay(folder, capsys)
+    assert rc == 2 and len(err.splitlines()) == 1 and "--device cpu" in err, (rc, err)
+
+
+def test_a_missing_dump_is_said_before_torch_is_imported(tmp_path):
+    code = ("import sys; from gs1.cli import main; rc = main(['replay', sys.argv[1]]); "
+            "print(rc, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "nope")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.split() == ["2", "False"], (done.stdout, done.stderr)
+    assert "no such folder" in done.stderr
+
+
+def test_a_spec_with_a_byte_order_mark_is_read(tmp_path):
+    from schemas.spec import load_spec
+
+    text = (ROOT / "specs" / "demo_local.json").read_text(encoding="utf-8")
+    bom = tmp_path / "spec.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    assert load_spec(bom) == load_spec(ROOT / "specs" / "demo_local.json")
+
+
+def test_more_eval_items_than_the_test_set_is_said_at_validation(tmp_path):
+    from schemas.errors import SpecError
+    from schemas.spec import load_spec
+
+    spec = json.loads((ROOT / "specs" / "demo_local.json").read_text())
+    spec["eval"]["n_examples"] = spec["dataset"]["options"]["n_test"] + 1
+    spec.get("feasibility", {}).get("effective_config", {}).pop("n_eval", None)
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    with pytest.raises(SpecError, match=r"eval.n_examples.*is more than the 128 test items arithmetic has"):
+        load_spec(path)
+
+
+def test_a_kernel_file_that_is_a_directory_says_so(tmp_path):
+    from schemas.spec import read_kernel_file
+
+    with pytest.raises(ValueError, match="is a directory, not a kernel file"):
+        read_kernel_file(str(tmp_path), None, None)
+
+
+def test_group_mean_advantages_need_no_prompt_features(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rollouts = tmp_path / "r.parquet"
+    pq.write_table(pa.table({"step": [0, 0, 0, 0], "prompt_id": ["a", "a", "b", "b"], "reward": [1.0, 0.0, 1.0, 1.0]}),
+                   rollouts)
+    assert main(["advantages", "--estimator", "group_mean", "--rollouts", str(rollouts), "--out", str(tmp_path / "o.parquet")]) == 0
+    assert pq.read_table(tmp_path / "o.parquet").column("advantage").to_pylist() == [0.5, -0.5, 0.0, 0.0]
+    # a kind that reads them still asks for them, by name
+    rc = main(["advantages", "--estimator", "kernel_cross_prompt_baseline", "--rollouts", str(rollouts),
+               "--out", str(tmp_path / "k.parquet")])
+    assert rc == 2 and "prompt_num_tokens" in capsys.readouterr().err
+
+
+def test_a_killed_saves_partial_folder_goes_with_the_next_save(tmp_path):
+    """A model-sized `.tmp-<pid>` a killed process left is removed by the next save into the
+    cache (its process gone, or older than STALE_PARTIAL_S); a live writer's is kept."""
+    import os
+    import time
+
+    from rl.backends.models import STALE_PARTIAL_S, remove_stale_partials
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    live_pid = os.getppid()  # alive, and not this process
+    for name in (f".model-abc.tmp-{dead_pid}", f".model-abc.tmp-{live_pid}", f".tok-abc.damaged-{dead_pid}",
+                 f".model-old.tmp-{live_pid + 0}x", "model-abc"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "weights").write_bytes(b"x" * 10)
+    gone = remove_stale_partials(tmp_path)
+    assert sorted(p.name for p in gone) == sorted([f".model-abc.tmp-{dead_pid}", f".tok-abc.damaged-{dead_pid}"])
+    assert (tmp_path / f".model-abc.tmp-{live_pid}").is_dir() and (tmp_path / "model-abc").is_dir()
+    later = time.time() + STALE_PARTIAL_S + 1  # the live pid's folder, a day later: stale whatever the pid says
+    assert [p.name for p in remove_stale_partials(tmp_path, now=later)] == [f".model-abc.tmp-{live_pid}"]
