@@ -67,7 +67,7 @@ def main(argv=None) -> int:
                 for _ in range(n)]
 
     def sample(tc, n):
-        gen = tc._engine.generator
+        gen = tc._engine.sampler.generator
         sc = tc.save_weights_and_get_sampling_client().result()
         steps0, dec0 = gen.stats.decode_steps, gen.stats.decode_s
         t = time.perf_counter()

@@ -113,9 +113,9 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--skip-sample", action="store_true", help="train on random completions")
     ap.add_argument("--gradient-checkpointing", choices=["auto", "on", "off"], default="auto",
-                    help="checkpoint the decoder layers in training (auto: the engine's rule, local.checkpoint_learner)")
+                    help="checkpoint the decoder layers in training (auto: the engine's rule, local.settings.checkpoint_learner)")
     ap.add_argument("--learner-lora", choices=["fused", "peft"], default="fused",
-                    help="the learner's LoRA path (local.LEARNER_LORA)")
+                    help="the learner's LoRA path (local.settings.LEARNER_LORA)")
     ap.add_argument("--compile-learner", choices=["auto", "on", "off"], default="auto",
                     help="the learner's decoder layers through torch.compile (auto: the engine's default, on CUDA "
                          "unless checkpointed); compiled from the warm-up step on")
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     tc = svc.create_lora_training_client(str(model_dir), rank=args.rank, seed=0).result()
     t_load = time.perf_counter() - t0
-    gen = tc._engine.generator
+    gen = tc._engine.sampler.generator
     rng = random.Random(0)
     prompts = [types.ModelInput.from_ints([rng.randrange(1000, 150000) for _ in range(args.prompt_tokens)])
                for _ in range(args.batch)]
@@ -289,11 +289,11 @@ def main(argv=None) -> int:
         from rl.backends.local import learner_activation_bytes
 
         eng = tc._engine
-        est = learner_activation_bytes(eng.lm.config, eng.tokens_per_microbatch, eng.dtype) / 2**30
-        print(f"\ngradient checkpointing: {eng.gradient_checkpointing} ({args.gradient_checkpointing}); "
-              f"learner LoRA: {eng.learner_lora}; compiled layers: {eng.compile_learner}; "
+        est = learner_activation_bytes(eng.lm.config, eng.learner.tokens_per_microbatch, eng.dtype) / 2**30
+        print(f"\ngradient checkpointing: {eng.learner.gradient_checkpointing} ({args.gradient_checkpointing}); "
+              f"learner LoRA: {eng.learner.learner_lora}; compiled layers: {eng.learner.compile_learner}; "
               f"TF32 float32 matmuls: {eng.base.settings.tf32} (GS1_TF32); "
-              f"tokens per microbatch: {eng.tokens_per_microbatch}; "
+              f"tokens per microbatch: {eng.learner.tokens_per_microbatch}; "
               f"estimated unchecked activations of a full microbatch: {est:.1f} GiB")
         print("| phase | fwd+bwd s | fwd+bwd+optim s | trained tokens | trained tok/s "
               "| GPU GiB at start | peak GPU GiB in fwd+bwd |")
@@ -340,7 +340,7 @@ def adapters_table(args, svc, model_dir: Path, device: str) -> int:
                                            "advantages": [0.0] * ob + [adv] * len(s.tokens)})
 
     def rl_step(n: int) -> dict:
-        gen = arms[0]._engine.generator
+        gen = arms[0]._engine.sampler.generator
         before = (gen.stats.decode_s, gen.stats.decode_steps, gen.stats.batches)
         if cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -379,9 +379,9 @@ def adapters_table(args, svc, model_dir: Path, device: str) -> int:
     one = table[0]
     name = torch.cuda.get_device_name() if cuda else "cpu"
     print(f"\nconfig={args.config} device={device} ({name}) batch={args.batch} per adapter, prompt={args.prompt_tokens} "
-          f"new={args.new_tokens} rank={args.rank} compiled={arms[0]._engine.generator.compile_decode} "
-          f"bank_decode={arms[0]._engine.settings.bank_decode} compiled_learner={arms[0]._engine.base.compile_learner} "
-          f"gradient_checkpointing={arms[0]._engine.base.gradient_checkpointing} "
+          f"new={args.new_tokens} rank={args.rank} compiled={arms[0]._engine.sampler.generator.compile_decode} "
+          f"bank_decode={arms[0]._engine.settings.bank_decode} compiled_learner={arms[0]._engine.learner.compile_learner} "
+          f"gradient_checkpointing={arms[0]._engine.learner.gradient_checkpointing} "
           f"tf32={arms[0]._engine.base.settings.tf32} "
           f"torch={torch.__version__}; x: against the first row")
     print("| adapters | rows | batches | ms / decode step | x | sample s | train s per adapter | RL step s | x "

@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     tc = svc.create_lora_training_client(BASE, rank=args.rank, seed=0, base_model_path=MODEL).result()
     t_load = time.perf_counter() - t0
-    gen = tc._engine.generator
+    gen = tc._engine.sampler.generator
     tok = tc.get_tokenizer()
     sc = tc.save_weights_and_get_sampling_client().result()
     sp = types.SamplingParams(max_tokens=args.max_tokens, temperature=0.7, stop=[], seed=None)

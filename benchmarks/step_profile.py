@@ -83,12 +83,12 @@ def main(argv=None) -> int:
                               for _ in range(args.batch)])
         base = arms[0]._engine.base
         if not cuda:  # a smoke run: the static-cache decoder CUDA uses, run eagerly
-            base.generator.static_cache = True
+            base.sampler.generator.static_cache = True
         for _ in range(2):  # the second batch replays the captured graph
             samplers = [tc.save_weights_and_get_sampling_client().result() for tc in arms[:n]]
             futs = [[sc.sample(p, 1, sp) for p in ps] for sc, ps in zip(samplers, prompts_A)]
             [[f.result() for f in fs] for fs in futs]
-        gen, bank = base.generator, base.bank
+        gen, bank = base.sampler.generator, base.bank
         dec = next(iter(gen._graphs.values()))
         mid = args.prompt_tokens + 256
         res = {"adapters": n, "rows": dec.B, "bank": bank.decode_form}
@@ -167,8 +167,8 @@ def train_profile(args, tc, rng, acts, sort) -> None:
         sync()
     eng = tc._engine.base
     print(f"\n== training: forward_backward of {args.batch} datums x {len(toks[0]) - 1} tokens: {t_fb:.3f} s "
-          f"(median of {', '.join(f'{x:.3f}' for x in times)}; {args.batch * (len(toks[0]) - 1) / t_fb:.0f} tok/s); compiled layers: {eng.compile_learner}, "
-          f"checkpointing: {eng.gradient_checkpointing}, TF32: {eng.settings.tf32}, LoRA path: {eng.learner_lora}")
+          f"(median of {', '.join(f'{x:.3f}' for x in times)}; {args.batch * (len(toks[0]) - 1) / t_fb:.0f} tok/s); compiled layers: {eng.learner.compile_learner}, "
+          f"checkpointing: {eng.learner.gradient_checkpointing}, TF32: {eng.settings.tf32}, LoRA path: {eng.learner.learner_lora}")
     print(prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=70))
     print(kind_table(prof, cuda=args.device.startswith("cuda")))
 

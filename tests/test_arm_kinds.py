@@ -430,7 +430,7 @@ def test_two_arms_stepping_together_share_decodes_and_each_logs_what_it_would_al
     together: dict = {}
     svc = service(True)
     clients = [svc.create_lora_training_client(str(tiny_model_dir), rank=4, seed=0).result() for _ in arms]
-    gen = clients[0]._engine.generator
+    gen = clients[0]._engine.sampler.generator
     adapters_per_batch = []  # a spy around the real generate: which adapters each batch held
     generate = gen.generate
 

@@ -105,7 +105,7 @@ def test_forward_backward_matches_the_full_logits_path(tiny_model_dir, tmp_path,
     tc = svc.create_lora_training_client(str(tiny_model_dir), rank=4, seed=7,
                                          train_unembed=train_unembed).result()
     eng = tc._engine
-    assert eng.checkpointed_layers, "decoder layers are checkpointed in training"
+    assert eng.learner.checkpointed_layers, "decoder layers are checkpointed in training"
     with torch.no_grad():  # non-zero B: every LoRA matrix gets a gradient
         g = torch.Generator().manual_seed(0)
         for n, p in eng.model.named_parameters():
@@ -114,7 +114,7 @@ def test_forward_backward_matches_the_full_logits_path(tiny_model_dir, tmp_path,
     ref_model = copy.deepcopy(eng.model)  # eval mode: its layers are not checkpointed
     data = _batch(tc.get_tokenizer())
     n_tokens = sum(d.model_input.length for d in data)
-    assert n_tokens > eng.logit_chunk_rows, "the batch spans more than one chunk of logits"
+    assert n_tokens > eng.learner.logit_chunk_rows, "the batch spans more than one chunk of logits"
 
     out = tc.forward_backward(data, loss_fn).result()
     ref_loss, ref_lps = _reference_forward_backward(ref_model, data, loss_fn, dtype)

@@ -121,8 +121,8 @@ def _batch_rows(tmp_path, model_dir, tokenizer, deterministic: bool, arms_order:
     base = tcs[0]._engine.base
     arm_of = {sc._snapshot.id: arm for arm, sc in enumerate(samplers)}
     seen: list[list[tuple[int, int]]] = []  # per batch, its rows' (key, arm)
-    generate = base.generator.generate
-    base.generator.generate = lambda rows: (seen.append([(r.key, arm_of[r.adapter.id]) for r in rows]), generate(rows))[1]
+    generate = base.sampler.generate  # what the engine hands the sampler (rl/backends/local/sampler.py)
+    base.sampler.generate = lambda rows: (seen.append([(r.key, arm_of[r.adapter.id]) for r in rows]), generate(rows))[1]
     params = types.SamplingParams(max_tokens=5, temperature=1.0, stop=[])
     futures: dict[int, list] = {}
     for arm in arms_order:  # the step's requests carry seeds (rl.loop.sample_params): both arms the same

@@ -1,5 +1,5 @@
 """The learner's LoRA path (`lora_bank.LoraAddon`): the trained adapter's addon with peft's float32
-arithmetic in fewer passes, and the checkpointing rule (`local.checkpoint_learner`).
+arithmetic in fewer passes, and the checkpointing rule (`settings.checkpoint_learner`).
 
 Checked against two independent things: a float64 evaluation of peft's LoRA formula (the Function
 alone), and peft's own path through the same engine (`learner_lora="peft"`): logprobs, loss and
@@ -17,8 +17,9 @@ import torch
 from tinker import types
 
 from fixtures.tiny_model import tiny_model_dir, tiny_tokenizer  # noqa: F401
-from rl.backends import local
 from rl.backends.local import LocalServiceClient, checkpoint_learner, learner_activation_bytes, use_tf32
+from rl.backends.local.learner import Learner
+from rl.backends.local.settings import COMPILE_LEARNER_AFTER, LEARNER_LENGTH_MULTIPLE
 from rl.backends.lora_bank import LoraAddon
 
 
@@ -79,7 +80,7 @@ def test_the_fused_learner_matches_peft_path(n, checkpointing, tmp_path, tiny_mo
     runs = {}
     for path in ("fused", "peft"):
         tc = _client(tmp_path / path, tiny_model_dir, learner_lora=path, gradient_checkpointing=checkpointing)
-        assert tc._engine.base.learner_lora == path and tc._engine.base.gradient_checkpointing is checkpointing
+        assert tc._engine.learner.learner_lora == path and tc._engine.learner.gradient_checkpointing is checkpointing
         out = tc.forward_backward(data, "importance_sampling").result()
         runs[path] = (out, tc.lora_gradient())
         if path == "fused":  # the engine's microbatching splits the user's shape
@@ -126,7 +127,7 @@ def test_checkpointing_is_on_for_the_cpu_and_a_small_gpu_and_off_where_activatio
     assert checkpoint_learner(QWEN25_15B, torch.device("cpu"), torch.bfloat16, 16384)
 
     def gpu_of(gib):
-        monkeypatch.setattr(local.torch.cuda, "get_device_properties",
+        monkeypatch.setattr(torch.cuda, "get_device_properties",
                             lambda device: SimpleNamespace(total_memory=int(gib * 2**30)))
 
     cuda = torch.device("cuda", 0)
@@ -138,12 +139,12 @@ def test_checkpointing_is_on_for_the_cpu_and_a_small_gpu_and_off_where_activatio
 
 
 def test_microbatches_round_their_length_up_within_the_token_budget():
-    # `_Base.microbatches` reads only the token budget: a bare object stands for the base
-    base = SimpleNamespace(tokens_per_microbatch=90)
+    # `Learner.microbatches` reads only the token budget: a bare object stands for the learner
+    learner = SimpleNamespace(tokens_per_microbatch=90)
     data = [types.Datum(model_input=types.ModelInput.from_ints(list(range(n))), loss_fn_inputs={})
             for n in (13, 17, 30, 5, 40)]
-    as_they_are = local._Base.microbatches(base, data)
-    rounded = local._Base.microbatches(base, data, 16)
+    as_they_are = Learner.microbatches(learner, data)
+    rounded = Learner.microbatches(learner, data, 16)
     assert [(mb.datums, mb.padded_length) for mb in as_they_are] == [((0, 1, 2), 30), ((3, 4), 40)]
     # three rows of 30 fit the 90 positions, three of 32 would not: the rounded length decides the split
     assert [(mb.datums, mb.padded_length) for mb in rounded] == [((0, 1), 32), ((2, 3), 32), ((4,), 48)]
@@ -202,24 +203,24 @@ def test_the_compiled_learner_matches_the_eager_one_from_a_clients_third_call(tm
     the demo's 8 datums and the user's 64 (several microbatches of different padded lengths, one
     graph), with the same logprobs, loss and gradients as the eager layers; after each call the
     layers are the model's own again."""
-    assert local.COMPILE_LEARNER_AFTER == 3
+    assert COMPILE_LEARNER_AFTER == 3
     batches = [_datums(tiny_tokenizer, 8, seed=s) for s in range(3)] + [_datums(tiny_tokenizer, 64, seed=3)]
     eager = _client(tmp_path / "eager", tiny_model_dir, gradient_checkpointing=False, compile_learner=False)
     compiled = _client(tmp_path / "compiled", tiny_model_dir, gradient_checkpointing=False, compile_learner=True)
-    base = compiled._engine.base
-    assert base.compile_learner and not eager._engine.base.compile_learner
+    learner = compiled._engine.learner
+    assert learner.compile_learner and not eager._engine.learner.compile_learner
     want = _calls(eager, batches[:2])
     got = _calls(compiled, batches[:2])
-    assert base._compiled_forwards is None  # two eager calls: the preflight's and a pilot's shapes
+    assert learner._compiled_forwards is None  # two eager calls: the preflight's and a pilot's shapes
     want += _calls(eager, batches[2:])
     with caplog.at_level("INFO", logger="gs1.engine"):
         got += _calls(compiled, batches[2:])
     # one compile line, as benchmarks/stage_timings.py reads it
     lines = [f"gs1.engine - {r.getMessage()}" for r in caplog.records if "learner:" in r.getMessage()]
     assert len(lines) == 1 and _stage_timings().LEARNER.search(lines[0]).group(1) == "cpu"
-    assert base._compiled_forwards is not None and base.compile_learner  # compiled, and it held
+    assert learner._compiled_forwards is not None and learner.compile_learner  # compiled, and it held
     assert len(compiled._engine.microbatches(batches[3])) > 1
-    assert not any("forward" in layer.__dict__ for layer in base.decoder.layers)
+    assert not any("forward" in layer.__dict__ for layer in learner.decoder.layers)
     for a, b in zip(got, want):
         _same(a, b, 1e-5)
 
@@ -234,10 +235,10 @@ def test_a_failing_learner_compile_falls_back_to_the_eager_layers(tmp_path, tiny
     batches = [_datums(tiny_tokenizer, 4, seed=s) for s in range(3)]
     want = _calls(_client(tmp_path / "eager", tiny_model_dir, gradient_checkpointing=False), batches)
     tc = _client(tmp_path / "compiled", tiny_model_dir, gradient_checkpointing=False, compile_learner=True)
-    monkeypatch.setattr(local.torch, "compile", fake_compile)
+    monkeypatch.setattr(torch, "compile", fake_compile)
     with caplog.at_level("WARNING", logger="gs1.engine"):
         got = _calls(tc, batches)
-    assert not tc._engine.base.compile_learner
+    assert not tc._engine.learner.compile_learner
     assert "compiled decoder layers failed" in caplog.text and "fake compiler failure" in caplog.text
     _same(got[0], want[0], 0.0)  # the two eager calls, as they were
     _same(got[1], want[1], 0.0)
@@ -247,7 +248,7 @@ def test_a_failing_learner_compile_falls_back_to_the_eager_layers(tmp_path, tiny
     _same(got[2], want[2], 1e-4)
     # checkpointed layers are never compiled
     ckpt = _client(tmp_path / "ckpt", tiny_model_dir, gradient_checkpointing=True, compile_learner=True)
-    assert not ckpt._engine.base.compile_learner
+    assert not ckpt._engine.learner.compile_learner
 
 
 @pytest.mark.slow
@@ -275,13 +276,13 @@ def test_one_compiled_graph_serves_every_adapter_and_shape(tmp_path, tiny_model_
                 pc.copy_(pe)
     torch._dynamo.reset()  # no graph of an earlier test's layers (same code) is found compiled
     graphs = counters["stats"]["unique_graphs"]
-    m = local.LEARNER_LENGTH_MULTIPLE
+    m = LEARNER_LENGTH_MULTIPLE
     assert len(compiled[0]._engine.microbatches(calls[2][1], m)) > 1  # the 64 datums: several microbatches
     as_they_are = {mb.padded_length for k, data in calls for mb in compiled[k]._engine.microbatches(data)}
     assert any(L % m for L in as_they_are)  # lengths the layers must not see as they are
     rounded = {mb.padded_length for k, data in calls for mb in compiled[k]._engine.microbatches(data, m)}
     seen: list[int] = []  # the positions each compiled call's first layer gets
-    first = compiled[0]._engine.base.decoder.layers[0]
+    first = compiled[0]._engine.learner.decoder.layers[0]
 
     def note_length(module, args, kwargs):
         seen.append((args[0] if args else kwargs["hidden_states"]).shape[1])
@@ -300,7 +301,7 @@ def test_one_compiled_graph_serves_every_adapter_and_shape(tmp_path, tiny_model_
     assert counters["stats"]["unique_graphs"] - graphs == 1
     said = [r.getMessage() for r in caplog.records if "learner: decoder layers" in r.getMessage()]
     assert len(said) == 1 and "layers compiled" in said[0] and "1 graphs so far" in said[0]  # never "recompiled"
-    assert compiled[0]._engine.base.compile_learner
+    assert compiled[0]._engine.learner.compile_learner
     compiled[0].forward_backward(calls[0][1], "importance_sampling").result()
     assert all(p.grad is None for p in compiled[1]._engine.params)
 

@@ -151,7 +151,7 @@ def test_temperature_changes_logprobs_consistently(tc, tiny_tokenizer):
 
 def test_concurrent_requests_coalesce_into_one_batch(tc, tiny_tokenizer):
     sc = tc.save_weights_and_get_sampling_client().result()
-    gen = tc._engine.generator
+    gen = tc._engine.sampler.generator
     before = gen.stats.batches
     futs = [sc.sample(_prompt(tiny_tokenizer, f"Problem {i}: " + "a " * i), 2,
                       types.SamplingParams(max_tokens=4, seed=i)) for i in range(6)]
@@ -454,7 +454,7 @@ def _gen(eng, **kw):
 def _bank_generate(eng, rows):
     """The engine's own generator (rows carry their adapters), outside its queue."""
     with eng.base.bank.serving():
-        return eng.generator.generate(rows)
+        return eng.sampler.generator.generate(rows)
 
 
 def _same_rows(got, want, tol=1e-5):
@@ -473,7 +473,7 @@ def test_num_samples_shares_one_prefill_and_matches_separate_rows(tc, tiny_token
     sc = tc.save_weights_and_get_sampling_client().result()
     eng = tc._engine
     p = _prompt(tiny_tokenizer, "Question: a prompt shared by eight samples?")
-    gen = eng.generator
+    gen = eng.sampler.generator
     before = (gen.stats.batches, gen.stats.rows, gen.stats.prefill_rows)
     resp = sc.sample(p, 8, types.SamplingParams(max_tokens=9, seed=21, stop=[])).result()
     assert (gen.stats.batches, gen.stats.rows, gen.stats.prefill_rows) == (
@@ -513,7 +513,7 @@ def test_shared_prefill_matches_per_row_prefill_in_a_mixed_batch(tc, tiny_tokeni
 
 def test_prompt_logprobs_come_from_the_prefill_and_match_compute_logprobs(tc, tiny_tokenizer, tiny_model_dir,
                                                                          monkeypatch):
-    import rl.backends.local as local_mod
+    import rl.backends.local.sampler as seam_mod
     import rl.backends.local_sampler as sampler_mod
 
     sc = tc.save_weights_and_get_sampling_client().result()
@@ -527,7 +527,7 @@ def test_prompt_logprobs_come_from_the_prefill_and_match_compute_logprobs(tc, ti
         calls.append(len(seqs))
         return real(model, seqs, *args, **kw)
 
-    monkeypatch.setattr(local_mod, "score_tokens", counting)
+    monkeypatch.setattr(seam_mod, "score_tokens", counting)  # the engine scores through its sampler
     monkeypatch.setattr(sampler_mod, "score_tokens", counting)
     sp = types.SamplingParams(max_tokens=3, seed=4, stop=[])
     # in one batch: compute_logprobs for every prompt, samples with and without prompt logprobs
@@ -673,12 +673,12 @@ def test_a_wait_flushes_only_its_own_clients_requests(tc, tiny_tokenizer):
     sp = types.SamplingParams(max_tokens=4, temperature=1.0)
     fa = [sc_a.sample(_prompt(tiny_tokenizer, f"a {i}"), 1, sp) for i in range(3)]
     fb = [sc_b.sample(_prompt(tiny_tokenizer, f"b {i}"), 1, sp) for i in range(3)]
-    before = tc._engine.generator.stats.batches
+    before = tc._engine.sampler.generator.stats.batches
     ra = [f.result() for f in fa]
-    assert tc._engine.generator.stats.batches == before + 1
+    assert tc._engine.sampler.generator.stats.batches == before + 1
     assert not any(f.done() for f in fb)
     rb = [f.result() for f in fb]
-    assert tc._engine.generator.stats.batches == before + 2
+    assert tc._engine.sampler.generator.stats.batches == before + 2
     assert len(ra) == len(rb) == 3
 
 

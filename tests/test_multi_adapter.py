@@ -91,10 +91,10 @@ def test_one_batch_across_adapters_matches_each_adapter_alone_and_peft(clients, 
     # each client alone: one batch per client
     alone = [[f.result() for f in _submit(sc, requests, 10 * k)] for k, sc in enumerate(samplers)]
     # every client's requests queued, then one wait: one batch
-    batches = base.generator.stats.batches
+    batches = base.sampler.generator.stats.batches
     futures = [_submit(sc, requests, 10 * k) for k, sc in enumerate(samplers)]
     mixed = [[f.result() for f in fs] for fs in futures]
-    assert base.generator.stats.batches == batches + 1
+    assert base.sampler.generator.stats.batches == batches + 1
     for got_k, want_k in zip(mixed, alone):
         for got, want in zip(got_k, want_k):
             for a, b in zip(got.sequences, want.sequences):
@@ -181,7 +181,7 @@ def test_a_flush_waits_for_a_busy_client_and_batches_both(tmp_path, tiny_model_d
         [f.result() for f in _submit(sc, requests, 0)]
     release = threading.Event()
     busy = b._engine.submit(release.wait, 30)  # B's "training" holds the worker
-    batches = base.generator.stats.batches
+    batches = base.sampler.generator.stats.batches
     got: dict = {}
     thread = threading.Thread(target=lambda: got.update(a=[f.result() for f in _submit(sa, requests, 1)]))
     thread.start()
@@ -192,7 +192,7 @@ def test_a_flush_waits_for_a_busy_client_and_batches_both(tmp_path, tiny_model_d
     busy.result()
     got["b"] = [f.result() for f in futures_b]  # B waits on its samples: ready
     thread.join(30)
-    assert base.generator.stats.batches == batches + 1
+    assert base.sampler.generator.stats.batches == batches + 1
     assert len(got["a"]) == len(got["b"]) == len(requests)
 
 
@@ -209,7 +209,7 @@ def test_a_flush_waits_for_a_client_in_its_step_until_it_waits_on_its_next_sampl
     futures = [_submit(sc, requests, 0) for sc in (sa, sb)]  # both have sampled, in one batch:
     [f.result() for fs in futures for f in fs]  # their samples came back just now
     threading.Event().wait(0.5)  # B grades for longer than the old 0.25 s window
-    batches = base.generator.stats.batches
+    batches = base.sampler.generator.stats.batches
     got: dict = {}
     thread = threading.Thread(target=lambda: got.update(a=[f.result() for f in _submit(sa, requests, 1)]))
     thread.start()
@@ -221,7 +221,7 @@ def test_a_flush_waits_for_a_client_in_its_step_until_it_waits_on_its_next_sampl
     futures_b += _submit(sb, requests[2:], 4)
     got["b"] = [f.result() for f in futures_b]  # B waits on its samples: ready
     thread.join(30)
-    assert base.generator.stats.batches == batches + 1
+    assert base.sampler.generator.stats.batches == batches + 1
     assert len(got["a"]) == len(got["b"]) == len(requests)
 
 
@@ -313,7 +313,7 @@ def test_a_decode_shape_is_compiled_on_its_compile_after_th_batch_only(tmp_path,
     service = _service(tmp_path)
     a = _perturbed(service, tiny_model_dir, 4, 1)
     base = a._engine.base
-    assert base.generator.compile_after == COMPILE_AFTER_BATCHES == 8
+    assert base.sampler.generator.compile_after == COMPILE_AFTER_BATCHES == 8
     assert _service(tmp_path, compile_after_batches=1).settings.compile_after_batches == 1
     gen = Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank, compile_after=3)
     gen.compile_decode = True  # as on CUDA

@@ -326,8 +326,8 @@ class AdapterBank:
         gradients flow; peft's own path is off meanwhile). Spans forward and backward, so a
         checkpointed layer's recompute takes the same path. Each projection the adapter adapts
         holds it as `trained` (`_Trained`) meanwhile: the hook finds its weights there by position,
-        not by the adapter's name, so a compiled learner (`local._Base.compiled_layers`) has one
-        graph for every adapter."""
+        not by the adapter's name, so a compiled learner (`local.learner.Learner.compiled_layers`)
+        has one graph for every adapter."""
         adapted = [m for m in self.layers if adapter in m.lora_A]
         with self._hooks_only():
             for m in adapted:
