@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "scripts" / "h200"
 POLL = H200 / "comparison_device_poll.sh"
 GEFF_POLL = H200 / "geff_device_poll.sh"
+ENGINE_POLL = H200 / "engine_device_poll.sh"
 BASE_ENV = {"PATH": "/usr/bin:/bin"}
 
 
@@ -44,7 +45,8 @@ def test_a_failed_start_ends_the_poll_and_comes_back(tmp_path):
 
 
 @pytest.mark.parametrize("script,status", [(POLL, "assembling"), (POLL, "running grpo_gs8-s1"),
-                                           (GEFF_POLL, "assembling"), (GEFF_POLL, "collecting gsm8k rg_lcm")])
+                                           (GEFF_POLL, "assembling"), (GEFF_POLL, "collecting gsm8k rg_lcm"),
+                                           (ENGINE_POLL, "assembling"), (ENGINE_POLL, "running units")])
 def test_a_run_under_way_holds_the_poll_for_its_wait(tmp_path, script, status):
     work, out = _folders(tmp_path)
     (work / "status").write_text(status + "\n")
@@ -147,6 +149,7 @@ def test_unpack_compile_cache_leaves_a_filled_folder_and_says_so(tmp_path):
     ("comparison_device_units.sh", {"UNITS": "grpo_gs8-s1"}),
     ("geff_device_run.sh", {}),
     ("geff_device_embed.sh", {}),
+    ("engine_device_run.sh", {}),
 ])
 def test_a_damaged_policy_piece_stops_the_run_before_anything_starts(tmp_path, script, extra_env):
     """The run scripts' own start, on a made-up piece of the real model: the committed sums
@@ -302,3 +305,34 @@ def test_device_checkout_names_a_damaged_policy_piece_and_fails(tmp_path):
     done = _checkout(tmp_path, **{**env, "FETCH_MODEL": "true"})  # a fetch that mends nothing
     assert done.returncode == 1
     assert "policy pieces: do not check out" in done.stdout and "q.01: FAILED" in done.stdout
+
+
+def test_the_engine_poll_packs_each_part_once_and_ends_with_the_run(tmp_path):
+    """engine_device_run.sh's parts come back in the call that first sees them done (weights left
+    out), once; the logs and inductor's cache once the run has ended."""
+    work, out = _folders(tmp_path)
+    (work / "units" / "train" / "grpo_gs8-s0").mkdir(parents=True)
+    (work / "units" / "train" / "grpo_gs8-s0" / "rollouts.parquet").write_bytes(b"PAR1")
+    (work / "units" / "train" / "grpo_gs8-s0" / "adapter_model.safetensors").write_bytes(b"weights")
+    (work / "units.log").write_text("gs1: decision at ...\n")
+    (work / "parts").write_text("units-done\n")
+    (work / "status").write_text("running reproduce\n")
+    with pytest.raises(subprocess.TimeoutExpired):  # the run goes on: the poll waits, the units are out
+        _poll(work, out, wait=20, script=ENGINE_POLL)
+    assert sorted(p.name for p in out.iterdir()) == ["units.tgz.00"]
+    with tarfile.open(out / "units.tgz.00") as units:
+        assert set(units.getnames()) >= {"units/train/grpo_gs8-s0/rollouts.parquet", "units.log"}
+        assert not any(n.endswith(".safetensors") for n in units.getnames())
+    for f in out.iterdir():  # the next call's $OUT starts empty
+        f.unlink()
+    (work / "repro" / "default-0").mkdir(parents=True)
+    (work / "repro" / "compare-det.txt").write_text("identical: True\n")
+    (work / "parts").write_text("units-done\nrepro-done\n")
+    (work / "status").write_text("all-done\n")
+    (work / "compile").mkdir()
+    (work / "compile" / "kernel.py").write_text("# a compiled kernel\n")
+    done = _poll(work, out, wait=240, script=ENGINE_POLL)
+    assert done.returncode == 0 and "status: all-done" in done.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["compile.tgz.00", "logs.tgz", "repro.tgz.00"]  # units: once
+    with tarfile.open(out / "repro.tgz.00") as repro:
+        assert "repro/compare-det.txt" in repro.getnames()
