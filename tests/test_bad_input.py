@@ -147,3 +147,18 @@ def test_a_killed_saves_partial_folder_goes_with_the_next_save(tmp_path):
     assert (tmp_path / f".model-abc.tmp-{live_pid}").is_dir() and (tmp_path / "model-abc").is_dir()
     later = time.time() + STALE_PARTIAL_S + 1  # the live pid's folder, a day later: stale whatever the pid says
     assert [p.name for p in remove_stale_partials(tmp_path, now=later)] == [f".model-abc.tmp-{live_pid}"]
+
+
+def test_validate_of_a_spec_of_many_arms_is_one_screen(tmp_path, capsys):
+    spec = json.loads((ROOT / "specs" / "demo_local.json").read_text())
+    extra = {k: v for k, v in spec["arms"][1].items() if k not in ("role",)}
+    spec["arms"] += [{**extra, "name": f"extra_{i}", "advantage": "batch_mean", "group_size": 1,
+                      "groups_per_batch": spec["batch_size"]} for i in range(40)]
+    spec.get("feasibility", {}).get("effective_config", {}).pop("arms", None)
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "... and 31 more arms (batch_mean)" in out and "extra_0, extra_1 and 38 more arms each against" in out
+    assert "grpo_gs8" in out and "gs1_kernel" in out  # the compared pair is shown
+    assert len(out.splitlines()) < 60

@@ -11,10 +11,19 @@ import sys
 from schemas.errors import UserError
 
 
+# a summary is one screen: a spec of many arms shows this many, the compared pair among them
+ARMS_SHOWN = 12
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("validate", help="check a spec file and summarise the experiment")
     p.add_argument("spec", metavar="SPEC", help="path to the spec JSON")
     p.set_defaults(func=run)
+
+
+def _names(arms) -> str:
+    names = [a.name for a in arms]
+    return ", ".join(names) if len(names) <= ARMS_SHOWN else f"{', '.join(names[:3])} and {len(names) - 3} more arms"
 
 
 def _bounds(check) -> str:
@@ -64,8 +73,10 @@ def summary(spec, path: str) -> str:
         f"temperature {spec.sampling.temperature:g}, {spec.optimizer.name} lr {spec.optimizer.lr:g}",
         "arms        (prompts x group = rollouts per step)",
     ]
-    width = max(len(a.name) for a in spec.arms)
-    for arm in spec.arms:
+    width = max(len(a.name) for a in spec.arms[:ARMS_SHOWN])
+    shown = spec.arms if len(spec.arms) <= ARMS_SHOWN else [a for a in spec.arms[:ARMS_SHOWN - 1]]
+    shown += [a for a in (treatment, baseline) if a not in shown]  # the compared pair is always shown
+    for arm in shown:
         role = "treatment" if arm.name == treatment.name else "baseline" if arm.name == baseline.name else ""
         lines.append(
             f"  {arm.name:<{width}}  {arm.batch_shape:<9} {arm.advantage}, "
@@ -74,6 +85,9 @@ def summary(spec, path: str) -> str:
         recipe = arm.estimator.recipe_of(arm)
         if (described := arm.estimator.describe(recipe, lora_rank=spec.lora_rank)) is not None:
             lines.append(f"  {'':<{width}}  {described}")
+    if len(shown) < len(spec.arms):
+        kinds = sorted({a.advantage for a in spec.arms if a not in shown})
+        lines.append(f"  ... and {len(spec.arms) - len(shown)} more arms ({', '.join(kinds)}): the spec's `arms` lists them")
     p = spec.pilot
     gate = spec.activation_gate
     lines.append(
@@ -88,7 +102,7 @@ def summary(spec, path: str) -> str:
     compared = compared_arms(spec)
     if len(compared) > 1 or len(dr.seeds) > 1:
         lines.append(f"  every arm at each of {len(dr.seeds)} seed(s) ({len(spec.arms) * len(dr.seeds)} runs); "
-                     f"{', '.join(a.name for a in compared)} each against {baseline.name}, paired within seed, "
+                     f"{_names(compared)} each against {baseline.name}, paired within seed, "
                      f"Holm over the {len(compared)}")
     for crit in dr.criteria:
         lines.append(
