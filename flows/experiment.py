@@ -89,9 +89,9 @@ def _stages(spec_path: str, layout: RunLayout, backend: str, data_dir: str | Non
         get_run_logger().warning(
             f"{failed}; the spec pre-registers one calibration for {CALIBRATION.metric}: re-piloting at "
             f"bandwidth {bandwidth} (at most {plan.pilot.steps} steps, "
-            f"{CALIBRATION.wall_limit_s // 60} minutes); the run continues only if that gate passes")
+            f"{plan.pilot.calibration_wall_minutes:g} minutes); the run continues only if that gate passes")
         pilot = pilot_rollouts(plan.arms, plan.pilot, run, layout, backend, data_dir,
-                               stage="calibration", bandwidth=bandwidth, wall_limit_s=CALIBRATION.wall_limit_s)
+                               stage="calibration", bandwidth=bandwidth, wall_limit_s=plan.pilot.calibration_wall_minutes * 60)
         calibrated = (plan.treatment.with_kernel_bandwidth(bandwidth), plan.baseline)
         audit_gate(calibrated, [pilot.treatment, pilot.baseline], layout, stage="calibration")
         activation_gate(plan.checks, pilot.treatment, pilot.baseline, pilot.heldout, plan.pilot.steps, layout,

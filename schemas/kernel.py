@@ -150,14 +150,13 @@ class KernelSpec(KernelForm):
 class KernelCalibration(BaseModel):
     """The spec's single pre-registered calibration (its activation-failure plan (c); DESIGN.md,
     "The experiment flow"): when the pilot fails `metric`, the treatment is re-piloted once at the
-    other bandwidth of `bandwidths`, chosen by the gate on pilot training prompts only, within
-    `wall_limit_s` (at most the pilot's steps)."""
+    other bandwidth of `bandwidths`, chosen by the gate on pilot training prompts only, within the
+    spec's `pilot.calibration_wall_minutes` (at most the pilot's steps)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     bandwidths: tuple[float, float] = (0.5, 1.0)
     metric: str = "kernel_effective_neighbors_p10"
-    wall_limit_s: int = 600  # the spec's cap: 10 wall minutes
 
     def other_bandwidth(self, kernel: KernelSpec) -> float:
         """The bandwidth the calibration re-pilots `kernel` at: the pair's first one it is not at."""

@@ -93,6 +93,8 @@ def _bound(holds, what: str) -> AfterValidator:
 
 
 Positive = _bound(lambda v: v > 0, "must be > 0")
+# the calibration pilot's wall cap in the user's spec (its activation-failure plan (c))
+CALIBRATION_WALL_MINUTES = 10.0
 AtLeast1 = _bound(lambda v: v >= 1, "must be >= 1")
 AtLeast2 = _bound(lambda v: v >= 2, "must be >= 2")
 NonNegative = _bound(lambda v: v >= 0, "must be >= 0")
@@ -542,6 +544,9 @@ class Pilot(Record):
     steps: Annotated[int, AtLeast1] = 2
     heldout_prompts: Annotated[int, AtLeast1] = 64  # pilot prompts whose per-prompt mean reward is estimated
     heldout_samples: Annotated[int, AtLeast1] = 8  # samples per held-out prompt
+    # the pre-registered calibration pilot's wall cap (the user's plan (c): 10 minutes); a spec
+    # written for a slower machine sizes it for that machine and says why in its notes
+    calibration_wall_minutes: Annotated[float, Positive] = CALIBRATION_WALL_MINUTES
 
 
 # ---------------------------------------------------------------------------------------------
@@ -839,6 +844,8 @@ def canonical_json(spec: ExperimentSpec) -> str:
     for arm in data["arms"]:  # an arm without a role hashes as before roles existed (same run directory)
         if arm.get("role") is None:
             arm.pop("role", None)
+    if data["pilot"].get("calibration_wall_minutes") == CALIBRATION_WALL_MINUTES:  # likewise the cap's default
+        data["pilot"].pop("calibration_wall_minutes")
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 

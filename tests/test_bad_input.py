@@ -162,3 +162,22 @@ def test_validate_of_a_spec_of_many_arms_is_one_screen(tmp_path, capsys):
     assert "... and 31 more arms (batch_mean)" in out and "extra_0, extra_1 and 38 more arms each against" in out
     assert "grpo_gs8" in out and "gs1_kernel" in out  # the compared pair is shown
     assert len(out.splitlines()) < 60
+
+
+def test_the_calibration_cap_is_the_specs_and_its_default_hashes_as_before(tmp_path):
+    """The calibration pilot's wall cap is a spec field (pilot.calibration_wall_minutes): the user's
+    10 minutes by default, which leaves every existing spec's hash (its run directory) as it was;
+    the demo specs size theirs for a slow or shared CPU and say so."""
+    from schemas.spec import CALIBRATION_WALL_MINUTES, load_spec, parse_spec, spec_hash
+
+    user = json.loads((ROOT / "specs" / "gs1_vs_grpo_gsm8k.json").read_text())
+    assert load_spec(ROOT / "specs" / "gs1_vs_grpo_gsm8k.json").pilot.calibration_wall_minutes == CALIBRATION_WALL_MINUTES == 10
+    stated = json.loads(json.dumps(user))
+    stated.setdefault("pilot", {})["calibration_wall_minutes"] = 10
+    longer = json.loads(json.dumps(user))
+    longer.setdefault("pilot", {})["calibration_wall_minutes"] = 30
+    assert spec_hash(parse_spec(stated)) == spec_hash(parse_spec(user)) != spec_hash(parse_spec(longer))
+    for demo in ("demo_local.json", "comparison_demo_local.json"):
+        spec = load_spec(ROOT / "specs" / demo)
+        # 16.1 minutes: the demo's calibration pilot on the 2-core machine with two busy processes beside it
+        assert spec.pilot.calibration_wall_minutes >= 2 * 16.1 and "16.1 minutes" in spec.notes

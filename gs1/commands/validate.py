@@ -91,7 +91,8 @@ def summary(spec, path: str) -> str:
     p = spec.pilot
     gate = spec.activation_gate
     lines.append(
-        f"pilot       {p.steps} treatment steps; held-out reward {p.heldout_prompts} prompts x {p.heldout_samples} samples"
+        f"pilot       {p.steps} treatment steps; held-out reward {p.heldout_prompts} prompts x {p.heldout_samples} samples; "
+        f"a calibration pilot within {p.calibration_wall_minutes:g} wall minutes"
     )
     lines.append(f"gates       activation_gate{'' if gate.applicable else ' (not applicable)'}: {len(gate.checks)} checks")
     mwidth = max((len(c.metric) for c in gate.checks), default=0)
