@@ -181,3 +181,18 @@ def test_the_calibration_cap_is_the_specs_and_its_default_hashes_as_before(tmp_p
         spec = load_spec(ROOT / "specs" / demo)
         # 16.1 minutes: the demo's calibration pilot on the 2-core machine with two busy processes beside it
         assert spec.pilot.calibration_wall_minutes >= 2 * 16.1 and "16.1 minutes" in spec.notes
+
+
+def test_a_hub_model_not_cached_is_one_line_before_the_run(tmp_path, capsys, monkeypatch, gsm8k_dir):
+    """The user's spec names a hub id: without it in the local cache (and gs1 reads no hub at run
+    time) `gs1 run` says so in one line, exit 2, before any run directory or flow."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    run_dir = tmp_path / "run"
+    rc = main(["run", str(ROOT / "specs" / "gs1_vs_grpo_gsm8k.json"), "--run-dir", str(run_dir),
+               "--data-dir", str(gsm8k_dir)])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "'Qwen/Qwen3.5-2B' is not in the local Hugging Face cache" in err
+    assert not run_dir.exists()

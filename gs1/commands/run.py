@@ -85,6 +85,11 @@ def _run(args: argparse.Namespace, server) -> int:
     # its data files, read and checked now: a bad line is one line naming file and line, before the flow
     env = get_env(spec.dataset.name, data_dir=data_dir, **dict(spec.dataset.options))
     env.check_data()
+    if args.backend == "local":
+        from rl.backends.models import check_model_cached  # lazy: start-up time
+        from schemas.spec import resolve_base_model_path
+
+        check_model_cached(resolve_base_model_path(spec) or spec.base_model)  # not cached: one line, exit 2, now
     if args.backend == "tinker":
         from rl.backends.tinker_backend import make_tinker_service_client  # lazy: start-up time
 

@@ -135,12 +135,26 @@ def _record_load(src: ModelSource, how: str, t0: float, device) -> None:
 
 
 def _kw(src: ModelSource) -> dict:
-    kw: dict = {}
+    # nothing from a hub at run time: a hub id loads from the local Hugging Face cache or not at all
+    # (a machine without the hub otherwise retries for a minute and a half first)
+    kw: dict = {"local_files_only": True}
     if src.gguf_file:
         kw["gguf_file"] = src.gguf_file
-    if src.is_local:
-        kw["local_files_only"] = True
     return kw
+
+
+def check_model_cached(base_model: str) -> None:
+    """A UserError, one line, when `base_model` is a hub id the local Hugging Face cache does not
+    hold (`gs1 run` asks before the flow starts; the loaders read that cache alone)."""
+    src = resolve_model(base_model)
+    if src.is_local:
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(src.path, "config.json"), str):
+        raise UserError(f"base_model {src.spec!r} is not in the local Hugging Face cache, and gs1 reads no hub at "
+                        f"run time: download it first (`hf download {src.spec}`), or set base_model_path to a "
+                        "local folder or .gguf file")
 
 
 _TOKENIZERS: dict[tuple, object] = {}
