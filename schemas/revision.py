@@ -23,13 +23,14 @@ from schemas.spec import ExperimentSpec, hashed_dump
 # Top-level spec fields that judge the experiment, or record about it, without changing what runs.
 JUDGING_FIELDS = (
     "activation_gate", "decision_rule", "budget", "feasibility", "feasibility_check", "feasibility_required",
-    "revisions", "overrides",
+    "revisions", "overrides", "notes",
 )
 
 
 def experiment_hash(spec: ExperimentSpec, length: int = 8) -> str:
     """First `length` hex of the sha256 of the canonical spec without its `JUDGING_FIELDS`."""
     identity = {k: v for k, v in hashed_dump(spec).items() if k not in JUDGING_FIELDS}
+    identity["pilot"] = {k: v for k, v in identity["pilot"].items() if k != "calibration_wall_minutes"}  # it judges
     text = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:length]
 

@@ -835,6 +835,8 @@ def hashed_dump(spec: ExperimentSpec) -> dict:
     data = spec.model_dump(mode="json")
     for arm in data["arms"]:
         arm.pop("kernel_file", None)
+    if data["pilot"]["calibration_wall_minutes"] == CALIBRATION_WALL_MINUTES:  # hashes as before the cap was a field
+        data["pilot"].pop("calibration_wall_minutes")
     return data
 
 
@@ -844,8 +846,6 @@ def canonical_json(spec: ExperimentSpec) -> str:
     for arm in data["arms"]:  # an arm without a role hashes as before roles existed (same run directory)
         if arm.get("role") is None:
             arm.pop("role", None)
-    if data["pilot"].get("calibration_wall_minutes") == CALIBRATION_WALL_MINUTES:  # likewise the cap's default
-        data["pilot"].pop("calibration_wall_minutes")
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
