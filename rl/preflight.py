@@ -39,12 +39,14 @@ from tinker_cookbook.rl import data_processing
 from tinker_cookbook.rl.types import Trajectory, TrajectoryGroup, Transition
 
 from rl.audit import AuditResult, RolloutLog, audit_log, reference_columns
-from rl.backends.responses import backend_of, loss_sum, prompt_mean_logprob_of
+from rl.backends.responses import backend_of, loss_sum, prompt_mean_logprob_of, resolved
 from rl.estimators import CRITIC, LEARNER_LOGPROBS, StepBatch
 from rl.loop import batch_of, new_window, rollout_datum, sampling_seed, step_advantages
 from rl.step_inputs import critic_answer_tokens, critic_logprobs, learner_logprobs, train_critic
 from schemas.arm import ArmConfig
 from schemas.optimizer import ADAM
+
+FWD_BWD = "a ForwardBackwardOutput"
 
 STEP_CHECK_TOLERANCE = 1e-12
 MIN_CHECK_STEPS = 4
@@ -255,7 +257,8 @@ def loss_and_gradient(make_client: FreshClient, datums: Sequence[types.Datum]) -
     returns None and the comparison is made on the loss alone (and says so).
     """
     with make_client() as client:
-        out = client.forward_backward(list(datums), loss_fn="importance_sampling").result()
+        out = resolved(client.forward_backward(list(datums), loss_fn="importance_sampling"), backend=backend_of(client),
+                       call="forward_backward", expected=FWD_BWD)
         gradient = client.lora_gradient() if hasattr(client, "lora_gradient") else None
         loss = loss_sum(out, backend=backend_of(client))
     return loss, None if gradient is None else np.asarray(gradient, dtype=np.float64)
@@ -273,9 +276,12 @@ def compare_loss_and_gradient(prefix: str, make_client, ours_D, reference_D, tol
 
 def probe(training_client, datums: Sequence[types.Datum], lr: float) -> Comparison:
     """One forward_backward + one optim_step on a fresh client; the loss must be finite."""
-    out = training_client.forward_backward(list(datums), loss_fn="importance_sampling").result()
-    training_client.optim_step(types.AdamParams(learning_rate=lr, **ADAM.model_dump())).result()
-    loss = loss_sum(out, backend=backend_of(training_client))
+    backend = backend_of(training_client)
+    out = resolved(training_client.forward_backward(list(datums), loss_fn="importance_sampling"), backend=backend,
+                   call="forward_backward", expected=FWD_BWD)
+    resolved(training_client.optim_step(types.AdamParams(learning_rate=lr, **ADAM.model_dump())), backend=backend,
+             call="optim_step", expected="an OptimStepResponse")
+    loss = loss_sum(out, backend=backend)
     return Comparison("probe", math.isfinite(loss), {"loss": loss, "num_datums": len(datums)})
 
 
@@ -298,9 +304,10 @@ def fixed_batch(sampling_client, *, env, renderer, problems, num_samples: int, m
     ]
     rollouts, mean_logprobs = [], []
     for p, (problem, prompt, lp_future, future) in enumerate(zip(problems, prompts_P, logprob_futures_P, sample_futures_P)):
-        mean_lp = prompt_mean_logprob_of(lp_future.result(), prompt.length, backend=backend_of(sampling_client),
-                                         call="compute_logprobs")
-        for sequence in future.result().sequences:
+        backend = backend_of(sampling_client)
+        mean_lp = prompt_mean_logprob_of(resolved(lp_future, backend=backend, call="compute_logprobs", expected="prompt logprobs"),
+                                         prompt.length, backend=backend, call="compute_logprobs")
+        for sequence in resolved(future, backend=backend, call="sample", expected="a SampleResponse").sequences:
             tokens = list(sequence.tokens)
             rollouts.append(Rollout(prompt, tokens, list(sequence.logprobs or []), float(env.reward(renderer, problem, tokens)), p))
             mean_logprobs.append(mean_lp)
@@ -407,7 +414,8 @@ def correctness_checks(arms: Sequence[ArmConfig], baseline: ArmConfig, treatment
     losses = []
     for arm in (baseline, treatment):  # one after the other: each client is given back before the next
         with fresh_client(arm) as training_client:
-            out = training_client.forward(datums, loss_fn="importance_sampling").result()
+            out = resolved(training_client.forward(datums, loss_fn="importance_sampling"),
+                           backend=backend_of(training_client), call="forward", expected=FWD_BWD)
             losses.append(loss_sum(out, backend=backend_of(training_client), call="forward"))
     lt = tolerances["baseline_loss"]
     comparisons.append(compare_arrays("restoration_loss", [losses[1]], [losses[0]], atol=lt["atol"], rtol=lt["rtol"]))

@@ -16,6 +16,7 @@ import numpy as np
 from tinker import types
 from tinker.types.tensor_data import TensorData
 
+from rl.backends.responses import backend_of, resolved
 from rl.estimators.critic import CriticSpec, critic_targets
 
 
@@ -41,7 +42,8 @@ def learner_logprobs(training_client, prompts_B: Sequence[types.ModelInput], tok
     datums_D = [forward_datum(prompts_B[b], list(tokens_B_T[b])) for b in which_D]
     out_B_T = [np.zeros(0) for _ in tokens_B_T]
     if datums_D:
-        outputs_D = training_client.forward(datums_D, loss_fn="cross_entropy").result().loss_fn_outputs
+        outputs_D = resolved(training_client.forward(datums_D, loss_fn="cross_entropy"), backend=backend_of(training_client),
+                             call="forward", expected="a ForwardBackwardOutput").loss_fn_outputs
         for b, output in zip(which_D, outputs_D):
             logprobs = np.asarray(output["logprobs"].tolist(), dtype=np.float64).reshape(-1)
             out_B_T[b] = logprobs[prompts_B[b].length - 1 :]  # the sampled tokens' positions
@@ -76,7 +78,8 @@ def critic_logprobs(critic_client, prompts_P: Sequence[types.ModelInput], questi
     """The critic's log P(yes), log P(no) after each prompt + question (one forward pass).
     Returns (yes_P, no_P, tokens sent)."""
     datums_D = [critic_datum(prompt, question_T, answer, 0.0) for prompt in prompts_P for answer in (yes, no)]
-    outputs_D = critic_client.forward(datums_D, loss_fn="cross_entropy").result().loss_fn_outputs
+    outputs_D = resolved(critic_client.forward(datums_D, loss_fn="cross_entropy"), backend=backend_of(critic_client),
+                         call="forward (critic)", expected="a ForwardBackwardOutput").loss_fn_outputs
     last_D = np.asarray([float(np.asarray(o["logprobs"].tolist()).reshape(-1)[-1]) for o in outputs_D])
     return last_D[0::2], last_D[1::2], sum(d.model_input.length for d in datums_D)
 
@@ -93,6 +96,8 @@ def train_critic(critic_client, critic: CriticSpec, prompts_B: Sequence[types.Mo
                 datums_D.append(critic_datum(prompt, question_T, answer, weight))
     fwd_bwd_future = critic_client.forward_backward(datums_D, loss_fn="cross_entropy")
     optim_future = critic_client.optim_step(types.AdamParams(learning_rate=critic.lr, beta1=arm.beta1, beta2=arm.beta2, eps=arm.eps))
-    loss = float(fwd_bwd_future.result().metrics.get("loss:sum", float("nan")))
-    optim_future.result()
+    backend = backend_of(critic_client)
+    loss = float(resolved(fwd_bwd_future, backend=backend, call="forward_backward (critic)",
+                          expected="a ForwardBackwardOutput").metrics.get("loss:sum", float("nan")))
+    resolved(optim_future, backend=backend, call="optim_step (critic)", expected="an OptimStepResponse")
     return loss, sum(d.model_input.length for d in datums_D)

@@ -9,7 +9,7 @@ Each is picklable: Prefect ships exceptions across processes and stores them in 
 - `EvalDataError`: eval files that cannot be paired (the `decide` command turns it into a UserError).
 - `SampleRequestError`: a sample request that still failed after its retries.
 - `BackendError`: a backend call that failed or answered other than the SDK documents (the run
-  ends on its one line, exit 1).
+  ends on its one line, exit 1). `KeyRefused` is the one for a key the service refused mid-run (exit 2).
 - `FieldProblems`: a pydantic model check's several `field: reason` problems (spec, kernel).
 - `AttentionDefect`: the local engine's start-up probe found the learner's attention backward not
   finite on this device (a kernel defect); it refuses to train.
@@ -99,6 +99,16 @@ class BackendError(Gs1Error, RuntimeError):
         return (BackendError, (self.backend, self.call, self.expected, self.got))
 
 
+class KeyRefused(BackendError):
+    """Raised when the service refused the API key on a call after the start-up check (HTTP 401/403):
+    a BackendError whose run ends with exit 2, as a key refused at start-up does. The key is never in it."""
+
+    exit_code = 2
+
+    def __reduce__(self):
+        return (KeyRefused, (self.backend, self.call, self.expected, self.got))
+
+
 class FieldProblems(Gs1Error, ValueError):
     """Raised by a model-level check (pydantic) that found several problems, each at a path
     relative to the model; the spec's error formatter prints each as its own `field.path: reason` line."""
@@ -166,20 +176,23 @@ class NonFiniteStep(Gs1Error, FloatingPointError):
 
 class ArmFailed(Gs1Error, RuntimeError):
     """Raised when an arm's stage failed: `stage` (pilot, calibration, train, eval), `arm`, `step` (1-based,
-    of `steps`; None outside the step loop) and `cause`, one line. Picklable (Prefect results)."""
+    of `steps`; None outside the step loop) and `cause`, one line; `exit_code` the one `gs1 run` ends
+    with (1; 2 when the cause was a refused key). Picklable (Prefect results)."""
 
-    def __init__(self, stage: str, arm: str, step: int | None, steps: int | None, cause: str) -> None:
+    def __init__(self, stage: str, arm: str, step: int | None, steps: int | None, cause: str,
+                 exit_code: int = 1) -> None:
         self.stage, self.arm, self.step, self.steps, self.cause = stage, arm, step, steps, cause
+        self.exit_code = exit_code
         where = f" at step {step}/{steps}" if step is not None else ""
         super().__init__(f"{stage} {arm} failed{where}: {cause}")
 
     @classmethod
     def of(cls, stage: str, arm: str, exc: BaseException, step: int | None = None,
            steps: int | None = None) -> ArmFailed:
-        return cls(stage, arm, step, steps, failure_cause(exc))
+        return cls(stage, arm, step, steps, failure_cause(exc), getattr(exc, "exit_code", 1))
 
     def __reduce__(self):
-        return (ArmFailed, (self.stage, self.arm, self.step, self.steps, self.cause))
+        return (ArmFailed, (self.stage, self.arm, self.step, self.steps, self.cause, self.exit_code))
 
 
 
@@ -216,8 +229,11 @@ class GateFailed(Gs1Error):
 
 def failure_cause(exc: BaseException, limit: int = 400) -> str:
     """One line saying what went wrong: out of memory named as such, else the exception's type
-    and the first line of its message."""
+    and the first line of its message (a BackendError's own line, which names the backend and the call)."""
     name = type(exc).__name__
+    if isinstance(exc, BackendError):
+        text = str(exc)
+        return text if len(text) <= limit else text[: limit - 3] + "..."
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
     if name == "OutOfMemoryError" or "out of memory" in first.lower():
         what = "out of memory"

@@ -36,7 +36,7 @@ from schemas.arm import ArmConfig
 from schemas.artifacts import read_artifact, write_artifact
 from schemas.cost import ArmCost
 from schemas.io import write_json_atomic, write_jsonl_atomic
-from schemas.errors import ArmFailed, GateFailed, UserError
+from schemas.errors import ArmFailed, BackendError, GateFailed, UserError
 from schemas.gate_text import GateRow
 from schemas.layout import (
     PilotStage, RunLayout, arm_stage_name, artifact_key, merged_logs, pilot_name, stage_info, step_log, step_of, steps_dir,
@@ -94,6 +94,16 @@ def open_critic(run: RunContext, arm: ArmConfig, backend: str, state_path: str |
     if arm.critic is None:
         return None
     return _lora_client(arm, backend, arm.critic.lora_rank or arm.lora_rank, state_path)
+
+
+@contextlib.contextmanager
+def failures_named(stage: str, arm_name: str) -> Iterator[None]:
+    """A service's failure of a call outside the step loop (opening a client, a checkpoint, the final
+    save) ends the stage as an `ArmFailed` naming the stage and the arm (the step loop's own name the step)."""
+    try:
+        yield
+    except BackendError as exc:
+        raise ArmFailed.of(stage, arm_name, exc) from exc
 
 
 @contextlib.contextmanager
@@ -227,7 +237,8 @@ def _pilot_arm(arm: ArmConfig, is_treatment: bool, pilot: Pilot, run: RunContext
     samples, then a greedy eval of a few test items for its timing; the baseline's one step)."""
     env = env_for(run, data_dir)
     t0 = time.time()
-    with arm_client(run, arm, backend) as (training_client, renderer), critic_of(run, arm, backend) as critic_client:
+    with failures_named(pilot_name(stage), arm.name), arm_client(run, arm, backend) as (training_client, renderer), \
+            critic_of(run, arm, backend) as critic_client:
         setup_seconds = time.time() - t0
         arm_dir = layout.pilot_arm_dir(stage, arm.name)
         n_steps = pilot.steps if is_treatment else 1
@@ -306,7 +317,8 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, l
 def trained_arm(arm: ArmConfig, run: RunContext, layout: RunLayout, backend: str, data_dir: str | None,
                 checkpoint_every: int = 5) -> TrainedArm:
     """Train one arm for the spec's steps; resume from the last checkpoint if there is one."""
-    return train_with_checkpoints(arm, run, layout, backend, data_dir, checkpoint_every)
+    with failures_named("train", arm.unit):
+        return train_with_checkpoints(arm, run, layout, backend, data_dir, checkpoint_every)
 
 
 def train_with_checkpoints(arm: ArmConfig, run: RunContext, layout: RunLayout, backend: str, data_dir: str | None,
@@ -344,6 +356,7 @@ def train_with_checkpoints(arm: ArmConfig, run: RunContext, layout: RunLayout, b
 def _train_from(arm: ArmConfig, layout: RunLayout, env, order, arm_dir: Path, training_client, renderer, critic_client,
                 checkpoints: list[dict], checkpoints_path: Path, first_step: int, window,
                 checkpoint_every: int) -> TrainedArm:
+    backend = backend_of(training_client)
     for f in steps_dir(arm_dir).glob("step-*.parquet"):  # logs of steps after the checkpoint are stale
         if step_of(f) >= first_step:
             f.unlink()
@@ -353,9 +366,11 @@ def _train_from(arm: ArmConfig, layout: RunLayout, env, order, arm_dir: Path, tr
         write_step_log(arm_dir, log)
         done = log.metrics["step"] + 1
         if checkpoint_every and (done % checkpoint_every == 0) and done < arm.steps:
-            state_path = training_client.save_state(f"{layout.root.name}-{arm.unit}-{done:05d}").result().path
+            state_path = resolved(training_client.save_state(f"{layout.root.name}-{arm.unit}-{done:05d}"), backend=backend,
+                                  call="save_state", expected="a saved state's path").path
             critic_path = (None if critic_client is None else
-                           critic_client.save_state(f"{layout.root.name}-{arm.unit}-critic-{done:05d}").result().path)
+                           resolved(critic_client.save_state(f"{layout.root.name}-{arm.unit}-critic-{done:05d}"),
+                                    backend=backend, call="save_state (critic)", expected="a saved state's path").path)
             checkpoints.append({"next_step": done, "state_path": state_path, "wall_time": time.time(),
                                 "critic_state_path": critic_path})
             write_artifact("checkpoints", checkpoints, checkpoints_path)
@@ -366,7 +381,8 @@ def _train_from(arm: ArmConfig, layout: RunLayout, env, order, arm_dir: Path, tr
               nonfinite_dir=layout.nonfinite_dir(arm.unit))
     rollouts_path, metrics_path = merge_step_logs(arm_dir)
     costs_path = record_costs(arm, arm_dir, layout.costs_path(arm.unit))
-    sampler_path = training_client.save_weights_for_sampler(f"{layout.root.name}-{arm.unit}-final").result().path
+    sampler_path = resolved(training_client.save_weights_for_sampler(f"{layout.root.name}-{arm.unit}-final"),
+                            backend=backend, call="save_weights_for_sampler", expected="a sampler weights path").path
     record_output(sampler_path)  # the local engine's adapter files: verified before a cache hit
     # eval keys on the weights themselves: a retrained arm with other weights is evaluated again
     final = TrainedArm(arm=arm.unit, sampler_path=sampler_path, rollouts=str(rollouts_path), metrics=str(metrics_path),
@@ -415,6 +431,12 @@ def _resume_point(arm: ArmConfig, arm_dir: Path, checkpoints_path: Path):
 def eval_items(trained: TrainedArm, arm: ArmConfig, run: RunContext, n_eval: int, layout: RunLayout, backend: str,
                data_dir: str | None) -> EvalResult:
     """Greedy-decode every eval item with the arm's final weights; write eval.jsonl + Parquet."""
+    with failures_named("eval", arm.unit):
+        return _eval_items(trained, arm, run, n_eval, layout, backend, data_dir)
+
+
+def _eval_items(trained: TrainedArm, arm: ArmConfig, run: RunContext, n_eval: int, layout: RunLayout, backend: str,
+                data_dir: str | None) -> EvalResult:
     env = env_for(run, data_dir)
     sampler = resolved(service_client(backend).create_sampling_client(model_path=trained.sampler_path), backend=backend,
                         call="create_sampling_client(model_path=...)", expected="a sampling client of the arm's final weights")

@@ -19,7 +19,7 @@ from schemas.io import write_json_atomic
 from schemas.layout import PREFLIGHT, RunLayout
 from schemas.plan import RunContext
 from schemas.spec import CorrectnessPreflight
-from tasks.arms import arm_client, critic_of, env_for
+from tasks.arms import arm_client, critic_of, env_for, failures_named
 from tasks.cache import stage_cache
 from tasks.judging import judging_task
 from tasks.running import stage_end_hooks
@@ -42,11 +42,11 @@ def correctness_preflight(arms: tuple[ArmConfig, ...], run: RunContext, prefligh
 
     @contextlib.contextmanager
     def fresh_client(arm: ArmConfig):
-        with arm_client(run, arm, backend) as (training_client, _):
+        with failures_named(PREFLIGHT, arm.name), arm_client(run, arm, backend) as (training_client, _):
             yield training_client
 
     # The fixed batch's sampler and one fresh client per check: at most two training clients at once.
-    with arm_client(run, baseline, backend) as (client, renderer):
+    with failures_named(PREFLIGHT, baseline.name), arm_client(run, baseline, backend) as (client, renderer):
         sampling_client = resolved(client.save_weights_and_get_sampling_client(), backend=backend,
                                     call="save_weights_and_get_sampling_client", expected="a sampling client")
         outcome = correctness_checks(

@@ -240,7 +240,7 @@ def test_the_sdk_client_future_used_as_a_client_warns_and_the_local_engine_match
 def test_gs1_run_on_a_service_with_fewer_adapters_than_the_preflight_needs_is_one_line_exit_1(
         tmp_path, repo_root, tiny_model_dir, use_fake):  # noqa: F811
     """The issue's run: a per-user adapter limit met in the preflight ends `gs1 run` (a process of
-    its own, as a user runs it) on one line naming the backend, the call and what was expected;
+    its own, as a user runs it) on one line naming the stage, the arm, the backend, the call and what was expected;
     exit 1; no traceback, no KeyError, no key."""
     import os
     import subprocess
@@ -259,7 +259,11 @@ def test_gs1_run_on_a_service_with_fewer_adapters_than_the_preflight_needs_is_on
         )
     assert done.returncode == 1, done.stderr[-2000:]
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("gs1: tinker backend: create_lora_training_client: expected a LoRA training client"), last
+    # Issue 47: the line names the stage and the arm too, and says the run resumes.
+    from schemas.layout import PREFLIGHT
+
+    assert last.startswith(f"gs1: {PREFLIGHT} "), last
+    assert "failed: tinker backend: create_lora_training_client: expected a LoRA training client" in last, last
     assert "Maximum number of LoRA adapters (1) reached" in last
     assert "Traceback" not in done.stdout + done.stderr and "KeyError" not in done.stdout + done.stderr
     assert KEY not in done.stdout + done.stderr

@@ -162,13 +162,14 @@ def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None
         sys.stderr.write(f"gs1: {error}\n")
         return 1
     if isinstance(error, ArmFailed):
-        sys.stderr.write(f"gs1: {error}; the run directory keeps what ran: the same command resumes it\n")
-        return 1
+        sys.stderr.write(one_line(redact_key(f"gs1: {error}; the run directory keeps what ran: the same command "
+                                             "resumes it")) + "\n")
+        return getattr(error, "exit_code", 1)  # 2: the service refused the key mid-run
     if isinstance(error, UserError):
         raise error
     if isinstance(error, BackendError):  # the service failed a call or answered off its API: a run failure
         sys.stderr.write(one_line(redact_key(f"gs1: {error}")) + "\n")
-        return 1
+        return getattr(error, "exit_code", 1)
     raise UserError(f"the flow ended {state.name}: {state.message}")
 
 

@@ -42,7 +42,13 @@ def backend_of(client: Any) -> str:
 
 def resolved(future: Any, *, backend: str, call: str, expected: str) -> Any:
     """`future.result()`; a service's failure of the call is one BackendError line (a UserError stays
-    one; the local engine's own errors stay as they are)."""
+    one; the local engine's own errors stay as they are). On the tinker backend within the per-call
+    timeout (`tinker_backend.await_result`: `GS1_TINKER_TIMEOUT`, by default the SDK's own budget), the
+    line naming the cause: no answer, a reset connection, HTTP 429, a refused key, a wrong shape."""
+    if backend == "tinker":
+        from rl.backends.tinker_backend import await_result  # lazy: the local path never imports the SDK's parts
+
+        return await_result(future, call=call, expected=expected)
     try:
         return future.result()
     except UserError:  # already one line about the user's input (a missing model, a bad path)

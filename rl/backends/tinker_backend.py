@@ -27,6 +27,18 @@ Retries after start-up are the SDK's own, and they already cover what the RL loo
 What the SDK does not retry is a request the service reports as failed
 (`RequestFailedError`); `rl.sampling.sample_bounded` retries those a bounded number of times.
 
+Bounded calls (issue 47). The SDK bounds a submission by its retry window (5 min) but not a
+result's polling (connection errors there back off forever), nor a sample the service keeps
+answering 429 (it backs off and resubmits for good); and `APIFuture.result()` waits without limit
+unless given the SDK's own `timeout`. So every call the pipeline reads goes through
+`await_result` (`rl.backends.responses.resolved`), which passes `result(timeout=call_timeout())`:
+`GS1_TINKER_TIMEOUT` seconds, by default the SDK's own budget for one call -- its retry window
+(`SDK_RETRY_WINDOW_S`, 300 s) plus one HTTP request's read timeout (`tinker._constants.DEFAULT_TIMEOUT`,
+60 s): 360 s. Within it the SDK retries as above; there is no second retry loop here. A call that
+times out is cancelled, and the service is asked once (`POST /client/config`, a few seconds) what
+state it is in, so the line names the cause: no answer, connection reset or refused, rate limited
+(HTTP 429 and its Retry-After), the key refused. A key refused mid-run is a `KeyRefused` (exit 2).
+
 A training client holds a LoRA adapter on the service until the session ends, and a service may
 cap adapters per user. `unload_training_client` gives one back when the pipeline is done with it
 (`POST /api/v1/unload_model`, whose request and response types the SDK ships, through the
@@ -35,6 +47,8 @@ client's own authenticated session and retries; SDK 0.38 has no method for it).
 
 from __future__ import annotations
 
+import concurrent.futures
+import email.utils
 import logging
 import os
 import time
@@ -47,7 +61,9 @@ from tinker.lib.api_future_impl import _APIFuture
 from tinker.lib.client_connection_pool_type import ClientConnectionPoolType
 from tinker.lib.retry_handler import RetryConfig
 
-from schemas.errors import UserError
+from tinker._constants import DEFAULT_TIMEOUT as SDK_REQUEST_TIMEOUT
+
+from schemas.errors import BackendError, KeyRefused, UserError
 from schemas.redaction import one_line, redact
 
 HEALTHZ_PATH = "/api/v1/healthz"
@@ -59,6 +75,141 @@ logger = logging.getLogger(__name__)
 
 # The SDK's default retry policy for sampling, named so callers can see and adjust it.
 SAMPLE_RETRY_CONFIG = RetryConfig()
+
+# The SDK's budget for one call (tinker 0.38): `InternalClientHolder.execute_with_retries` retries
+# for MAX_WAIT_TIME = 300 s (a constant inside that method, not a setting), each HTTP request
+# waiting up to DEFAULT_TIMEOUT's read timeout (60 s; connect 5 s).
+SDK_RETRY_WINDOW_S = 300.0
+TIMEOUT_ENV = "GS1_TINKER_TIMEOUT"
+DEFAULT_CALL_TIMEOUT_S = SDK_RETRY_WINDOW_S + float(SDK_REQUEST_TIMEOUT.read or 60.0)
+DIAGNOSE_TIMEOUT_S = 5.0
+# The start-up probe waits out a 429's Retry-After up to this long in all, then says it is rate limited.
+PROBE_RETRY_AFTER_MAX_S = 60.0
+
+# The service the backend was made for (URL, key, extra headers): asked what is wrong when a call
+# times out. In memory only; the key never leaves the X-API-Key header.
+_SERVICE: dict[str, Any] = {}
+
+
+def call_timeout() -> float:
+    """Seconds one SDK call's result is awaited: `$GS1_TINKER_TIMEOUT`, else the SDK's own budget."""
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_CALL_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise UserError(f"{TIMEOUT_ENV} must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def await_result(future: Any, *, call: str, expected: str, timeout: float | None = None) -> Any:
+    """`future.result(timeout)` of an SDK call, within `call_timeout()`; whatever stops it is one
+    BackendError line naming the call and the cause (a `KeyRefused` for a refused key)."""
+    timeout = call_timeout() if timeout is None else timeout
+    try:
+        return future.result(timeout=timeout)
+    except (concurrent.futures.TimeoutError, TimeoutError) as e:
+        with_sdk_deadline = "Timeout of" in str(e)  # the SDK's own APIFuture deadline, if any
+        _cancel(future)
+        if with_sdk_deadline:
+            raise BackendError("tinker", call, expected, one_line(f"TimeoutError: {e}")) from None
+        state, refused = _diagnose()
+        got = (f"no result within {timeout:g} s ({TIMEOUT_ENV}; the SDK retrying with backoff 1, 2, 4 ... 30 s "
+               f"meanwhile); the service now: {state}")
+        raise (KeyRefused if refused else BackendError)("tinker", call, expected, got) from None
+    except (tinker.AuthenticationError, tinker.PermissionDeniedError) as e:
+        raise KeyRefused("tinker", call, expected, f"the service refused TINKER_API_KEY (HTTP {e.status_code})") from None
+    except tinker.RateLimitError as e:
+        raise BackendError("tinker", call, expected, f"rate limited (HTTP 429{_retry_after_text(e.response)}) "
+                           "past the SDK's retries") from None
+    except tinker.APITimeoutError:
+        raise BackendError("tinker", call, expected, f"no answer: each request timed out, for the SDK's "
+                           f"{SDK_RETRY_WINDOW_S:g} s of retries") from None
+    except tinker.APIConnectionError as e:
+        raise BackendError("tinker", call, expected, _redacted(f"connection failed for the SDK's "
+                           f"{SDK_RETRY_WINDOW_S:g} s of retries ({_root_cause(e)})")) from None
+    except tinker.APIResponseValidationError as e:
+        raise BackendError("tinker", call, expected, _redacted(f"an answer of the wrong shape (HTTP "
+                           f"{e.status_code}: {_first_line(e)})")) from None
+    except (UserError, BackendError):
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever the service answered, the run ends on one line
+        raise BackendError("tinker", call, expected, _redacted(f"{type(e).__name__}: {e}")) from None
+
+
+def _cancel(future: Any) -> None:
+    try:
+        inner = future.future() if hasattr(future, "future") else future
+        inner.cancel()
+    except Exception:  # noqa: BLE001 - best effort: the SDK's background task may already be gone
+        pass
+
+
+def _first_line(e: BaseException) -> str:
+    cause = e.__cause__ or e.__context__
+    text = f"{type(cause).__name__}: {cause}" if cause is not None else str(e)
+    return next((line.strip() for line in text.splitlines() if line.strip()), type(e).__name__)
+
+
+def _root_cause(e: BaseException) -> str:
+    while (e.__cause__ or e.__context__) is not None:
+        e = e.__cause__ or e.__context__
+    return one_line(f"{type(e).__name__}: {e}")
+
+
+def _redacted(text: str) -> str:
+    key = _SERVICE.get("api_key")
+    return one_line(redact(text, key) if key else text)
+
+
+def _retry_after_text(response: httpx.Response | None) -> str:
+    seconds = _retry_after_s(response)
+    return f", Retry-After {seconds:g} s" if seconds is not None else ""
+
+
+def _retry_after_s(response: httpx.Response | None) -> float | None:
+    """A response's Retry-After in seconds (delta-seconds or an HTTP date), None when absent or unreadable."""
+    value = (response.headers.get("retry-after") if response is not None else None) or ""
+    value = value.strip()
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _diagnose() -> tuple[str, bool]:
+    """What state the service is in now, asked once within DIAGNOSE_TIMEOUT_S: (words, key refused)."""
+    if not _SERVICE:
+        return "unknown (no service recorded)", False
+    base_url, api_key = _SERVICE["base_url"], _SERVICE["api_key"]
+    headers = _sdk_default_headers() | dict(_SERVICE.get("headers") or {}) | {"X-API-Key": api_key}
+    try:
+        with httpx.Client(timeout=DIAGNOSE_TIMEOUT_S, follow_redirects=True, headers=headers) as http:
+            answer = http.post(base_url + CLIENT_CONFIG_PATH, json={"sdk_version": tinker.__version__})
+    except httpx.TimeoutException:
+        return f"no answer to POST {CLIENT_CONFIG_PATH} within {DIAGNOSE_TIMEOUT_S:g} s", False
+    except (httpx.HTTPError, ValueError, UnicodeError) as e:
+        cause = e.__cause__ or e.__context__ or e
+        reset = isinstance(cause, ConnectionResetError) or "reset" in str(e).lower() or "disconnected" in str(e).lower()
+        what = "connection reset" if reset else "connection failed"
+        return _redacted(f"{what} ({type(e).__name__}: {e})"), False
+    if answer.status_code in (401, 403):
+        return f"it refuses TINKER_API_KEY (HTTP {answer.status_code})", True
+    if answer.status_code == 429:
+        return f"rate limited (HTTP 429{_retry_after_text(answer)})", False
+    if not answer.is_success:
+        return f"POST {CLIENT_CONFIG_PATH} answers HTTP {answer.status_code}", False
+    return f"it answers POST {CLIENT_CONFIG_PATH}, but this call got no result", False
 
 
 def make_tinker_service_client(
@@ -80,10 +231,11 @@ def make_tinker_service_client(
     api_key = _resolve_api_key(api_key)
     extra_headers = dict(service_kwargs.get("default_headers_overrides") or {})
     probe_service(base_url, api_key, timeout=probe_timeout, headers=extra_headers)
+    _SERVICE.update(base_url=base_url, api_key=api_key, headers=extra_headers)
     return tinker.ServiceClient(base_url=base_url, api_key=api_key, **service_kwargs)
 
 
-def unload_training_client(training_client: tinker.TrainingClient, timeout: float = UNLOAD_TIMEOUT_S) -> None:
+def unload_training_client(training_client: tinker.TrainingClient, timeout: float | None = None) -> None:
     """Free the service's LoRA adapter behind `training_client` and wait until it is gone.
 
     Sent as the SDK sends its own calls (the holder's authenticated client, `execute_with_retries`,
@@ -108,8 +260,14 @@ def unload_training_client(training_client: tinker.TrainingClient, timeout: floa
         return await _APIFuture(types.UnloadModelResponse, holder, future, request_start_time=started,
                                 request_type="UnloadModel").result_async()
 
+    if timeout is None:
+        timeout = min(UNLOAD_TIMEOUT_S, call_timeout())
+    pending = holder.run_coroutine_threadsafe(unload())
     try:
-        holder.run_coroutine_threadsafe(unload()).result(timeout)
+        pending.result(timeout)
+    except (concurrent.futures.TimeoutError, TimeoutError):
+        _cancel(pending)
+        raise
     except tinker.NotFoundError:
         logger.warning(f"tinker backend: {UNLOAD_MODEL_PATH} not found; adapter {model_id} stays until the session ends")
 
@@ -129,15 +287,16 @@ def probe_service(
     """
     deadline = time.monotonic() + timeout
     sent_headers = _sdk_default_headers() | dict(headers or {})
+    waited = [0.0]  # seconds spent waiting out 429s, over both requests
     with httpx.Client(timeout=timeout, follow_redirects=True, headers=sent_headers) as http:
-        health = _request(http, "GET", base_url, HEALTHZ_PATH, api_key, deadline)
+        health = _patient_request(http, "GET", base_url, HEALTHZ_PATH, api_key, deadline, waited)
         if not health.is_success:
             raise UserError(
                 f"Tinker service at {base_url} is not healthy: GET {HEALTHZ_PATH} answered "
                 f"HTTP {health.status_code}"
             )
-        config = _request(
-            http, "POST", base_url, CLIENT_CONFIG_PATH, api_key, deadline,
+        config = _patient_request(
+            http, "POST", base_url, CLIENT_CONFIG_PATH, api_key, deadline, waited,
             headers={"X-API-Key": api_key},
             json={"sdk_version": tinker.__version__},
         )
@@ -157,6 +316,28 @@ def probe_service(
             f"{base_url} is not a Tinker service: POST {CLIENT_CONFIG_PATH} answered HTTP "
             f"{config.status_code} with a non-JSON body ({kind}); check TINKER_BASE_URL"
         )
+
+
+def _patient_request(http: httpx.Client, method: str, base_url: str, path: str, api_key: str, deadline: float,
+                     waited: list[float], **kwargs: Any) -> httpx.Response:
+    """`_request`, but a 429 is waited out for its Retry-After (1 s without one) and asked again, up to
+    PROBE_RETRY_AFTER_MAX_S of waiting in all; a service that stays rate limited is one UserError line."""
+    while True:
+        # the waits the service asked for do not count against the probe's timeout
+        response = _request(http, method, base_url, path, api_key, deadline + waited[0], **kwargs)
+        if response.status_code != 429:
+            return response
+        retry_after = _retry_after_s(response)
+        wait = 1.0 if retry_after is None else retry_after
+        if waited[0] + wait > PROBE_RETRY_AFTER_MAX_S:
+            raise UserError(
+                f"Tinker service at {base_url} is rate limiting this client: {method} {path} answered HTTP 429"
+                f"{_retry_after_text(response)} (gs1 waits up to {PROBE_RETRY_AFTER_MAX_S:g} s at start-up); "
+                "try again later"
+            )
+        logger.warning(f"tinker backend: {method} {path} answered HTTP 429; retrying after {wait:g} s")
+        time.sleep(wait)
+        waited[0] += wait
 
 
 def _json_body(response: httpx.Response):

@@ -27,7 +27,8 @@ LoRA adapters (N) reached"), `loss_sum_metric=False` (no `loss:sum` metric, per-
 `seeded_first_token=True` (a sample's first token is a hash of its seed, sample index and prompt
 length, so rewards that read it vary as a random policy's would).
 
-Test hooks: `fail_next(path, *statuses)` answers the next calls to `path` with those HTTP
+Test hooks: `misbehave(mode)` answers every call but healthz as a broken service (hang, reset, 429,
+bad_shape, 401); `fail_next(path, *statuses)` answers the next calls to `path` with those HTTP
 statuses before serving normally; `fail_next_samples(n)` makes the next `n` sample requests
 complete as failed requests (the SDK raises `RequestFailedError`). Counters:
 `max_samples_in_flight` (submitted but not yet delivered, across all clients),
@@ -43,6 +44,7 @@ import hashlib
 import itertools
 import json
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -114,7 +116,10 @@ class FakeTinkerServer:
         self._fail_statuses: dict[str, collections.deque[int]] = collections.defaultdict(
             collections.deque
         )
+        self._retry_after: dict[str, int] = {}
         self._failing_samples = 0
+        self.misbehaviour: str | None = None  # misbehave(): how every call (but /healthz) is answered
+        self.misbehaviour_retry_after: int | None = None
         self.calls: collections.Counter[str] = collections.Counter()
         self.last_headers: dict[str, dict[str, str]] = {}  # path -> headers of its last call
         self.injected = 0
@@ -133,10 +138,21 @@ class FakeTinkerServer:
 
     # ---- test hooks -------------------------------------------------------------------
 
-    def fail_next(self, path: str, *statuses: int) -> None:
-        """Answer the next len(statuses) calls to `path` (e.g. "/api/v1/asample") with them."""
+    def fail_next(self, path: str, *statuses: int, retry_after: int | None = None) -> None:
+        """Answer the next len(statuses) calls to `path` (e.g. "/api/v1/asample") with them (with a
+        `Retry-After: retry_after` header when given)."""
         with self._lock:
             self._fail_statuses[path].extend(statuses)
+            if retry_after is not None:
+                self._retry_after[path] = retry_after
+
+    def misbehave(self, mode: str | None, *, retry_after: int | None = None) -> None:
+        """From now on answer every call but `/healthz` as a broken service would (None: normally again):
+        "hang" (never answer), "reset" (reset the connection), "429" (rate limited, `Retry-After`
+        when given), "bad_shape" (HTTP 200 with well-formed JSON of the wrong shape), "401" (the key refused)."""
+        assert mode in (None, "hang", "reset", "429", "bad_shape", "401"), mode
+        with self._lock:
+            self.misbehaviour, self.misbehaviour_retry_after = mode, retry_after
 
     def fail_next_samples(self, n: int) -> None:
         """The next n sample requests are accepted, then complete as failed requests."""
@@ -248,6 +264,10 @@ class FakeTinkerServer:
             with self._lock:
                 self.calls[path] += 1
                 self.last_headers[path] = dict(request.headers)
+                mode, retry_after = self.misbehaviour, self.misbehaviour_retry_after
+            if mode is not None:
+                return await self._misbehave(request, mode, retry_after)
+            with self._lock:
                 if request.headers.get("x-api-key") != self.api_key:
                     self.auth_failures += 1
                     return JSONResponse({"detail": "Invalid API key"}, status_code=401)
@@ -256,10 +276,35 @@ class FakeTinkerServer:
                 if status is not None:
                     self.injected += 1
             if status is not None:
-                return JSONResponse({"detail": f"injected {status}"}, status_code=status)
+                return self._injected(path, status)
             return await handler(request)
 
         return endpoint
+
+    def _injected(self, path: str, status: int) -> Response:
+        with self._lock:
+            retry_after = self._retry_after.get(path)
+        headers = {"retry-after": str(retry_after)} if retry_after is not None and status == 429 else None
+        return JSONResponse({"detail": f"injected {status}"}, status_code=status, headers=headers)
+
+    async def _misbehave(self, request: Request, mode: str, retry_after: int | None) -> Response:
+        if mode == "hang":
+            await asyncio.sleep(3600)  # cancelled when the client goes away or the server stops
+        if mode == "reset":
+            # uvicorn's ASGI `receive` is a method of the request cycle, which holds the transport:
+            # close the socket with SO_LINGER 0, so the client reads a TCP reset.
+            transport = request.receive.__self__.transport
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            transport.abort()
+            await asyncio.sleep(3600)
+        if mode == "429":
+            headers = {"retry-after": str(retry_after)} if retry_after is not None else None
+            return JSONResponse({"detail": "rate limited"}, status_code=429, headers=headers)
+        if mode == "401":
+            return JSONResponse({"detail": "Invalid API key"}, status_code=401)
+        return JSONResponse({"type": "unexpected", "items": [1, 2, 3]})  # bad_shape
 
     async def _json(self, request: Request) -> dict[str, Any]:
         body = await request.body()
@@ -274,7 +319,7 @@ class FakeTinkerServer:
             queue = self._fail_statuses.get(request.url.path)
             status = queue.popleft() if queue else None
         if status is not None:
-            return JSONResponse({"detail": f"injected {status}"}, status_code=status)
+            return self._injected(request.url.path, status)
         return JSONResponse({"status": "ok"})
 
     async def _client_config(self, request: Request) -> Response:
