@@ -44,7 +44,7 @@ DAMAGES = {
                            "gs1_kernel-s0"),
     "another seed's eval": (lambda u: shutil.copy(u / "gs1_kernel-s1" / "eval.jsonl", u / "gs1_kernel-s0" / "eval.jsonl"),
                             "gs1_kernel-s0"),
-    "every eval cut to 45 items": (lambda u: [_cut(p, 45) for p in sorted(u.glob("*/eval.jsonl"))], "batch_mean-s0"),
+    "every eval cut to 45 items": (lambda u: [_cut(p, 45) for p in sorted(u.glob("*/eval.jsonl"))], "grpo_gs8-s0"),
     "another unit's folder": (lambda u: (shutil.rmtree(u / "gs1_kernel-s0"),
                                          shutil.copytree(u / "gs1_kernel-s1", u / "gs1_kernel-s0")), "gs1_kernel-s0"),
     "proof deleted": (lambda u: (u / "grpo_gs8-s1" / "unit.json").unlink(), "grpo_gs8-s1"),
