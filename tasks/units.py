@@ -3,7 +3,9 @@
 A spec of many arms and seeds can outgrow one machine session. Its units (arm x seed) then run a
 few at a time (`gs1 run SPEC --units grpo_gs8-s0,critic-s0`, each run passing the same gates), and
 each finished unit is copied into one units folder (`schemas.layout.UnitsLayout`, committed as it
-lands). From that folder:
+lands) with its proof (`unit.json`, `schemas.unit_proof.UnitProof`). Every read checks each unit
+against its proof and the spec first (`check_units`) and computes everything before it writes; the
+decision and reading folders are written whole. From that folder:
 
 - every unit in: the family decision, written by the decision stage's own writer
   (`tasks.gates.write_family_decision`), so it is the decision the flow would have made;
