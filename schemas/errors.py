@@ -6,6 +6,8 @@ Each is picklable: Prefect ships exceptions across processes and stores them in 
 
 - `UserError`: bad input from the user; the CLI prints `gs1: error: <message>` and exits 2.
   `SpecError` is the one for an invalid spec file.
+- `UnitProofError` (a UserError): a unit of a units folder fails its proof, holds fewer or other
+  items than the spec registers, or lacks a file the decision reads; nothing is written.
 - `EvalDataError`: eval files that cannot be paired (the `decide` command turns it into a UserError).
 - `SampleRequestError`: a sample request that still failed after its retries.
 - `BackendError`: a backend call that failed or answered other than the SDK documents (the run
@@ -56,6 +58,22 @@ class SpecError(UserError):
 
     def __reduce__(self):
         return (SpecError, (self.problems, self.source))
+
+
+class UnitProofError(UserError):
+    """Raised by every read of a units folder (`tasks.units.check_units`: `gs1 decide --units`, its
+    readings) when a unit listed by the spec fails its proof (`schemas.unit_proof.UnitProof`): no
+    or an unreadable proof, a file missing or not the one copied (its sha256), another arm, seed,
+    unit or experiment than the folder name and the spec say, fewer or other eval items than the
+    spec registers or than the other units hold. One line naming the unit and what failed; the
+    command exits 2 and writes nothing."""
+
+    def __init__(self, unit: str, problem: str):
+        self.unit, self.problem = unit, problem
+        super().__init__(f"units folder: unit {unit}: {problem}")
+
+    def __reduce__(self):
+        return (UnitProofError, (self.unit, self.problem))
 
 
 class EvalDataError(Gs1Error, ValueError):

@@ -89,6 +89,66 @@ def write_jsonl_atomic(path: str | Path, rows: Iterable[dict]) -> Path:
     return write_text_atomic(path, "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows))
 
 
+_RENAME_EXCHANGE = 2  # renameat2(2)'s flag: swap two paths in one step (Linux)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the directory entries `a` and `b` atomically (renameat2 RENAME_EXCHANGE); False where
+    the system cannot (not Linux, an old kernel, a file system without it)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    done = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE)
+    return done == 0
+
+
+def replace_dir_atomic(target: str | Path, fill: Callable[[Path], None]) -> Path:
+    """Write a whole folder at once: `fill(tmp)` writes its files into a temp sibling of `target`,
+    which then takes `target`'s place in one rename (an old `target` swapped out in the same step
+    where the system can, else renamed away just before, then removed). A kill at any moment leaves
+    the old folder or the new one, never a half one; a temp sibling a kill left is removed by the
+    next write."""
+    import shutil
+
+    target = Path(target)
+    parent = target.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UserError(f"{target}: cannot be written ({parent} is not a directory)") from None
+    if target.exists() and not target.is_dir():
+        raise UserError(f"{target}: is a file; a folder belongs there")
+    for stale in parent.glob(f".{target.name}.*.swap"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".swap", dir=parent))
+    try:
+        fill(tmp)
+        os.chmod(tmp, 0o777 & ~_UMASK)  # mkdtemp makes 0700; a decision is an ordinary folder
+        if target.is_dir() and _exchange(tmp, target):
+            pass  # tmp now holds the old folder
+        elif target.is_dir():
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".swap", dir=parent))
+            os.replace(target, old / "old")
+            os.replace(tmp, target)
+            tmp = old
+        else:
+            os.replace(tmp, target)
+            return target
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise UserError(f"no space left to write {target}: free some and run again") from None
+        raise
+    shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 def compact_copy(path: Path) -> bytes:
     """A file's bytes as a committed folder keeps it (a units folder: `tasks.units.collect_units`).
     Parquet is re-encoded losslessly for size: zstd at level 19, floats byte-stream split (a

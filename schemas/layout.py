@@ -28,11 +28,13 @@ A sweep too long for one machine session is run a few units at a time (`gs1 run 
 units gathered in a *units folder* (`UnitsLayout`, what `gs1 decide --units` reads and writes):
 
     <units_dir>/<unit>/                       rollouts.parquet, step_metrics.parquet, costs.parquet,
-                                              final.json, eval.jsonl (copied from a run's train/ and eval/)
+                                              final.json, eval.jsonl (copied from a run's train/ and eval/),
+                                              unit.json: the unit's proof (schemas.unit_proof)
     <units_dir>/runs/<run>/                   the gates' records of each run collected from (every
                                               stage folder before training, and the train audit),
                                               named by the run directory's folder name
     <units_dir>/decision/                     decision.{json,parquet,md}, once every unit is in
+                                              (written whole: a temp sibling renamed into place)
     <units_dir>/comparison.md                 the comparison table, and the units still missing
 """
 
@@ -446,6 +448,12 @@ class UnitsLayout:
 
     def costs_path(self, unit: str) -> Path:
         return self.unit_dir(unit) / COSTS_FILE
+
+    def proof_json(self, unit: str) -> Path:
+        """The unit's proof (schemas.unit_proof.UnitProof): what was copied, from where, its hashes."""
+        from schemas.unit_proof import PROOF_FILE
+
+        return self.unit_dir(unit) / PROOF_FILE
 
     def step_metrics_path(self, unit: str) -> Path:
         return self.unit_dir(unit) / STEP_METRICS_FILE

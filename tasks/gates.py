@@ -264,13 +264,19 @@ def write_family_decision(eval_files: list[str], units: list[tuple[str, int]], d
     --units`' one writer (its secondary readings under another rule too). Every input is read and
     decided before the first file is written. Returns the record and its markdown."""
     record = family_record(eval_files, units, decision, names)
+    return record, write_decision_files(record, out)
+
+
+def write_decision_files(record: dict, out: DecisionFiles) -> str:
+    """A family decision record's files in `out` (decision.json, decision.parquet,
+    comparisons.parquet, decision.md); returns its markdown."""
     markdown = family_markdown(record)
     write_json_atomic(out.json, record)
     write_artifact("decision", [{c: record.get(c) for c in DECISION.names}], out.parquet)
     write_artifact("comparisons", [{c: p.get(c) for c in COMPARISONS.names}
                                    for p in record["comparisons"]], out.comparisons)
     write_text_atomic(out.markdown, markdown)
-    return record, markdown
+    return markdown
 
 
 def family_record(eval_files: list[str], units: list[tuple[str, int]], decision: DecisionPlan, names: dict) -> dict:

@@ -3,7 +3,9 @@
 A spec of many arms and seeds can outgrow one machine session. Its units (arm x seed) then run a
 few at a time (`gs1 run SPEC --units grpo_gs8-s0,critic-s0`, each run passing the same gates), and
 each finished unit is copied into one units folder (`schemas.layout.UnitsLayout`, committed as it
-lands). From that folder:
+lands) with its proof (`unit.json`, `schemas.unit_proof.UnitProof`). Every read checks each unit
+against its proof and the spec first (`check_units`) and computes everything before it writes; the
+decision and reading folders are written whole. From that folder:
 
 - every unit in: the family decision, written by the decision stage's own writer
   (`tasks.gates.write_family_decision`), so it is the decision the flow would have made;
@@ -24,6 +26,7 @@ what the rule can tell at this number of items, and plots (`report.plots.UNITS_P
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,23 +35,32 @@ from report.plots import UNITS_PLOT_SPECS, RenderedPlot, render_plots
 from report.render import write_plots
 from report.units_model import ArmStanding, UnitSharing, UnitsStanding, VersusArm, seeds_text
 from rl.rules import rule_for
+from schemas.arm import ArmConfig
 from schemas.cost import ArmCost
-from schemas.errors import UserError
+from schemas.errors import EvalDataError, UnitProofError, UserError
 from schemas.artifacts import COMPARISONS, write_artifact
-from schemas.io import compact_copy, loads_strict, write_bytes_atomic, write_json_atomic, write_text_atomic
-from schemas.layout import UNIT_EVAL_FILES, UNIT_TRAIN_FILES, RunLayout, UnitsLayout, gate_record_folders
+from schemas.io import (compact_copy, loads_strict, replace_dir_atomic, write_bytes_atomic, write_json_atomic,
+                        write_text_atomic)
+from schemas.layout import (COSTS_FILE, EVAL_JSONL_FILE, STEP_METRICS_FILE, UNIT_EVAL_FILES, UNIT_TRAIN_FILES,
+                            DecisionFiles, RunLayout, UnitsLayout, gate_record_folders)
 from schemas.plan import RunPlan
 from schemas.revision import experiment_hash
-from schemas.spec import ExperimentSpec, anchored, parse_spec
-from tasks.gates import family_markdown, family_record, write_family_decision
+from schemas.spec import ExperimentSpec, anchored, eval_items, parse_spec
+from schemas.unit_proof import COLLECTED, PROOF_FILE, UnitProof, file_sha256, item_ids_digest
+from tasks.gates import family_markdown, family_record, write_decision_files
 from tasks.spec import plan_from_spec
+
+# The files of a unit the folder's reading reads: a proof must list them (step metrics are optional:
+# a folder from before they were kept has none).
+READ_FILES = (EVAL_JSONL_FILE, COSTS_FILE)
 
 def collect_units(spec: ExperimentSpec, run: RunLayout, out: UnitsLayout, spec_dir: Path) -> list[str]:
     """Copy every finished unit of the run directory `run` (its eval file written) into the units
     folder `out`, and the run's gates' records beside them (`keep_gate_records`; also when no unit
     has finished, as for a run stopped after its gates); returns the units' names.
-    A unit's eval file is copied last: a unit folder with an eval file is complete. A run directory
-    of another experiment (another `experiment_hash`) is refused.
+    Each unit's folder is written whole, with its proof (`unit.json`, `prove_unit`), into a temp
+    sibling renamed into place: a unit folder is complete or absent. A run directory of another
+    experiment (another `experiment_hash`) is refused.
 
     `spec_dir`: the folder of the spec file `spec` was read from. The run keeps the spec file as it
     was given (`spec/spec.json`), so a relative `kernel_file` in it is read from there."""
@@ -61,6 +73,7 @@ def collect_units(spec: ExperimentSpec, run: RunLayout, out: UnitsLayout, spec_d
         raise UserError(f"--collect {run_dir}: that run directory ran another experiment "
                         f"(identity {theirs}, this spec's is {ours})")
     plan = plan_from_spec(spec)
+    source_run = run_dir.resolve().name
     collected = []
     for unit in plan.units():
         evaluated = run.eval_arm_dir(unit.unit)
@@ -70,13 +83,136 @@ def collect_units(spec: ExperimentSpec, run: RunLayout, out: UnitsLayout, spec_d
         lacking = [f for f in UNIT_TRAIN_FILES if not (trained / f).is_file()]
         if lacking:
             raise UserError(f"--collect {run_dir}: unit {unit.unit} has an eval file but no train/{unit.unit}/{lacking[0]}")
-        for name in UNIT_TRAIN_FILES:
-            write_bytes_atomic(out.unit_dir(unit.unit) / name, compact_copy(trained / name))
-        for name in UNIT_EVAL_FILES:
-            write_bytes_atomic(out.unit_dir(unit.unit) / name, (evaluated / name).read_bytes())
+
+        def fill(folder: Path, unit: ArmConfig = unit, trained: Path = trained, evaluated: Path = evaluated) -> None:
+            for name in UNIT_TRAIN_FILES:
+                write_bytes_atomic(folder / name, compact_copy(trained / name))
+            for name in UNIT_EVAL_FILES:
+                write_bytes_atomic(folder / name, (evaluated / name).read_bytes())
+            prove_unit(spec, unit, folder, source_run, where=f"--collect {run_dir}")
+
+        replace_dir_atomic(out.unit_dir(unit.unit), fill)
         collected.append(unit.unit)
     keep_gate_records(run, out)
     return collected
+
+
+def prove_unit(spec: ExperimentSpec, unit: ArmConfig, folder: Path, source_run: str, source: str = COLLECTED,
+               where: str = "") -> UnitProof:
+    """Write the proof of the unit whose files lie in `folder` (`unit.json`: every file there by its
+    sha256, the eval file's item count and ids, the unit, the run and the experiment they came from)
+    and return it. `where`: what a refusal names (an eval file that cannot be read)."""
+    from rl.stats import read_eval_items
+
+    try:
+        items = read_eval_items(folder / EVAL_JSONL_FILE)
+    except EvalDataError as e:
+        raise UserError(f"{where + ': ' if where else ''}unit {unit.unit}: {e}") from None
+    files = {p.name: file_sha256(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != PROOF_FILE
+             and not p.name.startswith(".")}
+    proof = UnitProof(unit=unit.unit, arm=unit.name, seed=unit.order_seed, source_run=source_run, source=source,
+                      experiment_hash=experiment_hash(spec), items=len(items), item_ids_sha256=item_ids_digest(items),
+                      files=files)
+    write_text_atomic(folder / PROOF_FILE, proof.model_dump_json(indent=2) + "\n")
+    return proof
+
+
+@dataclass(frozen=True)
+class CheckedUnits:
+    """A units folder's units that passed their proofs (`check_units`), read once: what every
+    reading of the folder (the standing, the decision, a secondary reading) reads."""
+
+    root: Path
+    present: tuple[ArmConfig, ...]  # in plan order
+    missing: tuple[str, ...]
+    evals: dict[str, dict[str, float]]  # unit -> item_id -> correct
+    costs: dict[str, ArmCost]
+    steps: dict[str, list[dict]]  # unit -> its step metrics rows in step order (none before they were kept)
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing
+
+    def eval_file(self, unit: str) -> str:
+        return str(UnitsLayout(self.root).eval_jsonl(unit))
+
+
+def check_units(spec: ExperimentSpec, folder: UnitsLayout) -> CheckedUnits:
+    """Read the units folder, every unit of `spec` against its proof: a unit whose folder is absent
+    is missing (no decision yet); one that is there must hold a proof of that unit (arm, seed) from a
+    run of this experiment, every file the proof lists with its sha256 and those the reading reads,
+    and exactly the eval items the spec registers (`schemas.spec.eval_items`), the same items as
+    every other unit. Anything else is a UnitProofError naming the unit (nothing is written)."""
+    from rl.stats import read_eval_items
+    from schemas.artifacts import read_rows
+
+    plan = plan_from_spec(spec)
+    identity, registered = experiment_hash(spec), eval_items(spec)
+    present, missing = [], []
+    evals, costs, steps = {}, {}, {}
+    first: tuple[str, str] | None = None  # (unit, its items' digest): every unit holds the same items
+    for unit in plan.units():
+        name, here = unit.unit, folder.unit_dir(unit.unit)
+        if not here.exists():
+            missing.append(name)
+            continue
+        proof = _read_proof(folder, unit)
+        if proof.experiment_hash != identity:
+            raise UnitProofError(name, f"copied from a run of another experiment (identity {proof.experiment_hash}, "
+                                       f"this spec's is {identity})")
+        for needed in READ_FILES:
+            if needed not in proof.files:
+                raise UnitProofError(name, f"its proof lists no {needed}")
+        for file, digest in proof.files.items():
+            path = here / file
+            if not path.is_file():
+                raise UnitProofError(name, f"lacks {file} (collected from {proof.source_run}); collect the unit again")
+            if file_sha256(path) != digest:
+                raise UnitProofError(name, f"{file} is not the file collected from {proof.source_run} (its sha256 "
+                                           "differs from the proof's); collect the unit again")
+        try:
+            items = read_eval_items(here / EVAL_JSONL_FILE)
+        except EvalDataError as e:
+            raise UnitProofError(name, str(e)) from None
+        digest = item_ids_digest(items)
+        if len(items) != proof.items or digest != proof.item_ids_sha256:
+            raise UnitProofError(name, f"its eval file holds {len(items)} items, not the {proof.items} its proof names")
+        if registered is not None and len(items) != registered:
+            raise UnitProofError(name, f"holds {len(items)} eval items; the spec registers {registered} "
+                                       "(eval.n_examples, else the benchmark's test set)")
+        if first is None:
+            first = (name, digest)
+        elif digest != first[1]:
+            raise UnitProofError(name, f"holds other eval items than {first[0]} (the units must be scored on the same items)")
+        try:
+            costs[name] = ArmCost.model_validate(read_rows("arm_costs", folder.costs_path(name))[0])
+        except (UserError, IndexError, ValueError) as e:
+            raise UnitProofError(name, f"{COSTS_FILE} cannot be read ({e})") from None
+        steps[name] = _step_rows(folder.step_metrics_path(name)) if STEP_METRICS_FILE in proof.files else []
+        evals[name] = items
+        present.append(unit)
+    return CheckedUnits(root=folder.root, present=tuple(present), missing=tuple(missing), evals=evals, costs=costs,
+                        steps=steps)
+
+
+def _read_proof(folder: UnitsLayout, unit: ArmConfig) -> UnitProof:
+    """The unit's proof, checked to be of this unit (folder name, arm, seed)."""
+    from pydantic import ValidationError
+
+    path = folder.proof_json(unit.unit)
+    if not path.is_file():
+        raise UnitProofError(unit.unit, f"no proof ({PROOF_FILE}): its files were not collected by gs1 decide "
+                                        "--collect, or not whole; collect the unit again")
+    try:
+        proof = UnitProof.model_validate(loads_strict(path.read_text(encoding="utf-8"), str(path)))
+    except (UserError, ValidationError, UnicodeDecodeError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UnitProofError(unit.unit, f"its proof {PROOF_FILE} cannot be read ({first})") from None
+    theirs, ours = (proof.unit, proof.arm, proof.seed), (unit.unit, unit.name, unit.order_seed)
+    if theirs != ours:
+        raise UnitProofError(unit.unit, f"its proof is of unit {proof.unit} (arm {proof.arm}, seed {proof.seed}), "
+                                        f"not of {unit.unit} (arm {unit.name}, seed {unit.order_seed})")
+    return proof
 
 
 def _ran_spec(ran: Path, spec_dir: Path) -> ExperimentSpec:
@@ -98,26 +234,22 @@ def keep_gate_records(run: RunLayout, out: UnitsLayout) -> Path:
     return kept
 
 
-def units_standing(plan: RunPlan, folder: UnitsLayout) -> UnitsStanding:
-    """Read the folder; decide (and write the decision's files) once every unit is in."""
+def units_standing(plan: RunPlan, units: CheckedUnits) -> UnitsStanding:
+    """The folder's standing from its checked units, and the decision's record once every unit is
+    in (`write_units_decision` writes it); nothing is written here."""
     from rl.rules import SeededPairs
-    from rl.stats import describe_pair, read_eval_items, read_pairs
-    from schemas.artifacts import read_rows
+    from rl.stats import describe_pair, read_pairs
 
     every = plan.units()
-    present = [u for u in every if folder.eval_jsonl(u.unit).is_file()]
-    missing = tuple(u.unit for u in every if u not in present)
+    present, missing = list(units.present), units.missing
     baseline, treatment = plan.run.baseline, plan.run.treatment
     decision = None
     if not missing:
-        decision, _ = write_family_decision(
-            [str(folder.eval_jsonl(u.unit)) for u in every], [(u.name, u.order_seed) for u in every], plan.decision,
-            {"treatment": treatment, "baseline": baseline}, folder.decision)
+        decision = family_record([units.eval_file(u.unit) for u in every], [(u.name, u.order_seed) for u in every],
+                                 plan.decision, {"treatment": treatment, "baseline": baseline})
     final = {p["arm"]: p for p in decision["comparisons"]} if decision else {}
 
-    evals = {u.unit: read_eval_items(folder.eval_jsonl(u.unit)) for u in present}
-    costs = {u.unit: ArmCost.model_validate(read_rows("arm_costs", folder.costs_path(u.unit))[0]) for u in present}
-    steps = {u.unit: _step_rows(folder.step_metrics_path(u.unit)) for u in present}
+    evals, costs, steps = units.evals, units.costs, units.steps
     admit = {unit: _admit_rates(rows) for unit, rows in steps.items()}
     sharing = _gpu_sharing(steps)
 
@@ -525,17 +657,32 @@ def _admit_table(standing: UnitsStanding) -> str:
     )
 
 
-def write_reading(plan: RunPlan, folder: UnitsLayout, method: str) -> tuple[dict, str]:
+def write_units_decision(folder: UnitsLayout, record: dict) -> DecisionFiles:
+    """The decision's files (`tasks.gates.write_decision_files`) in the folder's `decision/`, written
+    whole: into a temp sibling renamed into place, so a kill leaves the old decision or the new one."""
+    replace_dir_atomic(folder.decision_dir, lambda tmp: write_decision_files(record, DecisionFiles(tmp)))
+    return folder.decision
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A secondary reading of a complete units folder under one rule (`units_reading`)."""
+
+    method: str
+    record: dict  # reading.json
+    markdown: str  # reading.md
+    rows: tuple[dict, ...]  # comparisons.parquet
+
+
+def units_reading(plan: RunPlan, units: CheckedUnits, method: str) -> Reading:
     """A secondary reading of a complete units folder under the rule `method` (its default
-    settings), beside the pre-registered decision and never in its place: `readings/<method>/`
-    (reading.json, comparisons.parquet, reading.md), labelled as such. A rule that reads one seed
-    reads each seed apart (a row per arm and seed); a rule that needs more seeds than the folder has
-    writes why it reads nothing. Returns the record and its markdown."""
+    settings), beside the pre-registered decision and never in its place, labelled as such. A rule
+    that reads one seed reads each seed apart (a row per arm and seed); a rule that needs more seeds
+    than the folder has says why it reads nothing. Nothing is written (`write_reading` does)."""
     rule = rule_for(method)
     every = plan.units()
-    missing = [u.unit for u in every if not folder.eval_jsonl(u.unit).is_file()]
-    if missing:
-        raise UserError(f"--rule {method}: a secondary reading needs every unit in; missing: {', '.join(missing)}")
+    if units.missing:
+        raise UserError(f"--rule {method}: a secondary reading needs every unit in; missing: {', '.join(units.missing)}")
     decision = plan.decision.model_copy(update={"method": method, "rule": rule.settings()})
     names = {"treatment": plan.run.treatment, "baseline": plan.run.baseline}
     label = (f"# Secondary reading under {method} (not the decision)\n\n"
@@ -549,8 +696,8 @@ def write_reading(plan: RunPlan, folder: UnitsLayout, method: str) -> tuple[dict
     elif rule.max_seeds == 1:
         groups += [(f"seed {s}", [u for u in every if u.order_seed == s]) for s in plan.seeds]
     records, parts = [], []
-    for title, units in groups:
-        record = family_record([str(folder.eval_jsonl(u.unit)) for u in units], [(u.name, u.order_seed) for u in units],
+    for title, group in groups:
+        record = family_record([units.eval_file(u.unit) for u in group], [(u.name, u.order_seed) for u in group],
                                decision, names)
         records.append(record)
         body = family_markdown(record).replace("# Decision:", "## Reading:", 1)
@@ -560,13 +707,21 @@ def write_reading(plan: RunPlan, folder: UnitsLayout, method: str) -> tuple[dict
                      f"{len(plan.seeds) - 1} degree(s) of freedom for the run-to-run spread: it can say nothing here.\n")
     record = {"method": method, "secondary": True, "decision_method": plan.decision.method,
               "why_not": None if groups else why, "readings": records}
-    markdown = label + "\n".join(parts)
-    rows = [{**{c: p.get(c) for c in COMPARISONS.names}, "arm": p["arm"] if len(groups) < 2 else f"{p['arm']}-s{r['seeds'][0]}"}
-            for r in records for p in r["comparisons"]]
-    write_json_atomic(folder.reading_json(method), record)
-    write_artifact("comparisons", rows, folder.reading_comparisons(method))
-    write_text_atomic(folder.reading_md(method), markdown)
-    return record, markdown
+    rows = tuple({**{c: p.get(c) for c in COMPARISONS.names},
+                  "arm": p["arm"] if len(groups) < 2 else f"{p['arm']}-s{r['seeds'][0]}"}
+                 for r in records for p in r["comparisons"])
+    return Reading(method=method, record=record, markdown=label + "\n".join(parts), rows=rows)
+
+
+def write_reading(folder: UnitsLayout, reading: Reading) -> Path:
+    """`readings/<method>/` (reading.json, comparisons.parquet, reading.md), written whole: into a
+    temp sibling renamed into place."""
+    def fill(tmp: Path) -> None:
+        write_json_atomic(tmp / folder.reading_json(reading.method).name, reading.record)
+        write_artifact("comparisons", list(reading.rows), tmp / folder.reading_comparisons(reading.method).name)
+        write_text_atomic(tmp / folder.reading_md(reading.method).name, reading.markdown)
+
+    return replace_dir_atomic(folder.reading_dir(reading.method), fill)
 
 
 def _readings_section(folder: UnitsLayout) -> str:

@@ -272,3 +272,134 @@ def first_env(cache: Path) -> dict:
     env.pop("PREFECT_API_URL", None)
     return env
 
+
+
+# ------------------------------------------------- a units folder (issue 47): `gs1 decide --spec --units`
+
+DECIDE_S = 120  # one `gs1 decide` of six made-up units on a loaded 2-core machine, with room to spare
+
+
+def _decide(spec_path: Path, units: Path, *collect: Path) -> subprocess.Popen:
+    """`gs1 decide --spec --units [--collect RUN]` as its own process (what a user runs)."""
+    import sys
+
+    args = [sys.executable, "-m", "gs1", "decide", "--spec", str(spec_path), "--units", str(units)]
+    for run in collect:
+        args += ["--collect", str(run)]
+    return subprocess.Popen(args, cwd=Path(__file__).parents[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def units_run(tmp_path) -> tuple[Path, Path, bytes]:
+    """(spec file, a made-up run directory with all six units, the decision.json an uninterrupted
+    `decide --collect` of it writes)."""
+    from fixtures.units_folder import fake_run, small_comparison_spec
+
+    spec_path = small_comparison_spec(tmp_path / "spec")
+    run = fake_run(tmp_path / "run", spec_path)
+    proc = _decide(spec_path, tmp_path / "reference", run)
+    out, err = proc.communicate(timeout=DECIDE_S)
+    assert proc.returncode == 0, err[-3000:]
+    return spec_path, run, (tmp_path / "reference" / "decision" / "decision.json").read_bytes()
+
+
+def test_a_damaged_units_folder_decides_nothing(units_run, tmp_path):
+    """Issue 47: each damage of a collected unit (tests/test_units_proof.py's DAMAGES: flipped
+    outcomes, a train file or the costs deleted, another arm's or seed's eval file, every eval file
+    cut to 45 of 48 items, another unit's folder, the proof deleted): `gs1 decide` exits 2 on one
+    line naming the unit and writes nothing (no decision, the folder byte for byte as it was)."""
+    import shutil
+
+    from fixtures.units_folder import snapshot
+    from test_units_proof import DAMAGES
+
+    spec_path, run, _ = units_run
+    clean = tmp_path / "clean"
+    proc = _decide(spec_path, clean, run)
+    assert proc.wait(timeout=DECIDE_S) == 0
+    for n, (kind, (damage, unit)) in enumerate(DAMAGES.items()):
+        units = tmp_path / f"damaged-{n}"
+        shutil.copytree(clean, units)
+        shutil.rmtree(units / "decision")
+        damage(units)
+        before = snapshot(units)
+        out, err = _decide(spec_path, units).communicate(timeout=DECIDE_S)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("gs1: error: ") and f"unit {unit}" in lines[0], (kind, err)
+        assert not (units / "decision").exists() and snapshot(units) == before, kind
+
+
+def _kill_when(proc: subprocess.Popen, ready, timeout: float) -> bool:
+    """SIGKILL `proc` as soon as `ready()` (polled every 2 ms); False when it ended first."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        if ready():
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+            return True
+        time.sleep(0.002)
+    proc.kill()
+    raise AssertionError("no marker within the time")
+
+
+def _decision_is_whole(units: Path, reference: bytes, old: bool) -> None:
+    """decision/ absent, or complete: the new one (the reference's record, its four files) or,
+    where `old`, the old one as it was (its marker file beside the four)."""
+    folder = units / "decision"
+    if not folder.exists():
+        assert not old, "the old decision is gone and no new one is in its place"
+        return
+    names = sorted(p.name for p in folder.iterdir())
+    whole = ["comparisons.parquet", "decision.json", "decision.md", "decision.parquet"]
+    assert names in (whole, sorted([*whole, "old.txt"])) if old else names == whole, names
+    assert (folder / "decision.json").read_bytes() == reference
+
+
+def test_kill_9_during_decide_collect_leaves_no_half_decision(units_run, tmp_path):
+    """Issue 47: `gs1 decide --collect` killed at each point it writes (a unit being staged, the
+    gates' records, the decision being staged and renamed in, the table) and at fixed moments:
+    every unit folder there passes its proof, decision/ is absent or whole (the old one or the new
+    one where one was there), and the same command run again ends on the uninterrupted decision."""
+    import shutil
+    import time
+
+    from schemas.layout import UnitsLayout
+    from schemas.spec import load_spec
+    from tasks.units import check_units
+
+    spec_path, run, reference = units_run
+    spec = load_spec(spec_path)
+    start = time.monotonic()
+    proc = _decide(spec_path, tmp_path / "timed", run)
+    assert proc.wait(timeout=DECIDE_S) == 0
+    whole_run = time.monotonic() - start
+    markers = ["*.swap", "grpo_gs8-s0", "runs", ".decision.*.swap", "decision", "comparison.md"]
+    cases = [("marker", m, False) for m in markers] + [("marker", ".decision.*.swap", True)]
+    cases += [("after", f, False) for f in (0.5, 0.7, 0.85, 0.95)] + [("after", 0.9, True)]
+    killed = 0
+    for n, (how, at, old) in enumerate(cases):
+        units = tmp_path / f"kill-{n}"
+        if old:  # a folder already decided: the kill comes while the new decision replaces it
+            shutil.copytree(tmp_path / "timed", units)
+            (units / "decision" / "old.txt").write_text("the old decision")
+        proc = _decide(spec_path, units, run)
+        if how == "marker":
+            hit = _kill_when(proc, lambda: any(units.glob(at)), DECIDE_S)
+        else:
+            t0 = time.monotonic()
+            hit = _kill_when(proc, lambda: time.monotonic() - t0 > at * whole_run, DECIDE_S)
+        killed += hit
+        if units.exists():
+            _decision_is_whole(units, reference, old)
+            check_units(spec, UnitsLayout(units))  # every unit there is whole, with its proof
+        again = _decide(spec_path, units, run)
+        out, err = again.communicate(timeout=DECIDE_S)
+        assert again.returncode == 0, (how, at, err[-3000:])
+        assert (units / "decision" / "decision.json").read_bytes() == reference, (how, at)
+        assert not list(units.glob(".*.swap")), (how, at)
+    assert killed >= len(cases) // 2, f"only {killed} of {len(cases)} kills landed before the command ended"

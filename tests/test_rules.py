@@ -274,13 +274,19 @@ def test_decide_with_a_rule_that_needs_seeds_given_two_files_is_one_line(tmp_pat
 
 def _fake_units_folder(root: Path, spec: dict, n_items: int, rng_seed: int):
     """A made-up units folder (a fake, no training): every unit of the spec with random 0/1
-    outcomes on n_items and a made-up training cost; returns the plan."""
+    outcomes on n_items (the spec registering n_items) and a made-up training cost, each unit with its
+    proof; returns the spec and its plan."""
     from schemas.artifacts import write_artifact
     from schemas.cost import ArmCost
     from schemas.spec import anchored, parse_spec
     from tasks.spec import plan_from_spec
+    from tasks.units import prove_unit
 
-    plan = plan_from_spec(parse_spec(anchored(spec, ROOT / "specs")))
+    spec["eval"]["n_examples"] = n_items  # the items the made-up units hold
+    if (spec.get("feasibility") or {}).get("effective_config"):
+        spec["feasibility"]["effective_config"]["n_eval"] = n_items
+    parsed = parse_spec(anchored(spec, ROOT / "specs"))
+    plan = plan_from_spec(parsed)
     rng = np.random.default_rng(rng_seed)
     for unit in plan.units():
         folder = root / unit.unit
@@ -291,7 +297,8 @@ def _fake_units_folder(root: Path, spec: dict, n_items: int, rng_seed: int):
         cost = ArmCost(arm=unit.name, seed=unit.order_seed, unit=unit.unit, steps=2, wall_seconds=10.0, sample_seconds=5.0,
                        train_seconds=5.0, sampler_tokens=1000, trainer_tokens=500, model_calls=8)
         write_artifact("arm_costs", [cost.model_dump()], folder / "costs.parquet")
-    return plan
+        prove_unit(parsed, unit, folder, "fake-run", source="made up by the test")
+    return parsed, plan
 
 
 @pytest.mark.parametrize("seeds", [[0, 1], [0, 1, 2]])
@@ -301,14 +308,16 @@ def test_a_secondary_reading_is_labelled_and_never_the_decision(tmp_path, seeds)
     reads the family. The reading's numbers are the rule's own on the same units."""
     from schemas.layout import UnitsLayout
     from tasks.gates import family_record
-    from tasks.units import _readings_section, write_reading
+    from tasks.units import _readings_section, check_units, units_reading, write_reading
 
     raw = json.loads((ROOT / "specs" / "gsm8k_comparison.json").read_text())
     raw["decision_rule"]["seeds"] = seeds
-    plan = _fake_units_folder(tmp_path, raw, 60, 1)
+    spec, plan = _fake_units_folder(tmp_path, raw, 60, 1)
     folder = UnitsLayout(tmp_path)
     for method in ("paired_score", "paired_seed_t"):
-        record, markdown = write_reading(plan, folder, method)
+        reading = units_reading(plan, check_units(spec, folder), method)
+        write_reading(folder, reading)
+        record, markdown = reading.record, reading.markdown
         assert markdown.startswith(f"# Secondary reading under {method} (not the decision)")
         assert record["secondary"] is True and record["decision_method"] == "paired_hoeffding"
         if method == "paired_score":
@@ -370,16 +379,16 @@ def test_an_interim_folder_under_a_seed_aware_rule_shows_differences_without_bou
     import shutil
 
     from schemas.layout import UnitsLayout
-    from tasks.units import units_standing, write_standing
+    from tasks.units import check_units, units_standing, write_standing
 
     raw = json.loads((ROOT / "specs" / "gsm8k_gs1_vs_grpo_seeds.json").read_text())
     raw["decision_rule"]["seeds"] = [0, 1, 2]
-    plan = _fake_units_folder(tmp_path, raw, 80, 4)
+    spec, plan = _fake_units_folder(tmp_path, raw, 80, 4)
     kept = tmp_path.parent / "kept"
     for unit in ("grpo_gs8-s2", "gs1_kernel-s2", "batch_mean-s2"):
         shutil.move(tmp_path / unit, kept / unit)
     folder = UnitsLayout(tmp_path)
-    standing = units_standing(plan, folder)
+    standing = units_standing(plan, check_units(spec, folder))
     pair = {a.arm: a.pair for a in standing.arms}["gs1_kernel"]
     assert pair["verdict"] == "interim" and pair["lower"] is None and "needs at least 3 seeds" in pair["why_no_bounds"]
     want = np.mean([pair["mean_diff_by_seed"][s] for s in ("0", "1")])
@@ -390,6 +399,6 @@ def test_an_interim_folder_under_a_seed_aware_rule_shows_differences_without_bou
     assert (folder.plots_dir / "units_accuracy.png").is_file()
     for unit in ("grpo_gs8-s2", "gs1_kernel-s2", "batch_mean-s2"):
         shutil.move(kept / unit, tmp_path / unit)
-    decision = units_standing(plan, folder).decision
+    decision = units_standing(plan, check_units(spec, folder)).decision
     assert decision["method"] == "paired_seed_t" and decision["seeds"] == [0, 1, 2]
     assert decision["rule_details"]["df"] == 2 and decision["verdict"] in ("noninferior", "inferior", "inconclusive")

@@ -62,7 +62,7 @@ def test_units_run_in_shares_and_the_folder_decides_as_the_flow_does(prefect_har
     assert f"collected 3 unit(s) from {run_dir}" in out and "no decision yet: 3 unit(s) missing" in out
     for unit in first:
         assert sorted(p.name for p in (units_dir / unit).iterdir()) == sorted(
-            ["rollouts.parquet", "step_metrics.parquet", "costs.parquet", "final.json", "eval.jsonl"])
+            ["rollouts.parquet", "step_metrics.parquet", "costs.parquet", "final.json", "eval.jsonl", "unit.json"])
         # the committed copy is re-encoded for size (zstd, floats byte-stream split) and holds the same table
         for name in ("rollouts.parquet", "step_metrics.parquet", "costs.parquet"):
             kept, ran = units_dir / unit / name, run_dir / "train" / unit / name
@@ -210,6 +210,31 @@ def _write_fake_folder(root: Path, plan, missing, n_items: int, rng_seed: int, c
     return outcomes
 
 
+def _with_items(spec: dict, n_items: int):
+    """The spec dict parsed, registering n_items eval items (what the fake units hold)."""
+    from schemas.spec import parse_spec
+
+    spec["eval"]["n_examples"] = n_items
+    return parse_spec(spec)
+
+
+def _fake_standing(spec, plan, root: Path):
+    """The fake folder's standing as `gs1 decide --units` reads it: each made-up unit given its proof
+    (`tasks.units.prove_unit`, again at every call: a test edits the units), the folder checked, and
+    the decision written once every unit is in."""
+    from schemas.layout import UnitsLayout
+    from tasks.units import check_units, prove_unit, units_standing, write_units_decision
+
+    folder = UnitsLayout(root)
+    for unit in plan.units():
+        if folder.unit_dir(unit.unit).is_dir():
+            prove_unit(spec, unit, folder.unit_dir(unit.unit), "fake-run", source="made up by the test")
+    standing = units_standing(plan, check_units(spec, folder))
+    if standing.decision is not None:
+        write_units_decision(folder, standing.decision)
+    return standing
+
+
 def five_arm_spec(repo_root: Path, model_dir: Path) -> dict:
     """The three arms, and the two kinds that cost more than a policy: flash_reinforce, critic."""
     spec = three_arm_spec(repo_root, model_dir)
@@ -225,11 +250,11 @@ def test_the_table_reads_what_the_folder_holds(tmp_path, repo_root, tiny_model_d
     the model calls and the trust gate's admit rate at each step."""
     from schemas.cost import ArmCost
     from schemas.layout import UnitsLayout
-    from schemas.spec import parse_spec
     from tasks.spec import plan_from_spec
-    from tasks.units import standing_markdown, units_standing
+    from tasks.units import standing_markdown
 
-    plan = plan_from_spec(parse_spec(five_arm_spec(repo_root, tiny_model_dir)))
+    spec = _with_items(five_arm_spec(repo_root, tiny_model_dir), 40)
+    plan = plan_from_spec(spec)
     admit = {s: [0.9 - 0.1 * k - 0.01 * s for k in range(2)] for s in (0, 1)}
     rng = np.random.default_rng(3)
     outcomes = {}
@@ -245,7 +270,7 @@ def test_the_table_reads_what_the_folder_holds(tmp_path, repo_root, tiny_model_d
                        critic_tokens=300 if critic else None, critic_calls=4 if critic else None)
         rates = admit[unit.order_seed] if unit.name == "flash_reinforce" else None
         _write_fake_unit(tmp_path, unit, outcomes[unit.unit], cost, rates)
-    standing = units_standing(plan, UnitsLayout(tmp_path))
+    standing = _fake_standing(spec, plan, tmp_path)
     assert standing.missing == missing and standing.complete == (not missing)
     rows = {a.arm: a for a in standing.arms}
     kernel = rows["gs1_kernel"]
@@ -292,11 +317,11 @@ def test_wall_time_compares_only_units_that_shared_the_gpu_alike(tmp_path, repo_
     withheld where there is none; the GPU sharing table says who trained beside whom."""
     from schemas.cost import ArmCost
     from schemas.layout import UnitsLayout
-    from schemas.spec import parse_spec
     from tasks.spec import plan_from_spec
-    from tasks.units import standing_markdown, units_standing
+    from tasks.units import standing_markdown
 
-    plan = plan_from_spec(parse_spec(three_arm_spec(repo_root, tiny_model_dir)))
+    spec = _with_items(three_arm_spec(repo_root, tiny_model_dir), 10)
+    plan = plan_from_spec(spec)
     ran = {"grpo_gs8-s0": (1.0e9, 4.0), "gs1_kernel-s0": (1.0e9 + 3.0, 4.2), "batch_mean-s0": (1.0e9 + 3600, 2.0),
            "grpo_gs8-s1": (1.0e9 + 7200, 3.0), "batch_mean-s1": (1.0e9 + 7201, 3.4), "gs1_kernel-s1": (1.0e9 + 9000, 2.0)}
     for unit in plan.units():
@@ -307,7 +332,7 @@ def test_wall_time_compares_only_units_that_shared_the_gpu_alike(tmp_path, repo_
                        sample_seconds=1.0, train_seconds=1.0, sampler_tokens=100, trainer_tokens=100, model_calls=8)
         _write_fake_unit(tmp_path, unit, [i % 2 == 0 for i in range(10)], cost, None, start, step_seconds)
 
-    standing = units_standing(plan, UnitsLayout(tmp_path))
+    standing = _fake_standing(spec, plan, tmp_path)
     assert {s.unit: s.beside for s in standing.sharing} == {
         "grpo_gs8-s0": ("gs1_kernel-s0",), "grpo_gs8-s1": ("batch_mean-s1",), "gs1_kernel-s0": ("grpo_gs8-s0",),
         "gs1_kernel-s1": (), "batch_mean-s0": (), "batch_mean-s1": ("grpo_gs8-s1",)}
@@ -342,18 +367,18 @@ def test_the_treatment_against_each_other_arm_and_the_plots(tmp_path, repo_root,
     and said not drawn)."""
     from schemas.cost import ArmCost
     from schemas.layout import UnitsLayout
-    from schemas.spec import parse_spec
     from tasks.spec import plan_from_spec
-    from tasks.units import units_standing, write_standing
+    from tasks.units import write_standing
 
-    plan = plan_from_spec(parse_spec(five_arm_spec(repo_root, tiny_model_dir)))
+    spec = _with_items(five_arm_spec(repo_root, tiny_model_dir), 60)
+    plan = plan_from_spec(spec)
     treatment, n_items = plan.run.treatment, 60
     outcomes = _write_fake_folder(tmp_path, plan, missing, n_items, 11, lambda unit: ArmCost(
         arm=unit.name, seed=unit.order_seed, unit=unit.unit, steps=2, wall_seconds=10.0, sample_seconds=5.0,
         train_seconds=5.0, sampler_tokens=1000, trainer_tokens=100 * len(unit.name) + unit.order_seed, model_calls=8))
 
     folder = UnitsLayout(tmp_path)
-    standing = units_standing(plan, folder)
+    standing = _fake_standing(spec, plan, tmp_path)
     others = [a for a in plan.compared if a not in (plan.run.baseline, treatment)]
     assert [v.arm for v in standing.versus] == others and others  # batch_mean, flash_reinforce, critic
     seeds = [0] if missing else [0, 1]
@@ -391,7 +416,7 @@ def test_the_treatment_against_each_other_arm_and_the_plots(tmp_path, repo_root,
     # step metrics gone (a folder from before they were kept): no reward plot, and no stale one left
     for unit in standing.present:
         folder.step_metrics_path(unit).unlink()
-    markdown = write_standing(plan, units_standing(plan, folder), folder).read_text()
+    markdown = write_standing(plan, _fake_standing(spec, plan, tmp_path), folder).read_text()
     assert not (plots / "units_reward.png").exists()
     assert "Training reward per step: not drawn (no unit has step metrics)." in markdown
 
@@ -404,11 +429,11 @@ def test_the_answers_lead_the_readme(tmp_path, repo_root, tiny_model_dir, missin
     share of its trainer tokens; a second write replaces the block and keeps the hand-written text."""
     from schemas.cost import ArmCost
     from schemas.layout import UnitsLayout
-    from schemas.spec import parse_spec
     from tasks.spec import plan_from_spec
-    from tasks.units import ANSWERS_BEGIN, ANSWERS_END, README_BEGIN, units_standing, write_standing
+    from tasks.units import ANSWERS_BEGIN, ANSWERS_END, README_BEGIN, write_standing
 
-    plan = plan_from_spec(parse_spec(five_arm_spec(repo_root, tiny_model_dir)))
+    spec = _with_items(five_arm_spec(repo_root, tiny_model_dir), 50)
+    plan = plan_from_spec(spec)
     treatment, baseline, n_items = plan.run.treatment, plan.run.baseline, 50
 
     def cost_of(unit) -> ArmCost:
@@ -424,7 +449,7 @@ def test_the_answers_lead_the_readme(tmp_path, repo_root, tiny_model_dir, missin
 
     folder = UnitsLayout(tmp_path)
     for _ in range(2):
-        comparison = write_standing(plan, units_standing(plan, folder), folder).read_text()
+        comparison = write_standing(plan, _fake_standing(spec, plan, tmp_path), folder).read_text()
     text = readme.read_text()
     assert text.startswith(f"# Hand title\n\n{ANSWERS_BEGIN}\n")
     assert text.count(ANSWERS_BEGIN) == text.count(ANSWERS_END) == text.count(README_BEGIN) == 1

@@ -11,9 +11,12 @@ user's pre-registered one unless --rule names another that reads one seed) and t
 reports (mcnemar, bootstrap_ci, noninferior_threshold).
 
 With --spec and --units: each `--collect` run directory's finished units (arm x seed, as `gs1 run
---units` leaves them) are copied into DIR/<unit>/; then, once DIR holds every unit of the spec, the
-spec's decision (Holm over its arms, the decision stage's own writer) goes to DIR/decision/. Until
-then DIR/comparison.md (and a block of DIR/README.md) shows interim differences and the units
+--units` leaves them) are copied into DIR/<unit>/ with its proof (DIR/<unit>/unit.json: the run, the
+experiment, arm, seed, eval items and each file's sha256); every unit in DIR is checked against its
+proof and the spec's eval items before anything is written (one that fails is named in one line,
+exit 2, nothing written). Then, once DIR holds every unit of the spec, the
+spec's decision (Holm over its arms, the decision stage's own writer) goes to DIR/decision/ (written
+whole: the old decision or the new one, never a half one). Until then DIR/comparison.md (and a block of DIR/README.md) shows interim differences and the units
 still missing; the command prints them and exits 0 either way. With --rule R (every unit in) the
 folder is also read under rule R, a secondary reading labelled as such in DIR/readings/R/: the
 spec's own rule keeps the decision.
@@ -90,7 +93,8 @@ def _decide_units(args) -> int:
     from schemas.layout import RunLayout, UnitsLayout
     from schemas.spec import load_spec
     from tasks.spec import plan_from_spec
-    from tasks.units import collect_units, units_standing, write_reading, write_standing
+    from tasks.units import (check_units, collect_units, units_reading, units_standing, write_reading,
+                             write_standing, write_units_decision)
 
     if args.rule:
         _rule(args.rule, seeds=None)  # an unknown rule: one line, before anything is read or written
@@ -102,17 +106,21 @@ def _decide_units(args) -> int:
         print(f"gs1: collected {len(got)} unit(s) from {run_dir}: {', '.join(got) or 'none finished'}")
     if not Path(args.units).is_dir():
         raise UserError(f"--units {args.units}: no such folder")
+    # Every input is checked and every result computed before the first file is written: a unit that
+    # fails its proof (UnitProofError) or a pair that cannot be read leaves the folder as it was.
+    units = check_units(spec, folder)
     try:
-        standing = units_standing(plan, folder)
+        standing = units_standing(plan, units)
+        reading = units_reading(plan, units, args.rule) if args.rule else None
     except EvalDataError as e:
         raise UserError(str(e)) from None
-    if args.rule:
-        try:
-            reading, _ = write_reading(plan, folder, args.rule)
-        except EvalDataError as e:
-            raise UserError(str(e)) from None
+    if standing.decision is not None:
+        write_units_decision(folder, standing.decision)
+    if reading is not None:
+        write_reading(folder, reading)
+        why_not = reading.record["why_not"]
         print(f"gs1: secondary reading under {args.rule} (not the decision) at {folder.reading_md(args.rule)}"
-              + (f": no reading, {reading['why_not']}" if reading["why_not"] else ""))
+              + (f": no reading, {why_not}" if why_not else ""))
     table = write_standing(plan, standing, folder)
     from rl.rules import rule_for  # lazy: start-up time
 
