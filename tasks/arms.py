@@ -387,7 +387,7 @@ def _train_from(arm: ArmConfig, layout: RunLayout, env, order, arm_dir: Path, tr
     # eval keys on the weights themselves: a retrained arm with other weights is evaluated again
     final = TrainedArm(arm=arm.unit, sampler_path=sampler_path, rollouts=str(rollouts_path), metrics=str(metrics_path),
                        sampler_digest=digest_paths(sampler_path), costs=str(costs_path),
-                       numerics=engine_numerics(backend_of(training_client)))
+                       numerics=engine_numerics(backend))
     write_json_atomic(layout.final_json(arm.unit), final.model_dump())
     return final
 
