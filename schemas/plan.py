@@ -188,6 +188,7 @@ class PilotArmRun(_Plan):
     wall_seconds: float  # the arm's own wall time: clients, steps, held-out samples, eval timing
     rollouts: str
     rollouts_digest: str
+    steps_digest: str  # of its per-step logs
     heldout: str | None = None  # the treatment's held-out samples
     heldout_digest: str | None = None
     eval_seconds_per_item: float | None = None

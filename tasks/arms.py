@@ -227,6 +227,8 @@ def _finished_pilot_arm(record: Path, inputs: str) -> PilotArmRun | None:
         return None
     if finished.inputs != inputs or digest_paths(finished.rollouts) != finished.rollouts_digest:
         return None
+    if digest_paths(steps_dir(record.parent)) != finished.steps_digest:  # a step log damaged or gone
+        return None
     if finished.heldout is not None and digest_paths(finished.heldout) != finished.heldout_digest:
         return None
     return finished
@@ -273,7 +275,7 @@ def _pilot_arm(arm: ArmConfig, is_treatment: bool, pilot: Pilot, run: RunContext
         rollouts_path, _ = merge_step_logs(arm_dir)
         fields = dict(inputs=inputs, steps=n_steps, setup_seconds=setup_seconds,
                       step_seconds=sum(step_seconds) / len(step_seconds), rollouts=str(rollouts_path),
-                      rollouts_digest=digest_paths(rollouts_path))
+                      rollouts_digest=digest_paths(rollouts_path), steps_digest=digest_paths(steps_dir(arm_dir)))
         if is_treatment:
             heldout_path = write_artifact("heldout", heldout.rows, layout.heldout_path(stage))
             # Eval timing for feasibility: a few greedy test items on the pilot policy.
