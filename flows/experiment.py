@@ -19,7 +19,7 @@ from prefect.states import Failed
 
 from flows.memory import bound_malloc
 from flows.units import dispatched_units
-from schemas.errors import GateFailed
+from schemas.errors import CalibrationStopped, GateFailed
 from schemas.kernel import CALIBRATION
 from schemas.layout import RunLayout
 from tasks.arms import eval_items, pilot_rollouts, trained_arm
@@ -90,13 +90,17 @@ def _stages(spec_path: str, layout: RunLayout, backend: str, data_dir: str | Non
             f"{failed}; the spec pre-registers one calibration for {CALIBRATION.metric}: re-piloting at "
             f"bandwidth {bandwidth} (at most {plan.pilot.steps} steps, "
             f"{plan.pilot.calibration_wall_minutes:g} minutes); the run continues only if that gate passes")
-        pilot = pilot_rollouts(plan.arms, plan.pilot, run, layout, backend, data_dir,
-                               stage="calibration", bandwidth=bandwidth, wall_limit_s=plan.pilot.calibration_wall_minutes * 60)
-        calibrated = (plan.treatment.with_kernel_bandwidth(bandwidth), plan.baseline)
-        audit_gate(calibrated, [pilot.treatment, pilot.baseline], layout, stage="calibration")
-        activation_gate(plan.checks, pilot.treatment, pilot.baseline, pilot.heldout, plan.pilot.steps, layout,
-                        stage="calibration",
-                        treatment_estimator=plan.treatment.advantage)
+        try:
+            pilot = pilot_rollouts(plan.arms, plan.pilot, run, layout, backend, data_dir,
+                                   stage="calibration", bandwidth=bandwidth, wall_limit_s=plan.pilot.calibration_wall_minutes * 60)
+            calibrated = (plan.treatment.with_kernel_bandwidth(bandwidth), plan.baseline)
+            audit_gate(calibrated, [pilot.treatment, pilot.baseline], layout, stage="calibration")
+            activation_gate(plan.checks, pilot.treatment, pilot.baseline, pilot.heldout, plan.pilot.steps, layout,
+                            stage="calibration",
+                            treatment_estimator=plan.treatment.advantage)
+        except GateFailed as stopped:
+            # the run's message leads with what the user's spec judged, then what its calibration did
+            raise CalibrationStopped(failed, stopped, CALIBRATION.metric, bandwidth) from None
         plan = calibrated_plan(plan, spec_path, bandwidth, layout)
 
     every_unit = plan.units()

@@ -26,6 +26,7 @@ from schemas.artifacts import read_artifact
 from schemas.cost import ArmCost
 from schemas.errors import UserError
 from schemas.gate_text import GateRow, failing_text, fmt, gate_passed
+from schemas.kernel import CALIBRATION
 from schemas.layout import (
     FINAL_FILE, MISMATCHES_FILE, PILOT_STAGES, RunLayout, gate_report_path, merged_logs, stage_info, steps_dir,
 )
@@ -33,7 +34,7 @@ from schemas.revision import SpecRevision
 from schemas.plan import RunPlan
 from schemas.spec import GateCheck
 
-KERNEL_P10_METRIC = "kernel_effective_neighbors_p10"
+KERNEL_P10_METRIC = CALIBRATION.metric  # the check the pre-registered calibration answers
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,6 +97,7 @@ STAGES: tuple[Stage, ...] = (
     _stage("pilot"),
     _gate("audit_pilot", detail=AUDIT_MISMATCHES),
     _gate("activation_gate"),
+    _gate("calibration_pilot", runs_with="calibration"),  # its gate: the pre-registered wall cap
     _gate("audit_calibration", runs_with="calibration", detail=AUDIT_MISMATCHES),
     _gate("calibration"),
     _gate("feasibility"),
@@ -105,6 +107,9 @@ STAGES: tuple[Stage, ...] = (
     _stage("decision"),
 )
 LOG_SOURCES = (*PILOT_STAGES, "train")  # stages that train arms and log their steps
+# The calibration's stages (its pilot's logs are the log source "calibration"): part of a run only
+# when its activation gate failed the check the calibration answers.
+CALIBRATION_STAGES = ("calibration_pilot", "audit_calibration", "calibration")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,6 +216,7 @@ class Timings(_Record):
     """<pilot|calibration>/timings.json."""
 
     setup_seconds: dict[str, float] = {}
+    bandwidth: float | None = None  # the calibration's re-pilot bandwidth (None: the spec's own)
 
 
 @dataclass(frozen=True)
@@ -315,6 +321,9 @@ class RunData:
     spec_revisions: tuple[SpecRevision, ...] = ()  # edits of the spec this directory ran, oldest first
     reused: tuple[str, ...] = ()  # stages this run served from cache (their inputs had not changed)
     problems: tuple[str, ...] = ()  # unreadable files, named
+    # calibration records on file from an earlier attempt, not shown: this run's activation gate did
+    # not call for the calibration (stage titles)
+    earlier_attempt: tuple[str, ...] = ()
     # the error's message when the flow run rendering this page ended Failed (`with_stopped`):
     # then a decision.json in the directory is an earlier run's and is not this run's verdict
     stopped: str | None = None
@@ -512,9 +521,10 @@ def load_run(run_dir: RunLayout | str | Path, stages: tuple[Stage, ...] = STAGES
         cost = _read_table("arm_costs", layout.costs_path(unit), problems)
         if cost is not None and cost.num_rows:
             costs[unit] = ArmCost.model_validate(cost.to_pylist()[0])
+    gates, logs, earlier_attempt = _this_attempts_calibration(gates, logs, stages)
     feasibility = _read_record(Feasibility, layout.feasibility_json, problems)
     decision = _read_record(Decision, layout.decision.json, problems)
-    revision = _read_revision(layout.revised_spec_json, problems)
+    revision = _read_revision(layout.revised_spec_json, problems) if "calibration" in logs else None
     spec_revisions = tuple(
         r for f in sorted(layout.revisions_dir.glob("[0-9][0-9][0-9].json"))
         if (r := _read_record(SpecRevision, f, problems)) is not None
@@ -522,5 +532,22 @@ def load_run(run_dir: RunLayout | str | Path, stages: tuple[Stage, ...] = STAGES
     return RunData(
         layout=layout, plan=plan, stages=stages, spec=spec, gates=gates, logs=logs, evals=evals, costs=costs,
         feasibility=feasibility, decision=decision, revision=revision, spec_revisions=spec_revisions,
-        problems=tuple(problems),
+        problems=tuple(problems), earlier_attempt=earlier_attempt,
     )
+
+
+def _this_attempts_calibration(gates: dict[str, GateTable], logs: dict[str, StageLogs], stages: tuple[Stage, ...]):
+    """(gates, logs, earlier) without the calibration's records when this run's activation gate did
+    not fail the check the calibration answers (it passed, failed on other checks only, or has no
+    record): what the calibration left then is an earlier attempt's, and the report's stage table,
+    gate tables and plots would disagree if it were shown. `earlier` names the stages dropped."""
+    activation = gates.get("activation_gate")
+    if activation is not None and activation.fails(KERNEL_P10_METRIC):
+        return gates, logs, ()
+    titles = {s.key: s.title for s in stages}
+    earlier = tuple(titles.get(k, k) for k in CALIBRATION_STAGES if k in gates)
+    if "calibration" in logs:
+        earlier = (titles.get("calibration_pilot", "calibration pilot"), *earlier)
+    kept_gates = {k: g for k, g in gates.items() if k not in CALIBRATION_STAGES}
+    kept_logs = {k: v for k, v in logs.items() if k != "calibration"}
+    return kept_gates, kept_logs, tuple(dict.fromkeys(earlier))

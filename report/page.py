@@ -14,7 +14,7 @@ from schemas.arm import ArmConfig
 from schemas.cost import ArmCost
 from report.palette import PENDING_COLOUR, STOPPED_COLOUR, verdict_colour
 from report.plots import RenderedPlot
-from report.status import Status, StageStatus, stopping_gate
+from report.status import Status, StageStatus, stop_message
 from rl.rules import rule_for
 from schemas.gate_text import fmt, is_gate_failure
 
@@ -196,7 +196,7 @@ def reused_text(data: RunData) -> str:
 
 
 def revision_lines(data: RunData) -> list[str]:
-    """'revision 1 (2026-11-30T23:40:00+00:00): activation_gate.checks[2].min 0.95 -> 0.1'."""
+    """'revision 1 (2026-11-30T23:40:00+00:00): activation_gate.checks[pilot_mean_reward].min 0.95 -> 0.1'."""
     return [
         f"revision {r.number} ({r.at}, {r.old_spec_hash} -> {r.new_spec_hash}): "
         + "; ".join(f"{c.field} {json.dumps(c.old)} -> {json.dumps(c.new)}" for c in r.changes)
@@ -207,10 +207,13 @@ def revision_lines(data: RunData) -> list[str]:
 def headline(data: RunData, statuses: list[StageStatus]) -> Headline:
     """The verdict line: the decision when there is one, else where and why the flow stopped."""
     d = data.decision
+    stop = stop_message(data)  # the flow's own message for the gate that stopped it, from its records
     if data.stopped:
         earlier = " A decision.json in this directory is from an earlier run, not this one." if d else ""
-        label = "NO DECISION: STOPPED AT A GATE" if is_gate_failure(data.stopped) else "NO DECISION: THE RUN FAILED"
-        return Headline(label, STOPPED_COLOUR, f"This run ended Failed: {data.stopped}.{earlier}")
+        gate_stop = is_gate_failure(data.stopped)
+        label = "NO DECISION: STOPPED AT A GATE" if gate_stop else "NO DECISION: THE RUN FAILED"
+        why = stop if gate_stop and stop else data.stopped
+        return Headline(label, STOPPED_COLOUR, f"This run ended Failed: {why}.{earlier}")
     if d and d.family and d.holm_p_noninferior is not None:
         others = f"; {d.family.m - 1} other arm(s) in the comparison table" if d.family.m > 1 else ""
         return Headline(
@@ -230,12 +233,8 @@ def headline(data: RunData, statuses: list[StageStatus]) -> Headline:
             f"{d.treatment} − {d.baseline} accuracy: mean difference {d.mean_diff:+.4f}; {how} "
             f"({d.rule.method}, n={d.n}, α={d.alpha:g}).",
         )
-    stop = stopping_gate(data)
     if stop:
-        return Headline(
-            "NO DECISION: STOPPED AT A GATE", STOPPED_COLOUR,
-            f"The {data.stage(stop).heading} failed: {data.gates[stop].failing_text}. Later stages did not run.",
-        )
+        return Headline("NO DECISION: STOPPED AT A GATE", STOPPED_COLOUR, f"This run ended Failed: {stop}.")
     last = next((s for s in reversed(statuses) if s.status not in (Status.NOT_RUN, Status.SKIPPED)), statuses[0])
     return Headline(
         "NO DECISION YET", PENDING_COLOUR,

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from report.model import KERNEL_P10_METRIC, GateStage, RunData, Stage
-from schemas.gate_text import fmt
+from report.model import CALIBRATION_STAGES, KERNEL_P10_METRIC, GateStage, RunData, Stage
+from schemas.gate_text import calibration_stop_message, fmt, gate_failed_message
 
 
 class Status(StrEnum):
@@ -52,6 +52,23 @@ def stopping_gate(data: RunData) -> str | None:
             continue
         return stage.key
     return None
+
+
+def stop_message(data: RunData) -> str | None:
+    """Why the flow stopped, from the gate records: the flow's own state message for that stop
+    (`schemas.gate_text`), so a report rendered later from the directory says what the run said.
+    A stop in the calibration leads with the activation gate's failing checks."""
+    stop = stopping_gate(data)
+    if stop is None:
+        return None
+    gate = data.gates[stop]
+    activation = data.gates.get("activation_gate")
+    if stop in CALIBRATION_STAGES and activation is not None and not activation.passed:
+        calibration = data.logs.get("calibration")
+        bandwidth = calibration.timings.bandwidth if calibration and calibration.timings else None
+        return calibration_stop_message(activation.stage.heading, activation.checks, KERNEL_P10_METRIC, bandwidth,
+                                        data.stage(stop).heading, gate.checks)
+    return gate_failed_message(data.stage(stop).heading, gate.checks)
 
 
 def stage_statuses(data: RunData) -> list[StageStatus]:
@@ -125,10 +142,16 @@ def _gate_status(data: RunData, stage: GateStage) -> tuple[Status, str]:
 def _calibration_not_on_file(data: RunData) -> tuple[Status, str]:
     """The calibration runs only when the activation gate fails the kernel's p10 check."""
     act = data.gates.get("activation_gate")
+    earlier = (f" (an earlier attempt's {', '.join(data.earlier_attempt)} records are on file, not shown)"
+               if data.earlier_attempt else "")
     if act is not None and act.passed:
-        return Status.SKIPPED, "not needed: the activation gate passed at the pre-registered bandwidth"
+        return Status.SKIPPED, f"not needed: the activation gate passed at the pre-registered bandwidth{earlier}"
     if act is not None and not act.fails(KERNEL_P10_METRIC):
-        return Status.SKIPPED, f"not triggered: the pre-registered calibration only answers a failed {KERNEL_P10_METRIC}"
+        return Status.SKIPPED, (f"not triggered: the pre-registered calibration only answers a failed "
+                                f"{KERNEL_P10_METRIC}{earlier}")
+    pilot = data.gates.get("calibration_pilot")
+    if pilot is not None and not pilot.passed:
+        return Status.NOT_RUN, ""  # the calibration stopped at its pilot: the stage table says so
     if data.layout.pilot_dir("calibration").is_dir():
         return Status.INCOMPLETE, "calibration pilot started, its gate has no record yet"
     return Status.NOT_RUN, f"not run: only runs when the activation gate fails {KERNEL_P10_METRIC}"

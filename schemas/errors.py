@@ -245,6 +245,25 @@ class GateFailed(Gs1Error):
         return any(r.metric == metric for r in self.failing)
 
 
+class CalibrationStopped(GateFailed):
+    """The activation gate failed the check the pre-registered calibration answers, and the
+    calibration stopped too (its pilot's wall cap, its audit or its gate). `gate` and `rows` are
+    where it stopped; `activation` is the activation gate's failure, which the message leads with,
+    `answered` the metric the calibration answers (its check comes after the others)
+    (`schemas.gate_text.calibration_stop_message`): the metric the user's spec judged comes first."""
+
+    def __init__(self, activation: GateFailed, stopped: GateFailed, answered: str, bandwidth: float | None):
+        from schemas.gate_text import calibration_stop_message
+
+        self.activation, self.stopped, self.answered, self.bandwidth = activation, stopped, answered, bandwidth
+        self.gate, self.rows = stopped.gate, stopped.rows
+        Gs1Error.__init__(self, calibration_stop_message(activation.gate, activation.rows, answered, bandwidth,
+                                                         stopped.gate, stopped.rows))
+
+    def __reduce__(self):
+        return (CalibrationStopped, (self.activation, self.stopped, self.answered, self.bandwidth))
+
+
 def failure_cause(exc: BaseException, limit: int = 400) -> str:
     """One line saying what went wrong: out of memory named as such, else the exception's type
     and the first line of its message (a BackendError's own line, which names the backend and the call)."""

@@ -6,6 +6,7 @@
     row.text                             # 'metric = 0.3125 (needs ≥ 0.5)'
     failing_text(checks)                 # every failing check's text, joined by '; '
     gate_failed_message(gate, checks)    # "pilot_mean_reward = 0.05 (needs ≥ 0.1): activation gate failed"
+    calibration_stop_message(...)        # the activation gate's failure, then where its calibration stopped
 """
 
 from __future__ import annotations
@@ -126,6 +127,25 @@ def gate_failed_message(gate: str, checks: Iterable[GateRow]) -> str:
     failing = [c for c in checks if not c.passed] or checks
     also = "; ".join(c.text for c in failing[1:])
     return f"{failing[0].text}: {gate} failed" + (f"; also {also}" if also else "")
+
+
+def calibration_stop_message(activation_gate: str, activation_checks: Iterable[GateRow], answered: str,
+                             bandwidth: float | None, stop_gate: str, stop_checks: Iterable[GateRow]) -> str:
+    """The message of a run whose activation gate failed the check `answered` (the metric the
+    pre-registered calibration answers) and whose calibration then stopped too: the activation
+    gate's failing checks first, those the calibration cannot answer before its own (what the
+    user's spec judged: metric, value and bound), then what the calibration did and where it
+    stopped. The flow's state message and the report's headline are both this text:
+    'pilot_mean_reward = 0.2 (needs ≥ 0.99): activation gate failed; also kernel_effective_neighbors_p10
+    = 6.8 (needs ≥ 8); the pre-registered calibration (bandwidth 1) then stopped at the calibration
+    pilot: calibration_wall_minutes = 13.04 (needs ≤ 10)'."""
+    failing = [c for c in activation_checks if not c.passed]
+    ordered = [c for c in failing if c.metric != answered] + [c for c in failing if c.metric == answered]
+    stop_checks = list(stop_checks)
+    why = failing_text(stop_checks) or "; ".join(c.text for c in stop_checks)
+    at = f" (bandwidth {fmt(bandwidth)})" if bandwidth is not None else ""
+    return (f"{gate_failed_message(activation_gate, ordered)}; the pre-registered calibration{at} "
+            f"then stopped at the {stop_gate}: {why}")
 
 
 def is_gate_failure(message: str) -> bool:

@@ -194,6 +194,7 @@ MISMATCHES_FILE = "mismatches.parquet"  # an audit's logged values it could not 
 ROLLOUTS_FILE = "rollouts.parquet"  # an arm's merged rollout log
 STEP_METRICS_FILE = "step_metrics.parquet"  # an arm's merged step metrics
 CHECKPOINTS_FILE = "checkpoints.parquet"
+PILOT_ARM_FILE = "pilot_arm.json"  # an arm's finished part of a pilot stage (schemas.plan.PilotArmRun)
 FINAL_FILE = "final.json"  # a trained unit's TrainedArm record: its training finished
 EVAL_JSONL_FILE = "eval.jsonl"  # per item: item_id, correct (what the decision pairs)
 EVAL_PARQUET_FILE = "eval.parquet"
@@ -354,6 +355,10 @@ class RunLayout:
 
     def pilot_arm_dir(self, stage: PilotStage, arm: str) -> Path:
         return self.pilot_dir(stage) / arm
+
+    def pilot_arm_record(self, stage: PilotStage, arm: str) -> Path:
+        """An arm's finished part of a pilot stage (schemas.plan.PilotArmRun): what a Retry reuses."""
+        return self.pilot_arm_dir(stage, arm) / PILOT_ARM_FILE
 
     def heldout_path(self, stage: PilotStage) -> Path:
         """The treatment's held-out samples of a pilot stage."""

@@ -173,6 +173,27 @@ class PilotLogs(_Plan):
         return [self.treatment if a.name == plan_run.treatment else self.baseline for a in arms]
 
 
+class PilotArmRun(_Plan):
+    """One arm's finished part of a pilot stage, as `pilot_arm.json` in its folder records it
+    (`RunLayout.pilot_arm_record`): what it measured and the logs it left, with `inputs`, the
+    digest of what it ran (the arm, the pilot's settings, the run context, the backend, its role).
+    A pilot stage run again after it failed (a Retry after the calibration's wall cap, an arm that
+    crashed beside a finished one) reuses an arm whose record names the same inputs and whose logs
+    still verify: its finished steps are not run again, and its measured times still count."""
+
+    inputs: str
+    steps: int  # the steps it logged
+    setup_seconds: float
+    step_seconds: float  # mean seconds per step
+    wall_seconds: float  # the arm's own wall time: clients, steps, held-out samples, eval timing
+    rollouts: str
+    rollouts_digest: str
+    steps_digest: str  # of its per-step logs
+    heldout: str | None = None  # the treatment's held-out samples
+    heldout_digest: str | None = None
+    eval_seconds_per_item: float | None = None
+
+
 class TrainedArm(_Plan):
     arm: str  # the unit: the arm's name, or `<arm>-s<seed>` in a multi-seed run
     sampler_path: str

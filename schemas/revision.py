@@ -1,7 +1,7 @@
 """What identifies an experiment, and how a spec was revised.
 
     experiment_hash(spec)          # equal for specs that run the same arms on the same data
-    field_changes(old, new)        # [FieldChange('activation_gate.checks[2].min', 0.95, 0.1), ...]
+    field_changes(old, new)        # [FieldChange('activation_gate.checks[pilot_mean_reward].min', 0.95, 0.1), ...]
 
 A run directory is named by the experiment (`runs/<title-slug>-<experiment-hash>/`), not by the
 whole spec: what judges the runs (gate bounds, the decision rule, the budget) is left out, so a
@@ -38,7 +38,8 @@ def experiment_hash(spec: ExperimentSpec, length: int = 8) -> str:
 class FieldChange(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    field: str  # dotted path, list items by index: `activation_gate.checks[2].min`
+    field: str  # dotted path; list items by what names them (`activation_gate.checks[pilot_mean_reward].min`,
+    # `arms[gs1_kernel].lr`), else by index
     old: Any = None  # None when the field was added
     new: Any = None  # None when the field was removed
 
@@ -56,8 +57,24 @@ def field_changes(old: Any, new: Any, path: str = "") -> list[FieldChange]:
             changes += field_changes(old.get(key), new.get(key), sub)
         return changes
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        return [c for i, (a, b) in enumerate(zip(old, new)) for c in field_changes(a, b, f"{path}[{i}]")]
+        labels = _item_labels(old, new)
+        return [c for i, (a, b) in enumerate(zip(old, new)) for c in field_changes(a, b, f"{path}[{labels[i]}]")]
     return [] if old == new else [FieldChange(field=path or "(spec)", old=old, new=new)]
+
+
+# The key that names an item of a spec list: a gate check by its metric, an arm by its name.
+ITEM_NAMES = ("metric", "name")
+
+
+def _item_labels(old: list, new: list) -> list[str]:
+    """How each item of two same-length lists is named in a change: by its metric or name when
+    that names the same item in both lists and no other, else by its index."""
+    for key in ITEM_NAMES:
+        names = [a.get(key) if isinstance(a, dict) else None for a in old]
+        if (all(isinstance(n, str) and n for n in names) and len(set(names)) == len(names)
+                and names == [b.get(key) if isinstance(b, dict) else None for b in new]):
+            return names
+    return [str(i) for i in range(len(old))]
 
 
 class SpecRevision(BaseModel):

@@ -38,7 +38,8 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_serializer, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
 from rl.estimators.critic import CriticSpec
 from rl.estimators.flash_reinforce import DEFAULT_TRUST_DELTA
@@ -921,6 +922,14 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     return parse_spec(loads_strict(text, str(path)), str(path))
 
 
+_Unset = SkipJsonSchema[None]  # an override left out: valid, and not in the form's schema
+
+
+def _override(description: str):
+    """An override field: None unless set; its schema has no default (the form leaves it empty)."""
+    return Field(None, description=description, json_schema_extra=lambda schema: schema.pop("default", None))
+
+
 class SpecOverrides(BaseModel):
     """Changes a run started from the UI may make to a spec file; each one changes the spec's hash.
 
@@ -930,13 +939,22 @@ class SpecOverrides(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    title: str | None = Field(None, description="A new title (the run directory is named by it)")
-    steps: int | None = Field(None, gt=0, description="Training steps per arm")
-    n_eval: int | None = Field(None, gt=0, description="Eval items (the first n of the test split)")
-    lr: float | None = Field(None, gt=0, description="Learning rate of every arm")
-    bandwidth: float | None = Field(None, gt=0, description="Kernel bandwidth of the kernel arms")
-    base_model: str | None = Field(None, description="Model id (hub id or local directory)")
-    base_model_path: str | None = Field(None, description="Where the local engine loads weights from")
+    # Each field's JSON schema is its own type and bound alone (no `null` branch), so the UI's run
+    # form validates field by field and names the bound: "Validation failed for field
+    # 'overrides.steps'. Failure reason: -1 is less than or equal to the minimum of 0". Left empty,
+    # a field is not sent and stays None.
+    title: str | _Unset = _override("A new title (the run directory is named by it)")
+    steps: Annotated[int, Field(gt=0)] | _Unset = _override("Training steps per arm (> 0)")
+    n_eval: Annotated[int, Field(gt=0)] | _Unset = _override("Eval items, the first n of the test split (> 0)")
+    lr: Annotated[float, Field(gt=0)] | _Unset = _override("Learning rate of every arm (> 0)")
+    bandwidth: Annotated[float, Field(gt=0)] | _Unset = _override("Kernel bandwidth of the kernel arms (> 0)")
+    base_model: str | _Unset = _override("Model id (hub id or local directory)")
+    base_model_path: str | _Unset = _override("Where the local engine loads weights from (a path on the serving machine)")
+
+    @model_serializer(mode="wrap")
+    def _set_fields_only(self, handler):
+        """Only the fields set: the empty overrides are `{}` (the run form's default, valid)."""
+        return {k: v for k, v in handler(self).items() if v is not None}
 
     def is_empty(self) -> bool:
         return not self.model_dump(exclude_none=True)
@@ -962,6 +980,28 @@ def set_arm_kernel(arm_json: dict, kernel: KernelSpec) -> None:
     any folder). Its hash is unchanged: the spec's hashes already see the recipe, not the file."""
     arm_json.pop("kernel_file", None)
     arm_json["kernel"] = kernel.model_dump(mode="json")
+
+
+def overrides_from(value: SpecOverrides | dict | None) -> SpecOverrides:
+    """The overrides a run was started with (the UI's form sends a JSON object), or a UserError of
+    one line naming each bad field, its value and its bound:
+    "overrides.steps = -1: Input should be greater than 0"."""
+    if isinstance(value, SpecOverrides):
+        return value
+    if value is None:
+        return SpecOverrides()
+    try:
+        return SpecOverrides.model_validate(value)
+    except ValidationError as e:
+        problems = {}
+        for err in e.errors():
+            loc = [str(p) for p in err["loc"]]
+            if loc[-1:] == ["none"] and len(loc) > 1:  # the left-out branch of a field: says nothing
+                continue
+            name = f"overrides.{loc[0]}" if loc else "overrides"
+            shown = f" = {json.dumps(err['input'], default=str)}" if err["type"] != "extra_forbidden" else ""
+            problems.setdefault(name, f"{name}{shown}: {err['msg']}")
+        raise UserError("; ".join(problems.values()) or f"overrides: {e.errors()[0]['msg']}") from None
 
 
 def apply_overrides(spec_json: dict, overrides: SpecOverrides, spec_dir: str | Path | None = None) -> dict:

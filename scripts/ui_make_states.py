@@ -8,7 +8,7 @@ tests' tiny spec (tests/test_flow.py `flow_spec`: the tiny random Qwen3 of
 tests/fixtures/tiny_model.py and its `token_threshold` env, registered in every process through a
 `sitecustomize` on PYTHONPATH), then:
 
-1. `prefect deployment run gs1-run/gs1` with a `pilot_mean_reward` bound that cannot pass
+1. `prefect deployment run gs1-run/experiment` with a `pilot_mean_reward` bound that cannot pass
    (min 0.95) -> the run stops at the activation gate -> shots in `<out>/1_gate_failure/`;
 2. the spec file edited back to the tests' passing bound, *Retry* through the API (the state the
    UI's Retry button sets) -> the same flow run resumes, earlier stages Cached -> `<out>/2_retry/`
@@ -151,8 +151,8 @@ def main() -> int:
         started.append(serve)
         from prefect.deployments import run_deployment
 
-        wait_for(lambda: _deployment_exists("gs1-run/gs1"), 240, "gs1 serve's deployments")
-        flow_run = run_deployment("gs1-run/gs1", timeout=0)
+        wait_for(lambda: _deployment_exists("gs1-run/experiment"), 240, "gs1 serve's deployments")
+        flow_run = run_deployment("gs1-run/experiment", timeout=0)
         print(f"1. deployment run {flow_run.id}", flush=True)
         state = wait_final(flow_run.id, 1500)
         print(f"   -> {state.name}: {state.message}", flush=True)
@@ -186,7 +186,7 @@ def rss(serve, env, work: Path, spec_path: Path) -> None:
     from prefect.deployments import run_deployment
 
     sampler = Sampler(serve.pid)
-    flow_run = run_deployment("gs1-run/gs1", timeout=0, parameters={"spec_path": str(spec_path),
+    flow_run = run_deployment("gs1-run/experiment", timeout=0, parameters={"spec_path": str(spec_path),
                                                                      "run_dir": str(work / "rss_serve")})
     t0 = time.monotonic()
     state = wait_final(flow_run.id, 1800, sampler)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -36,14 +35,14 @@ from schemas.arm import ArmConfig
 from schemas.artifacts import read_artifact, write_artifact
 from schemas.cost import ArmCost
 from schemas.io import write_json_atomic, write_jsonl_atomic
-from schemas.errors import ArmFailed, BackendError, GateFailed, UserError
-from schemas.gate_text import GateRow
+from schemas.errors import ArmFailed, BackendError, UserError
 from schemas.layout import (
     PilotStage, RunLayout, arm_stage_name, artifact_key, merged_logs, pilot_name, stage_info, step_log, step_of, steps_dir,
 )
-from schemas.plan import EvalResult, PilotLogs, RunContext, TrainedArm
+from schemas.plan import EvalResult, PilotArmRun, PilotLogs, RunContext, TrainedArm
 from schemas.spec import Pilot
 from tasks.cache import digest_paths, record_output, stage_cache
+from tasks.gates import record_gate
 from tasks.judging import judging_task
 from tasks.running import stage_end_hooks
 from tasks.services import engine_numerics, service_client
@@ -219,28 +218,57 @@ def _pilot_run_name() -> str:
     return pilot_name(task_run.parameters.get("stage", "pilot"))
 
 
-@dataclasses.dataclass(frozen=True)
-class _PilotArm:
-    """One arm's part of a pilot stage: seconds to create its clients and per step, its merged
-    rollouts, and for the treatment its held-out samples and the eval timing."""
+def _pilot_inputs(arm: ArmConfig, is_treatment: bool, pilot: Pilot, run: RunContext, backend: str,
+                  data_dir: str | None) -> str:
+    """The digest of what an arm's part of a pilot stage runs: a finished record names it."""
+    import hashlib
+    import json
 
-    setup_seconds: float
-    step_seconds: float
-    rollouts: str
-    heldout: str | None = None
-    eval_seconds_per_item: float | None = None
+    what = {"arm": arm.model_dump(mode="json"), "treatment": is_treatment, "pilot": pilot.model_dump(mode="json"),
+            "run": run.model_dump(mode="json"), "backend": backend, "data_dir": data_dir}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _finished_pilot_arm(record: Path, inputs: str) -> PilotArmRun | None:
+    """The arm's finished record when it ran these `inputs` and its logs still verify, else None."""
+    try:
+        finished = PilotArmRun.model_validate_json(record.read_text())
+    except (OSError, ValueError):
+        return None
+    if finished.inputs != inputs or digest_paths(finished.rollouts) != finished.rollouts_digest:
+        return None
+    if digest_paths(steps_dir(record.parent)) != finished.steps_digest:  # a step log damaged or gone
+        return None
+    if finished.heldout is not None and digest_paths(finished.heldout) != finished.heldout_digest:
+        return None
+    return finished
 
 
 def _pilot_arm(arm: ArmConfig, is_treatment: bool, pilot: Pilot, run: RunContext, layout: RunLayout, backend: str,
-               data_dir: str | None, stage: PilotStage) -> _PilotArm:
+               data_dir: str | None, stage: PilotStage) -> PilotArmRun:
     """One arm's pilot steps on fresh clients (the treatment's `pilot.steps` with held-out
-    samples, then a greedy eval of a few test items for its timing; the baseline's one step)."""
+    samples, then a greedy eval of a few test items for its timing; the baseline's one step).
+    An arm that finished these steps in an earlier attempt of the stage is reused as it was."""
+    arm_dir = layout.pilot_arm_dir(stage, arm.name)
+    record = layout.pilot_arm_record(stage, arm.name)
+    inputs = _pilot_inputs(arm, is_treatment, pilot, run, backend, data_dir)
+    finished = _finished_pilot_arm(record, inputs)
+    if finished is not None:
+        record_output(arm_dir)  # the stage's outputs, as if it had written them now
+        if finished.heldout is not None:
+            record_output(finished.heldout)
+        _stage_logger().info(
+            f"{pilot_name(stage)} {arm.name}: {finished.steps} step(s) finished in an earlier attempt "
+            f"({finished.wall_seconds:.0f}s): reused, not run again")
+        return finished
+    record.unlink(missing_ok=True)
+    for f in steps_dir(arm_dir).glob("step-*.parquet"):  # an unfinished attempt's steps: this one retraces them
+        f.unlink()
     env = env_for(run, data_dir)
     t0 = time.time()
     with failures_named(pilot_name(stage), arm.name), arm_client(run, arm, backend) as (training_client, renderer), \
             critic_of(run, arm, backend) as critic_client:
         setup_seconds = time.time() - t0
-        arm_dir = layout.pilot_arm_dir(stage, arm.name)
         n_steps = pilot.steps if is_treatment else 1
         heldout = HeldoutRequest(pilot.heldout_prompts, pilot.heldout_samples) if is_treatment else None
         step_seconds: list[float] = []
@@ -256,19 +284,24 @@ def _pilot_arm(arm: ArmConfig, is_treatment: bool, pilot: Pilot, run: RunContext
                   stage=pilot_name(stage), critic_client=critic_client,
                   nonfinite_dir=layout.nonfinite_dir(f"{stage}-{arm.name}"))
         rollouts_path, _ = merge_step_logs(arm_dir)
-        result = _PilotArm(setup_seconds, sum(step_seconds) / len(step_seconds), str(rollouts_path))
-        if not is_treatment:
-            return result
-        heldout_path = write_artifact("heldout", heldout.rows, layout.heldout_path(stage))
-        # Eval timing for feasibility: a few greedy test items on the pilot policy.
-        sampler = resolved(training_client.save_weights_and_get_sampling_client(), backend=backend,
-                           call="save_weights_and_get_sampling_client", expected="a sampling client")
-        problems = env.test_problems()[: getattr(pilot, "eval_timing_items", None) or 16]
-        _stage_logger().info(f"{pilot_name(stage)} {arm.name}: timing greedy eval on {len(problems)} test items")
-        t0 = time.time()
-        eval_rows(sampler, env=env, renderer=renderer, problems=problems, arm_name=arm.name, max_tokens=arm.max_tokens)
-        return dataclasses.replace(result, heldout=str(heldout_path),
-                                   eval_seconds_per_item=(time.time() - t0) / len(problems))
+        fields = dict(inputs=inputs, steps=n_steps, setup_seconds=setup_seconds,
+                      step_seconds=sum(step_seconds) / len(step_seconds), rollouts=str(rollouts_path),
+                      rollouts_digest=digest_paths(rollouts_path), steps_digest=digest_paths(steps_dir(arm_dir)))
+        if is_treatment:
+            heldout_path = write_artifact("heldout", heldout.rows, layout.heldout_path(stage))
+            # Eval timing for feasibility: a few greedy test items on the pilot policy.
+            sampler = resolved(training_client.save_weights_and_get_sampling_client(), backend=backend,
+                               call="save_weights_and_get_sampling_client", expected="a sampling client")
+            problems = env.test_problems()[: getattr(pilot, "eval_timing_items", None) or 16]
+            _stage_logger().info(f"{pilot_name(stage)} {arm.name}: timing greedy eval on {len(problems)} test items")
+            t1 = time.time()
+            eval_rows(sampler, env=env, renderer=renderer, problems=problems, arm_name=arm.name,
+                      max_tokens=arm.max_tokens)
+            fields.update(heldout=str(heldout_path), heldout_digest=digest_paths(heldout_path),
+                          eval_seconds_per_item=(time.time() - t1) / len(problems))
+    finished = PilotArmRun(wall_seconds=time.time() - t0, **fields)
+    write_json_atomic(record, finished.model_dump())
+    return finished
 
 
 @judging_task(name=pilot_name("pilot"), task_run_name=_pilot_run_name, **stage_end_hooks(), cache_policy=stage_cache(unread=(("arms", "steps"),)),
@@ -279,9 +312,11 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, l
     """The 2-step treatment pilot (+ held-out samples) and one baseline step, with timings.
 
     `bandwidth` overrides the treatment kernel's (the pre-registered calibration), whose cap of
-    `wall_limit_s` seconds is a gate: a calibration pilot that takes longer fails.
+    `wall_limit_s` seconds is a gate (`<stage>_wall_minutes`, recorded in the stage's folder as
+    every gate is): a calibration pilot that takes longer fails. The stage's wall time is its
+    slowest arm's (the arms run side by side), as measured when the arm ran: an arm reused from an
+    earlier attempt (`_pilot_arm`) brings its own, so a Retry does not pass a cap by reusing.
     """
-    started = time.time()
     chosen = [arm.with_kernel_bandwidth(bandwidth) if arm.name == run.treatment and bandwidth is not None else arm
               for arm in arms if arm.name in (run.treatment, run.baseline)]
     # The arms side by side, as training runs them (on one GPU their steps share decodes); each
@@ -300,12 +335,13 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, l
             paths["heldout"] = result.heldout
             timings["eval_seconds_per_item"] = result.eval_seconds_per_item
     timings["bandwidth"] = bandwidth
-    timings["wall_seconds"] = time.time() - started
+    timings["wall_seconds"] = max(result.wall_seconds for result in done)
     paths["timings"] = str(write_json_atomic(layout.timings_json(stage), timings))
-    if wall_limit_s is not None and timings["wall_seconds"] > wall_limit_s:
-        raise GateFailed(pilot_name(stage), [GateRow(gate=pilot_name(stage), metric=f"{stage}_wall_minutes",
-                                                     value=timings["wall_seconds"] / 60, op="max",
-                                                     bound=str(wall_limit_s / 60), passed=False)])
+    if wall_limit_s is not None:
+        wall_minutes = timings["wall_seconds"] / 60
+        record_gate(pilot_name(stage), [{"gate": pilot_name(stage), "metric": f"{stage}_wall_minutes",
+                                         "value": wall_minutes, "op": "max", "bound": str(wall_limit_s / 60),
+                                         "passed": wall_minutes <= wall_limit_s / 60}], layout.pilot_dir(stage))
     return PilotLogs(**paths)
 
 

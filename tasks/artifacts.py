@@ -12,12 +12,30 @@ def _deployment_run_id():
     return root if root and current and str(root) != str(current) else None
 
 
+def attempt_of(flow_run_id) -> int:
+    """Which attempt of a flow run is running: its run count (1, then one more per Retry)."""
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        return max(int(client.read_flow_run(flow_run_id).run_count or 1), 1)
+
+
+def attempt_key(key: str, attempt: int) -> str:
+    """An artifact's key on the deployment's run, which holds every attempt's: `report-attempt-2`."""
+    return f"{key}-attempt-{attempt}"
+
+
 def _publish(artifact, on_deployment_run: bool) -> None:
     artifact.create()
     root = _deployment_run_id() if on_deployment_run else None
     if root is not None:
-        # the page `prefect deployment run` links to is the outer run's: the same artifact there
-        type(artifact)(**{**artifact.model_dump(exclude={"flow_run_id", "task_run_id"}), "flow_run_id": root}).create()
+        # the page `prefect deployment run` links to is the outer run's, and it keeps every
+        # attempt's artifacts (each Retry runs a new experiment subflow): the same artifact there,
+        # its key and description naming the attempt it belongs to
+        attempt = attempt_of(root)
+        fields = artifact.model_dump(exclude={"flow_run_id", "task_run_id", "key", "description"})
+        type(artifact)(**fields, key=attempt_key(artifact.key, attempt), flow_run_id=root,
+                       description=f"attempt {attempt}: {artifact.description}"[:500]).create()
 
 
 def publish_markdown(key: str, markdown: str, description: str, on_deployment_run: bool = True) -> None:

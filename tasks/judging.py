@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from schemas.errors import GateFailed
+from schemas.errors import GateFailed, UserError
 
 
 class _GateStopNotATraceback(logging.Filter):
@@ -21,9 +21,11 @@ class _GateStopNotATraceback(logging.Filter):
             return False
         # A flow run a runner (`gs1 serve`) starts in its own process ends in `run_flow(...)` asking
         # for the result, which raises the Failed state's GateFailed; the engine logs that with its
-        # traceback. The flow's own "Finished in state Failed(...)" line has said it already.
+        # traceback. The flow's own "Finished in state Failed(...)" line has said it already. The same
+        # for bad input a flow ended on (`flows/deployment.py`: a UserError as the Failed state's data).
         exception = record.exc_info[1] if record.exc_info else None
-        return not (message == "Engine execution exited with unexpected exception" and isinstance(exception, GateFailed))
+        return not (message == "Engine execution exited with unexpected exception"
+                    and isinstance(exception, (GateFailed, UserError)))
 
 
 _GATE_STOP_FILTER = _GateStopNotATraceback()

@@ -7,6 +7,7 @@ Stages take their slice of the plan as input, so changing a gate bound re-keys o
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from schemas.kernel import CALIBRATION
 from schemas.layout import CALIBRATED_SPEC, VALIDATE_SPEC, RunLayout
 from schemas.plan import DecisionPlan, RunContext, RunPlan
 from schemas.revision import SpecRevision, experiment_hash, field_changes
-from schemas.spec import (ExperimentSpec, anchored, baseline_arm, load_spec, set_arm_kernel, spec_hash,
+from schemas.errors import UserError
+from schemas.spec import (ExperimentSpec, SpecOverrides, anchored, baseline_arm, load_spec, set_arm_kernel, spec_hash,
                           treatment_arm)
 from tasks.artifacts import publish_markdown
 from tasks.cache import stage_cache
@@ -179,6 +181,36 @@ def calibrated_plan(plan: RunPlan, spec_path: str, bandwidth: float, layout: Run
         description="Revised spec from the pre-registered bandwidth calibration",
     )
     return plan.calibrated(bandwidth, str(revised))
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What a run started from the UI asked for, checked: a spec that loads with its overrides, on
+    a backend that can load its model."""
+
+    spec_path: str
+    backend: str
+    overrides: SpecOverrides
+
+
+def checked_request(spec_path: str, backend: str, overrides: SpecOverrides | dict | None) -> RunRequest:
+    """The parameters of a run started from the UI, checked before anything is written; a
+    UserError of one line otherwise: the overrides' bad fields with their bounds, the spec's
+    problems, a backend that is not one, or (local backend) a model path that does not exist."""
+    from schemas.spec import apply_overrides, overrides_from, parse_spec
+
+    if backend not in ("local", "tinker"):
+        raise UserError(f"backend = {json.dumps(backend)}: must be 'local' or 'tinker'")
+    checked = overrides_from(overrides)
+    path = Path(spec_path)
+    spec = load_spec(path)  # a bad spec stops here with its problems listed
+    if not checked.is_empty():
+        spec = parse_spec(apply_overrides(json.loads(path.read_text()), checked, path.parent), source="spec with overrides")
+    if backend == "local":
+        from rl.backends.models import resolve_model  # torch: only once the spec is good
+
+        resolve_model(spec.base_model_path or spec.base_model)  # a local path that does not exist: one line
+    return RunRequest(spec_path=str(spec_path), backend=backend, overrides=checked)
 
 
 @task(name="spec with overrides", task_run_name="spec with overrides", **stage_end_hooks(), cache_policy=stage_cache("spec_path"),

@@ -16,13 +16,21 @@ def test_serve_builds_deployments_whose_form_comes_from_the_spec_overrides():
 
     run, collect = build_deployments("specs/gs1_vs_grpo_gsm8k.json")
     assert (run.flow_name, collect.flow_name) == ("gs1-run", "collect-rollout-logs")
+    # the names the UI shows in bold say what each does
+    assert (run.name, collect.name) == ("experiment", "hill-climb-logs")
     schema = run._parameter_openapi_schema.model_dump()
     assert schema["properties"]["spec_path"]["default"] == "specs/demo_local.json"
     assert run.parameters == {"spec_path": "specs/gs1_vs_grpo_gsm8k.json"}
     assert schema["properties"]["backend"]["enum"] == ["local", "tinker"]
     fields = schema["definitions"]["SpecOverrides"]["properties"]
     assert set(SpecOverrides.model_fields) == set(fields)
-    assert fields["steps"]["anyOf"][0]["exclusiveMinimum"] == 0
+    # each field its own type and bound (no `null` branch), the block a plain object defaulting to {}:
+    # the form validates field by field
+    assert fields["steps"] == {"description": "Training steps per arm (> 0)", "exclusiveMinimum": 0, "title": "Steps",
+                               "type": "integer"}
+    assert not any("anyOf" in f or "default" in f for f in fields.values()), fields
+    assert schema["properties"]["overrides"]["$ref"] == "#/definitions/SpecOverrides"
+    assert schema["properties"]["overrides"]["default"] == {}
     # a share of a sweep's units from the form too (gs1 run --units)
     assert schema["properties"]["units"]["anyOf"][0] == {"items": {"type": "string"}, "type": "array"}
 
@@ -32,8 +40,8 @@ def test_prefect_yaml_entrypoints_load_the_flows(repo_root, monkeypatch):
 
     monkeypatch.chdir(repo_root)
     config = yaml.safe_load((repo_root / "deployments" / "prefect.yaml").read_text())
-    names = {load_flow_from_entrypoint(d["entrypoint"]).name for d in config["deployments"]}
-    assert names == {"gs1-run", "collect-rollout-logs"}
+    names = {f"{load_flow_from_entrypoint(d['entrypoint']).name}/{d['name']}" for d in config["deployments"]}
+    assert names == {"gs1-run/experiment", "collect-rollout-logs/hill-climb-logs"}  # as `gs1 serve` names them
 
 
 def test_overrides_revise_the_spec_and_its_hash(repo_root):
@@ -61,3 +69,28 @@ def test_serve_without_a_server_is_one_line_exit_2(monkeypatch, capsys):
         assert main(["serve"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "prefect server start" in err
+
+
+def test_bad_form_input_is_one_line_naming_the_field_and_its_bound():
+    """What the run form's validation says (Prefect's own validator on the deployment's schema),
+    and what the flow says when a run is started without it: the field and the bound, one line."""
+    from prefect.utilities.schema_tools.validation import ValidationError, validate
+
+    from gs1.commands.serve import build_deployments
+    from schemas.errors import UserError
+    from schemas.spec import overrides_from
+
+    schema = build_deployments()[0]._parameter_openapi_schema.model_dump()
+    validate({"spec_path": "s.json"}, schema, raise_on_error=True, preprocess=True)  # the defaults pass
+    validate({"spec_path": "s.json", "overrides": {}}, schema, raise_on_error=True, preprocess=True)
+    with pytest.raises(ValidationError) as refused:
+        validate({"spec_path": "s.json", "overrides": {"steps": -1}}, schema, raise_on_error=True, preprocess=True)
+    assert str(refused.value) == ("Validation failed for field 'overrides.steps'. Failure reason: -1 is less than or "
+                                  "equal to the minimum of 0")
+    assert overrides_from({"steps": 3}).steps == 3 and overrides_from(None).is_empty()
+    for bad, line in (({"steps": -1}, "overrides.steps = -1: Input should be greater than 0"),
+                      ({"lr": 0, "steps": 2}, "overrides.lr = 0: Input should be greater than 0"),
+                      ({"stepz": 2}, "overrides.stepz: Extra inputs are not permitted")):
+        with pytest.raises(UserError) as e:
+            overrides_from(bad)
+        assert str(e.value) == line

@@ -17,7 +17,7 @@ from schemas.errors import UserError
 from report import PLOTS, load_run, stage_statuses, write_report
 from rl.stats import paired_decision
 from schemas.artifacts import STEP_EXTRA_METRICS, RolloutRow
-from schemas.artifacts import write_artifact
+from schemas.artifacts import read_rows, write_artifact
 from schemas.io import write_json_atomic, write_jsonl_atomic
 
 TREATMENT, BASELINE = "gs1_kernel", "grpo_gs8"
@@ -279,6 +279,74 @@ def test_calibrated_run_continues_past_the_failed_activation_gate(tmp_path):
     assert "kernel_effective_neighbors_p10 = 3.25 (needs ≥ 8)" in page
 
 
+def _calibration_stopped_at_its_wall_cap(root: Path) -> Path:
+    """The issue-48 walk on disk: the activation gate failed on a check of the user's and on the
+    kernel's p10, the pre-registered calibration re-piloted at bandwidth 1 and its pilot ran over
+    the wall cap."""
+    run = make_run(root, stop_at_activation=True)
+    _gate("activation gate", _activation_rows(frac_nonzero=0.3125, p10=6.843), run / "gate")
+    rng = np.random.default_rng(1)
+    for arm, n_steps in ((TREATMENT, 2), (BASELINE, 1)):
+        _write_arm_logs(run / "calibration" / arm, arm, range(n_steps), rng)
+    write_json_atomic(run / "calibration" / "timings.json", {"setup_seconds": {TREATMENT: 12.0, BASELINE: 11.0},
+                      "step_seconds": {TREATMENT: 5.5, BASELINE: 5.5}, "eval_seconds_per_item": 0.2, "bandwidth": 1.0,
+                      "wall_seconds": 782.4})
+    _gate("calibration pilot", [("calibration_wall_minutes", 13.04, "max", "10.0", False)], run / "calibration")
+    return run
+
+
+def test_a_calibration_stopped_at_its_wall_cap_leads_with_the_activation_gate_in_every_report(tmp_path):
+    from schemas.errors import CalibrationStopped, GateFailed
+    from schemas.gate_text import GateRow
+
+    run = _calibration_stopped_at_its_wall_cap(tmp_path)
+    # the flow's state message, built from the gates' own rows (flows/experiment.py)
+    rows = lambda folder: [GateRow.from_row(r) for r in read_rows("gate_report", run / folder / "gate_report.parquet")]  # noqa: E731
+    message = str(CalibrationStopped(GateFailed("activation gate", rows("gate")),
+                                     GateFailed("calibration pilot", rows("calibration")),
+                                     "kernel_effective_neighbors_p10", 1.0))
+    assert message == ("frac_nonzero_advantage_treatment = 0.3125 (needs ≥ 0.5): activation gate failed; also "
+                       "kernel_effective_neighbors_p10 = 6.843 (needs ≥ 8); the pre-registered calibration (bandwidth 1) "
+                       "then stopped at the calibration pilot: calibration_wall_minutes = 13.04 (needs ≤ 10)")
+    flows_own = write_report(run, stopped=message)
+    later = write_report(run, out_dir=tmp_path / "later")  # `gs1 report RUN_DIR`, rendered afterwards
+    assert flows_own.headline == later.headline == f"NO DECISION: STOPPED AT A GATE: This run ended Failed: {message}."
+    for result in (flows_own, later):
+        # the stage rows agree with the headline: the calibration pilot is where it stopped
+        assert result.stopped_at == "calibration_pilot"
+        assert result.stages["activation_gate"] == result.stages["calibration_pilot"] == "failed"
+        assert result.stages["audit_calibration"] == result.stages["calibration"] == "not run"
+        for key in ("feasibility", "train", "eval", "decision"):
+            assert result.stages[key] == "not run", key
+        page = Path(result.html).read_text()
+        assert "not run: the flow stopped at the calibration pilot" in page
+        assert "<h3>calibration pilot " in page and "calibration_wall_minutes" in page
+    assert Path(flows_own.markdown).read_text() == Path(later.markdown).read_text()
+
+
+def test_a_retry_that_passes_the_activation_gate_shows_no_earlier_calibration_attempt(tmp_path):
+    """Calibration records an earlier attempt left behind are not this run's: the stage table says
+    the calibration was skipped, and neither the gate tables nor the plots show those records."""
+    from report.plots import _time_rows
+
+    run = make_run(tmp_path)  # the activation gate passed at the spec's bandwidth: a decision
+    earlier = _calibration_stopped_at_its_wall_cap(tmp_path / "earlier")
+    import shutil
+
+    shutil.copytree(earlier / "calibration", run / "calibration")
+    _gate("calibration gate", _activation_rows(frac_nonzero=0.3125, p10=3.0), run / "calibration" / "gate")
+    data = load_run(run)
+    assert "calibration" not in data.logs and not {"calibration_pilot", "calibration"} & set(data.gates)
+    assert data.earlier_attempt == ("calibration pilot", "calibration gate")
+    assert not [label for label, _ in _time_rows(data) if "calibration" in label]
+    result = write_report(run)
+    assert result.stopped_at is None and result.verdict is not None
+    assert result.stages["calibration_pilot"] == result.stages["calibration"] == "skipped"
+    page = Path(result.html).read_text()
+    assert "<h3>calibration" not in page
+    assert "an earlier attempt's calibration pilot, calibration gate records are on file, not shown" in html.unescape(page)
+
+
 def test_training_in_progress_reads_per_step_logs(tmp_path):
     run = make_run(tmp_path)
     for arm in (TREATMENT, BASELINE):
@@ -480,7 +548,7 @@ def test_a_failed_training_audit_stops_the_run_before_eval(tmp_path):
     result = write_report(run)
     assert result.stopped_at == "audit_train" and result.stages["audit_train"] == "failed"
     page = Path(result.html).read_text()
-    assert "The train audit failed: gs1_kernel.max_abs_diff = 0.25 (needs ≤ 1e-09)" in page
+    assert "This run ended Failed: gs1_kernel.max_abs_diff = 0.25 (needs ≤ 1e-09): train audit failed" in page
     assert page.count("not run: the flow stopped at the train audit") == 2  # eval, decision
     # each mismatch: where (arm, step, row, column) and both values
     assert "Logged values the audit could not reproduce (1):" in page
@@ -512,7 +580,7 @@ def test_a_gate_stage_added_to_the_list_gets_its_row_its_table_and_can_stop_the_
     assert result.stages["eval_audit"] == "failed" and result.stopped_at == "eval_audit"
     assert result.stages["decision"] == "not run"
     page = html.unescape(Path(result.html).read_text())
-    assert "The eval answer audit failed: correct[arm=gs1_kernel, row=5] = 0 (needs one of {1})" in page
+    assert "This run ended Failed: correct[arm=gs1_kernel, row=5] = 0 (needs one of {1}): eval answer audit failed" in page
     assert "<h3>eval answer audit " in page and "<th>logged value</th>" in page
     row = re.search(r'<tr class="failrow"><td>correct\[arm=gs1_kernel, row=5\]</td>.*?</tr>', page)
     assert row and '<td class="num">0</td><td>1.0</td><td>one of {1}</td>' in row.group(0)

@@ -7,7 +7,10 @@ import os
 
 from schemas.errors import UserError
 
-DEPLOYMENT = "gs1"
+# Each deployment's name says what it does: the UI's deployment list shows it in bold, above its flow's
+# name (`gs1-run/experiment`, `collect-rollout-logs/hill-climb-logs`).
+EXPERIMENT_DEPLOYMENT = "experiment"
+COLLECT_DEPLOYMENT = "hill-climb-logs"
 
 
 def build_deployments(spec_path: str = "specs/demo_local.json") -> list:
@@ -17,12 +20,13 @@ def build_deployments(spec_path: str = "specs/demo_local.json") -> list:
 
     return [
         gs1_run.to_deployment(
-            name=DEPLOYMENT, parameters={"spec_path": spec_path},
+            name=EXPERIMENT_DEPLOYMENT, parameters={"spec_path": spec_path},
             description="Run a pre-registered GS1 experiment spec end to end (gates, paired decision, report).",
             tags=["gs1"],
         ),
         collect_logs.to_deployment(
-            name=DEPLOYMENT, description="Sample N prompts x K rollouts and log rewards and kernel features.", tags=["gs1"]
+            name=COLLECT_DEPLOYMENT, tags=["gs1"],
+            description="Sample N prompts x K rollouts and log rewards and kernel features (the kernel hill-climb's input).",
         ),
     ]
 
