@@ -148,3 +148,24 @@ def test_a_batch_has_one_order_whatever_order_the_arms_queued_in(deterministic_p
         assert tokens_a == tokens_b  # per row the numbers never depended on the order (CPU)
         assert (rows_a == rows_b) is deterministic  # the default batches in queue order
     assert sorted(got[True, (0, 1)][0][0]) == sorted(got[False, (0, 1)][0][0])  # the same rows
+
+
+def test_the_engine_hands_the_gil_back_quickly(tmp_path):
+    """The worker's small ops beside other Python threads (benchmarks/busy_thread.py: 44x slower at
+    Python's 5 ms switch interval): a service shortens the interval, and never lengthens it."""
+    import sys
+
+    from rl.backends.local import LocalServiceClient
+    from rl.backends.local.settings import GIL_SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)
+        LocalServiceClient(device="cpu", cache_dir=tmp_path / "a")
+        assert sys.getswitchinterval() == GIL_SWITCH_INTERVAL_S
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S / 10)
+        shorter = sys.getswitchinterval()  # as the interpreter stores it
+        LocalServiceClient(device="cpu", cache_dir=tmp_path / "b")
+        assert sys.getswitchinterval() == shorter
+    finally:
+        sys.setswitchinterval(before)

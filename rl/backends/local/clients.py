@@ -40,6 +40,7 @@ from rl.backends.local.settings import (
     pick_device,
     pick_dtype,
     pin_compile_cache,
+    quick_gil_handoff,
     use_tf32,
 )
 from rl.backends.local_sampler import COMPILE_AFTER_BATCHES, splitmix64
@@ -480,6 +481,7 @@ class LocalServiceClient:
         if cuda and (compile_decode or compile_learner):
             # inductor's on-disk caches: a later process finds every shape's kernels compiled
             pin_compile_cache()
+        quick_gil_handoff()  # the worker's many small ops beside the arms' own Python threads
         self._ids = itertools.count()
         self._bases: dict[tuple, _Base] = {}  # (model path, gguf file, device) -> its base
         self._placing = threading.Lock()

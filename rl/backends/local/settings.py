@@ -5,6 +5,7 @@ dtype a service picks, and where torch.compile keeps its kernels between process
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,22 @@ def compile_cache_dir() -> Path:
     """Where torch.compile keeps compiled graphs and kernels between processes:
     `$GS1_COMPILE_CACHE`, else `~/.cache/gs1/torch-compile`."""
     return Path(os.environ.get("GS1_COMPILE_CACHE") or Path.home() / ".cache" / "gs1" / "torch-compile")
+
+
+# The engine's worker thread dispatches thousands of small torch ops a step, releasing the GIL in
+# each: while another thread of the process runs Python (an arm grading its rollouts, a preflight's
+# reference), every release costs up to the switch interval (5 ms by default) before the worker
+# gets it back. On the 2-core demo machine a busy thread beside it made a GS1 step 44x slower
+# (648 s against 14.7 s), 8.5x at 0.5 ms (benchmarks/busy_thread.py); the flow's other threads are
+# mostly waiting, so the interval bounds the worst case.
+GIL_SWITCH_INTERVAL_S = 0.0005
+
+
+def quick_gil_handoff() -> None:
+    """Shorten the interpreter's switch interval to GIL_SWITCH_INTERVAL_S (never lengthen it):
+    process-wide, as the interval is."""
+    if sys.getswitchinterval() > GIL_SWITCH_INTERVAL_S:
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
 
 def pin_compile_cache() -> Path:
