@@ -491,8 +491,8 @@ def remove_stale_partials(folder: Path, now: float | None = None) -> list[Path]:
     so two processes never remove one at once; returns what went."""
     now = time.time() if now is None else now
     gone: list[Path] = []
-    try:
-        lock = os.open(folder / ".gs1-cache.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:  # the folder itself is the lock (flock on its descriptor): the cache holds nothing but its entries
+        lock = os.open(folder, os.O_RDONLY)
     except OSError:
         return gone
     try:
