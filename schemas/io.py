@@ -7,6 +7,7 @@ crash never leaves a half-written file and a failed write never clobbers the pre
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import tempfile
@@ -240,3 +241,12 @@ def _plain(value, path: str, problems: list[str]):
     if isinstance(value, list):
         return [_plain(v, f"{path}.{i}" if path else str(i), problems) for i, v in enumerate(value)]
     return value
+
+
+def file_sha256(path: Path) -> str:
+    """A file's sha256, hex, read in 1 MiB blocks (stage outputs and collected units are proved by it)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -43,14 +43,6 @@ class UnitProof(BaseModel):
     files: dict[str, str]  # name -> sha256 hex
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def item_ids_digest(item_ids: Iterable[str]) -> str:
     """sha256 of the item ids, sorted, one a line: equal for two units scored on the same items."""
     return hashlib.sha256("".join(f"{i}\n" for i in sorted(item_ids)).encode("utf-8")).hexdigest()

@@ -32,16 +32,8 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
 import rl
 import schemas
 from schemas.errors import UserError
-from schemas.io import on_artifact_written
+from schemas.io import file_sha256, on_artifact_written
 from tasks.running import stage_started
-
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
 
 def digest_paths(value: Any) -> str:
     """Content hash of a file, of every file under a directory, or of a list of those."""
@@ -53,11 +45,11 @@ def digest_paths(value: Any) -> str:
         path = Path(v)
         h.update(str(path.resolve()).encode())
         if path.is_file():
-            h.update(_file_digest(path).encode())
+            h.update(file_sha256(path).encode())
         elif path.is_dir():
             for f in sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")):
                 h.update(str(f.relative_to(path)).encode())
-                h.update(_file_digest(f).encode())
+                h.update(file_sha256(f).encode())
         else:
             h.update(b"<missing>")
     return h.hexdigest()
@@ -174,7 +166,7 @@ def record_output(path: str | Path) -> None:
     with _OUTPUTS_LOCK:
         outputs = read_manifest(manifest, txn.key)[0] or {}
         for f in files:
-            outputs[str(f.resolve())] = _file_digest(f)
+            outputs[str(f.resolve())] = file_sha256(f)
         _write_outputs(manifest, txn.key, outputs)
 
 
@@ -232,7 +224,7 @@ def damaged_output(outputs: dict[str, str]) -> tuple[str, str] | None:
         if not path.is_file():
             return name, "is missing"
         try:
-            if _file_digest(path) != digest:
+            if file_sha256(path) != digest:
                 return name, "changed since the stage wrote it"
         except OSError as e:
             return name, f"cannot be read ({e.strerror or type(e).__name__})"

@@ -39,14 +39,14 @@ from schemas.arm import ArmConfig
 from schemas.cost import ArmCost
 from schemas.errors import EvalDataError, UnitProofError, UserError
 from schemas.artifacts import COMPARISONS, write_artifact
-from schemas.io import (compact_copy, loads_strict, replace_dir_atomic, write_bytes_atomic, write_json_atomic,
+from schemas.io import (compact_copy, file_sha256, loads_strict, replace_dir_atomic, write_bytes_atomic, write_json_atomic,
                         write_text_atomic)
 from schemas.layout import (COSTS_FILE, EVAL_JSONL_FILE, STEP_METRICS_FILE, UNIT_EVAL_FILES, UNIT_TRAIN_FILES,
                             DecisionFiles, RunLayout, UnitsLayout, gate_record_folders)
 from schemas.plan import RunPlan
 from schemas.revision import experiment_hash
 from schemas.spec import ExperimentSpec, anchored, eval_items, parse_spec
-from schemas.unit_proof import COLLECTED, PROOF_FILE, UnitProof, file_sha256, item_ids_digest
+from schemas.unit_proof import COLLECTED, PROOF_FILE, UnitProof, item_ids_digest
 from tasks.gates import family_markdown, family_record, write_decision_files
 from tasks.spec import plan_from_spec
 
