@@ -46,8 +46,8 @@ def main(argv=None) -> int:
     import torch
 
     from engine import build_model
-    from rl.backends.local import LocalServiceClient
-    from rl.backends.models import own_tokenizer
+    from engine import LocalServiceClient
+    from engine.models import own_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_model(args.config, Path(tmp) / "model", args.tokenizer_dir, args.device)

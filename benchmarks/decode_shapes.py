@@ -11,7 +11,7 @@ on one local service, as `gs1 run` makes them. Prints three tables:
    optim_step of 64 datums, each alone and both at once (wall seconds). With two GPUs visible
    the engines sit on different GPUs (`LocalServiceClient.place`); with one, on two streams.
 Run it twice on one machine: the second process finds the kernels in the on-disk compile cache
-(`rl.backends.local.compile_cache_dir`, or `$GS1_COMPILE_CACHE`).
+(`engine.compile_cache_dir`, or `$GS1_COMPILE_CACHE`).
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ def main(argv=None) -> int:
     from tinker import types
 
     from engine import build_model
+    from engine.generate import COMPILE_EVENTS
     from rl.backends import make_service_client
-    from rl.backends.local_sampler import COMPILE_EVENTS
     from rl.loop import rollout_datum
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

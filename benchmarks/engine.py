@@ -237,7 +237,7 @@ def main(argv=None) -> int:
 
     diag = {}
     if args.diagnose and gen._graphs and device.startswith("cuda"):
-        from rl.backends.local_sampler import sample_step
+        from engine.generate import sample_step
 
         dec = next(iter(gen._graphs.values()))
         dec.set_length(args.prompt_tokens)
@@ -286,7 +286,7 @@ def main(argv=None) -> int:
             print(f"| {ph} | {wall:.3f} | {pre:.3f} | {dec:.3f} | {steps} | {1000 * dec / max(steps, 1):.2f} "
                   f"| {toks / wall:.0f} |")
     if train_rows:
-        from rl.backends.local import learner_activation_bytes
+        from engine import learner_activation_bytes
 
         eng = tc._engine
         est = learner_activation_bytes(eng.lm.config, eng.learner.tokens_per_microbatch, eng.dtype) / 2**30

@@ -15,8 +15,8 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
-from rl.hillclimb import climb as hc  # noqa: E402
-from rl.hillclimb.data import log_from_table, make_streams, synthetic_log_table  # noqa: E402
+from hillclimb import climb as hc  # noqa: E402
+from hillclimb.data import log_from_table, make_streams, synthetic_log_table  # noqa: E402
 
 
 def main() -> None:

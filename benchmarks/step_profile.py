@@ -59,8 +59,8 @@ def main(argv=None) -> int:
     from torch.profiler import ProfilerActivity, profile
     from tinker import types
 
+    from engine.generate import sample_step
     from rl.backends import make_service_client
-    from rl.backends.local_sampler import sample_step
 
     cuda = args.device.startswith("cuda")
     acts = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]

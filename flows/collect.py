@@ -6,7 +6,7 @@ from pathlib import Path
 
 from prefect import flow
 
-from rl.hillclimb.collect import CollectSettings
+from hillclimb.collect import CollectSettings
 from tasks.collect import rollout_log
 
 

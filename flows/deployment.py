@@ -13,10 +13,10 @@ from typing import Literal
 from prefect import flow
 from prefect.states import Failed
 
+from design.spec import SpecOverrides, overrides_from
 from flows.experiment import experiment_in
 from flows.memory import bound_malloc
 from schemas.errors import UserError
-from schemas.spec import SpecOverrides, overrides_from
 from tasks.spec import checked_request, flow_run_name, spec_with_overrides
 
 

@@ -16,10 +16,10 @@ from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
 
-from schemas.arm import ArmConfig
+from design.arm import ArmConfig
+from design.plan import EvalResult, RunContext, TrainedArm
 from schemas.errors import UserError
 from schemas.layout import RunLayout
-from schemas.plan import EvalResult, RunContext, TrainedArm
 from tasks.arms import eval_items, trained_arm, unit_results
 
 UNIT_FLOW = "gs1-arm-unit"

@@ -7,7 +7,7 @@ the folder can tell the unit is the one the run made (`tasks.units.check_units`)
                          are kept in `<units_dir>/runs/<source_run>/`)
     source               how the proof was made: by `--collect`, or written afterwards for units
                          committed before proofs existed (then the hashes are of the files as committed)
-    experiment_hash      the identity of the spec the run ran (`schemas.revision.experiment_hash`)
+    experiment_hash      the identity of the spec the run ran (`design.revision.experiment_hash`)
     items                the number of eval items in its eval file
     item_ids_sha256      sha256 of its eval items' ids, sorted, one a line (`item_ids_digest`)
     files                file name -> sha256 of each file copied (eval.jsonl and the train files)

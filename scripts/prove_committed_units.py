@@ -27,9 +27,9 @@ SOURCE = ("committed before proofs (issue 47): hashed as committed; the run's tr
 
 
 def main() -> int:
+    from design.revision import experiment_hash
+    from design.spec import load_spec
     from schemas.layout import RunLayout, UnitsLayout
-    from schemas.revision import experiment_hash
-    from schemas.spec import load_spec
     from tasks.spec import plan_from_spec
     from tasks.units import _ran_spec, prove_unit
 

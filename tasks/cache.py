@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -29,8 +30,6 @@ from typing import Any
 
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
 
-import rl
-import schemas
 from schemas.errors import UserError
 from schemas.io import file_sha256, on_artifact_written
 from tasks.running import stage_started
@@ -55,12 +54,17 @@ def digest_paths(value: Any) -> str:
     return h.hexdigest()
 
 
+# the packages a stage runs: a change to any reruns the stages that used it (found by name, not
+# imported: `engine` imports torch)
+LIBRARY = ("schemas", "estimators", "rules", "design", "engine", "rl", "hillclimb")
+
+
 def _library_digest() -> str:
     h = hashlib.sha256()
-    for package in (rl, schemas):
-        root = Path(package.__file__).parent
+    for package in LIBRARY:
+        root = Path(importlib.util.find_spec(package).origin).parent
         for f in sorted(root.rglob("*.py")):
-            h.update(str(f.relative_to(root)).encode())
+            h.update(str(f.relative_to(root.parent)).encode())
             h.update(f.read_bytes())
     return h.hexdigest()
 
@@ -84,7 +88,7 @@ class FilesRead(CachePolicy):
 
 @dataclass
 class LibrarySource(CachePolicy):
-    """Keys on the source of `rl/` and `schemas/`: fixing the library reruns what used it."""
+    """Keys on the source of the library (`LIBRARY`): fixing it reruns what used it."""
 
     def compute_key(self, task_ctx, inputs, flow_parameters, **kwargs) -> str | None:
         global _LIBRARY_DIGEST

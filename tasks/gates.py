@@ -12,25 +12,26 @@ from pathlib import Path
 
 from prefect import task
 
+from design.arm import ArmConfig
+from design.plan import DecisionPlan
+from design.spec import Budget, GateCheck
+from estimators.reference import gs1_kernel_reference
+from estimators.registry import rollout_log
+from rl.audit import audit_log
 from rl.checks import run_offline_checks
-from rl.audit import RolloutLog, audit_log
-from rl.reference import gs1_kernel_reference
 from rl.feasibility import PilotTimings, project_full_run
 from rl.gates import NotApplicable, compute_gate_metrics, evaluate_checks
-from rl.rules.registry import rule_for
 from rl.stats import family_decision, paired_decision
-from schemas.arm import ArmConfig
-from schemas.errors import GateFailed
+from rules.registry import rule_for
 from schemas.artifacts import COMPARISONS, DECISION, read_artifact, write_artifact
+from schemas.errors import GateFailed
 from schemas.gate_text import GateRow, failing_text, fmt
+from schemas.io import write_json_atomic, write_text_atomic
 from schemas.layout import DECISION as DECISION_STAGE
 from schemas.layout import (
     AUDIT, FAMILY_DECISION, FAMILY_DECISION_RUN, FEASIBILITY, MISMATCHES_FILE, UNIT_CHECKS, AuditStage, DecisionFiles,
     PilotStage, RunLayout, artifact_key, audit_name, gate_name, gate_report_path,
 )
-from schemas.plan import DecisionPlan
-from schemas.spec import Budget, GateCheck
-from schemas.io import write_json_atomic, write_text_atomic
 from tasks.artifacts import publish_markdown, publish_table
 from tasks.cache import stage_cache
 from tasks.judging import judging_task
@@ -114,7 +115,7 @@ def audit_gate(arms: tuple[ArmConfig, ...], rollout_paths: list[str], layout: Ru
     """Recompute every logged advantage of each arm from its own rollout log with the independent
     reference (rl.audit); a row beyond tolerance fails the run before its logs are used."""
     # an arm at several seeds is audited once per seed, named by its unit
-    results = [replace(audit_log(arm, RolloutLog.from_table(read_artifact("rollouts", path))), arm=arm.unit)
+    results = [replace(audit_log(arm, rollout_log(read_artifact("rollouts", path))), arm=arm.unit)
                for arm, path in zip(arms, rollout_paths)]
     out = layout.audit_dir(stage)
     mismatches = [m.__dict__ for r in results for m in r.mismatches]

@@ -29,7 +29,7 @@ def service_client(backend: str):
 def engine_numerics(backend: str) -> dict:
     """How the backend makes its numbers (`Numerics.record`): the local engine's mode, device and
     dtype; for a hosted service only its name (whether it reproduces is not gs1's to see)."""
-    from rl.backends.determinism import Numerics
+    from engine.determinism import Numerics
 
     if backend != "local":
         return Numerics(backend=backend, deterministic=None).record()
@@ -46,10 +46,10 @@ def engine_usage(backend: str) -> tuple[float, dict] | None:
 
 def log_engine_usage(backend: str, before: tuple[float, dict] | None, stage: str) -> None:
     """One `gs1.engine` line per base the stage used since `before`: the device's busy share and
-    its jobs (`rl.backends.local.usage_lines`)."""
+    its jobs (`engine.usage_lines`)."""
     if before is None:
         return
-    from rl.backends.local import usage_lines
+    from engine import usage_lines
 
     t0, usage = before
     for line in usage_lines(usage, service_client(backend).usage(), time.perf_counter() - t0):

@@ -31,21 +31,21 @@ from pathlib import Path
 
 import numpy as np
 
+from design.arm import ArmConfig
+from design.plan import RunPlan
+from design.revision import experiment_hash
+from design.spec import ExperimentSpec, anchored, eval_items, parse_spec
 from report.plots import UNITS_PLOT_SPECS, RenderedPlot, render_plots
 from report.render import write_plots
 from report.units_model import ArmStanding, UnitSharing, UnitsStanding, VersusArm, seeds_text
-from rl.rules import rule_for
-from schemas.arm import ArmConfig
+from rules import rule_for
+from schemas.artifacts import COMPARISONS, write_artifact
 from schemas.cost import ArmCost
 from schemas.errors import EvalDataError, UnitProofError, UserError
-from schemas.artifacts import COMPARISONS, write_artifact
 from schemas.io import (compact_copy, file_sha256, loads_strict, replace_dir_atomic, write_bytes_atomic, write_json_atomic,
                         write_text_atomic)
 from schemas.layout import (COSTS_FILE, EVAL_JSONL_FILE, STEP_METRICS_FILE, UNIT_EVAL_FILES, UNIT_TRAIN_FILES,
                             DecisionFiles, RunLayout, UnitsLayout, gate_record_folders)
-from schemas.plan import RunPlan
-from schemas.revision import experiment_hash
-from schemas.spec import ExperimentSpec, anchored, eval_items, parse_spec
 from schemas.unit_proof import COLLECTED, PROOF_FILE, UnitProof, item_ids_digest
 from tasks.gates import family_markdown, family_record, write_decision_files
 from tasks.spec import plan_from_spec
@@ -141,7 +141,7 @@ def check_units(spec: ExperimentSpec, folder: UnitsLayout) -> CheckedUnits:
     """Read the units folder, every unit of `spec` against its proof: a unit whose folder is absent
     is missing (no decision yet); one that is there must hold a proof of that unit (arm, seed) from a
     run of this experiment, every file the proof lists with its sha256 and those the reading reads,
-    and exactly the eval items the spec registers (`schemas.spec.eval_items`), the same items as
+    and exactly the eval items the spec registers (`design.spec.eval_items`), the same items as
     every other unit. Anything else is a UnitProofError naming the unit (nothing is written)."""
     from rl.stats import read_eval_items
     from schemas.artifacts import read_rows
@@ -237,8 +237,8 @@ def keep_gate_records(run: RunLayout, out: UnitsLayout) -> Path:
 def units_standing(plan: RunPlan, units: CheckedUnits) -> UnitsStanding:
     """The folder's standing from its checked units, and the decision's record once every unit is
     in (`write_units_decision` writes it); nothing is written here."""
-    from rl.rules import SeededPairs
     from rl.stats import describe_pair, read_pairs
+    from rules import SeededPairs
 
     every = plan.units()
     present, missing = list(units.present), units.missing

@@ -368,8 +368,8 @@ def test_kill_9_during_decide_collect_leaves_no_half_decision(units_run, tmp_pat
     import shutil
     import time
 
+    from design.spec import load_spec
     from schemas.layout import UnitsLayout
-    from schemas.spec import load_spec
     from tasks.units import check_units
 
     spec_path, run, reference = units_run

@@ -19,14 +19,14 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from rl.backends import models
-from rl.backends.models import load_causal_lm, load_tokenizer, resolve_model
+from engine.models import load_causal_lm, load_tokenizer, resolve_model
+from engine import models
 
 pytestmark = pytest.mark.slow  # every test writes a GGUF model and loads it through transformers
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "a t"]
-LOGGER = "rl.backends.models"
+LOGGER = "engine.models"
 CPU = torch.device("cpu")
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -489,7 +489,7 @@ def test_a_base_loads_its_tokenizer_beside_its_weights(tiny_gguf, monkeypatch, t
     two ran one after the other."""
     import threading
 
-    from rl.backends.local import LocalServiceClient, engine
+    from engine import LocalServiceClient, engine
 
     weights_started = threading.Event()
     real_tokenizer, real_lm = models.load_tokenizer, engine.load_causal_lm

@@ -212,7 +212,7 @@ def _write_fake_folder(root: Path, plan, missing, n_items: int, rng_seed: int, c
 
 def _with_items(spec: dict, n_items: int):
     """The spec dict parsed, registering n_items eval items (what the fake units hold)."""
-    from schemas.spec import parse_spec
+    from design.spec import parse_spec
 
     spec["eval"]["n_examples"] = n_items
     return parse_spec(spec)

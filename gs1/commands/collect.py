@@ -4,7 +4,7 @@
                 [--base-model-path P] [--renderer R] [--question-model Q] --out LOG.parquet
 
 `--question-model` adds the `question_embedding` feature: each question embedded by a small model
-of its own, outside the policy (`rl.hillclimb.question_embedding`; `smollm2` names the packaged
+of its own, outside the policy (`hillclimb.question_embedding`; `smollm2` names the packaged
 SmolLM2-135M), which a Tinker client can compute too.
 """
 
@@ -51,8 +51,8 @@ def default_renderer(base_model: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rl.hillclimb.collect import CollectSettings, run_collection, write_rollout_log  # lazy: start-up time
-    from rl.hillclimb.question_embedding import question_embedding_for
+    from hillclimb.collect import CollectSettings, run_collection, write_rollout_log  # lazy: start-up time
+    from hillclimb.question_embedding import question_embedding_for
 
     if args.out.suffix != ".parquet":
         raise UserError(f"--out must be a .parquet file, got {args.out}")

@@ -36,7 +36,7 @@ def spec_settings(path: Path | None):
     """(batch_size, window, spec KernelRecipe) from a spec file, or the pinned defaults."""
     from pydantic import ValidationError  # lazy: start-up time
 
-    from rl.hillclimb.climb import KernelRecipe, spec_recipe
+    from hillclimb.climb import KernelRecipe, spec_recipe
     from schemas.kernel import KernelSpec
 
     if path is None:
@@ -71,15 +71,15 @@ def spec_settings(path: Path | None):
 
 
 def hc_families():
-    from rl.hillclimb.climb import FAMILIES  # lazy: start-up time
+    from hillclimb.climb import FAMILIES  # lazy: start-up time
 
     return FAMILIES
 
 
 def run(args: argparse.Namespace) -> int:
-    from rl.hillclimb import climb as hc  # lazy: start-up time
-    from rl.hillclimb import report
-    from rl.hillclimb.data import load_log
+    from hillclimb import climb as hc  # lazy: start-up time
+    from hillclimb import report
+    from hillclimb.data import load_log
 
     if args.budget < 1:
         raise UserError("--budget must be at least 1")

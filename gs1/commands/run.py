@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, server) -> int:
-    from schemas.spec import load_spec
+    from design.spec import load_spec
 
     spec_path = Path(args.spec) if args.spec else default_spec()
     spec = load_spec(spec_path)  # SpecError (a UserError) -> one line per problem, exit 2
@@ -86,8 +86,8 @@ def _run(args: argparse.Namespace, server) -> int:
     env = get_env(spec.dataset.name, data_dir=data_dir, **dict(spec.dataset.options))
     env.check_data()
     if args.backend == "local":
-        from rl.backends.models import check_model_cached  # lazy: start-up time
-        from schemas.spec import resolve_base_model_path
+        from design.spec import resolve_base_model_path
+        from engine.models import check_model_cached  # lazy: start-up time
 
         check_model_cached(resolve_base_model_path(spec) or spec.base_model)  # not cached: one line, exit 2, now
     if args.backend == "tinker":
@@ -123,8 +123,8 @@ def _send_pending_logs(timeout: float = 5.0) -> None:
 def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None, dispatch: str | None = None,
               units: list[str] | None = None) -> int:
     from flows.experiment import experiment_in
-    from schemas.layout import RunLayout
     from schemas.errors import BackendError, GateFailed
+    from schemas.layout import RunLayout
     from schemas.redaction import one_line, redact_key
 
     _quiet_tracebacks((GateFailed, UserError, ArmFailed, BackendError))
@@ -143,7 +143,7 @@ def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None
             print(f"gs1: no decision yet, it waits for: {', '.join(decision['waiting_for'])}; "
                   f"`gs1 decide --spec {spec_path} --units DIR --collect {run_dir}` gathers units and decides once all are in")
             return 0
-        from rl.rules import rule_for  # lazy: start-up time
+        from rules import rule_for  # lazy: start-up time
 
         bounds_name = rule_for(decision["method"]).bounds_name
         for pair in decision.get("comparisons", []):  # several arms (or seeds): one line per arm, Holm's verdicts

@@ -2,7 +2,7 @@
 
 `make_service_client(backend, **kw)` returns an object with the `tinker.ServiceClient` methods
 the loop uses (see docs/contracts.md, "Backend surface"):
-- `"local"`: `rl.backends.local.LocalServiceClient(device=None, dtype=None, cache_dir=None,
+- `"local"`: `engine.LocalServiceClient(device=None, dtype=None, cache_dir=None,
   max_batch_rows=None, batch_window_s=0.0, tokens_per_microbatch=None, use_cuda_graphs=None,
   compile_decode=None, gradient_checkpointing=None, batch_across_clients=None, gather_busy_s=None,
   bank_decode=None, compile_after_batches=None, learner_lora="fused")`;
@@ -30,7 +30,7 @@ BACKENDS = ("local", "tinker")
 
 def make_service_client(backend: str, **kw: Any):
     if backend == "local":
-        from rl.backends.local import LocalServiceClient  # lazy: torch and transformers are slow to import
+        from engine import LocalServiceClient  # lazy: torch and transformers are slow to import
 
         kw.pop("base_url", None)
         kw.pop("api_key", None)
@@ -50,7 +50,7 @@ def release_training_client(training_client) -> None:
 
         unload_training_client(training_client)
         return
-    local = sys.modules.get("rl.backends.local")  # loaded if a local client exists at all
+    local = sys.modules.get("engine")  # loaded if a local client exists at all
     if local is not None and isinstance(training_client, local.LocalTrainingClient):
         training_client.release()  # its adapter leaves the shared base now
 
