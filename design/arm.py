@@ -1,6 +1,6 @@
 """A training arm as the run executes it: `ArmConfig`.
 
-`ArmConfig` is built once from the spec (`tasks.spec.plan_from_spec`), carried in the run plan,
+`ArmConfig` is built once from the spec (`design.plan.plan_from_spec`), carried in the run plan,
 handed to every stage that runs the arm (preflight, pilot, training, audit) and to the RL loop.
 
 Its `recipe` is its kind's recipe (`estimators.registry.Recipe`: a union discriminated by the

@@ -1,6 +1,6 @@
 """The run plan: what the spec means for each stage, typed. Written to `spec/plan.json`.
 
-`tasks.spec.plan_from_spec` builds it once from a validated spec; the flow hands each stage its
+`plan_from_spec` builds it once from a validated spec; the flow hands each stage its
 slice (a stage's cache key is its slice, so changing a gate bound re-keys only the gate).
 """
 
@@ -14,7 +14,8 @@ from rules.power import PowerDesign, PowerReading, power_reading
 from rules.registry import RuleSettingsUnion, rule_for
 
 from design.arm import ArmConfig
-from design.spec import Budget, CorrectnessPreflight, ExperimentSpec, GateCheck, Pilot, compared_arms, eval_items
+from design.spec import (Budget, CorrectnessPreflight, ExperimentSpec, GateCheck, Pilot, baseline_arm, compared_arms, eval_items,
+                         treatment_arm)
 from schemas.errors import UserError
 
 
@@ -155,6 +156,37 @@ class RunPlan(_Plan):
         training arms all read what this returns)."""
         arms = tuple(a.with_kernel_bandwidth(bandwidth) if a.name == self.run.treatment else a for a in self.arms)
         return self.model_copy(update={"arms": arms})
+
+
+def plan_from_spec(spec: ExperimentSpec) -> RunPlan:
+    """The run plan: every stage's inputs, typed. Each arm holds its kind's recipe, read from the
+    spec's arm by the kind itself (`Estimator.recipe_of`): a kernel arm its validated KernelSpec and
+    the kernel file it came from."""
+    arms = tuple(
+        ArmConfig(
+            name=arm.name, recipe=arm.estimator.recipe_of(arm), group_size=arm.group_size,
+            groups_per_batch=arm.groups_per_batch,
+            lr=arm.lr, seed=arm.seed, steps=spec.steps, lora_rank=spec.lora_rank, base_model=spec.base_model,
+            base_model_path=spec.base_model_path, max_tokens=spec.sampling.max_tokens,
+            temperature=spec.sampling.temperature,
+        )
+        for arm in spec.arms
+    )
+    return RunPlan(
+        title=spec.title,
+        run=RunContext(
+            env=spec.dataset.name, env_options=dict(spec.dataset.options), renderer=spec.renderer,
+            base_model=spec.base_model, treatment=treatment_arm(spec).name, baseline=baseline_arm(spec).name,
+        ),
+        arms=arms,
+        pilot=spec.pilot,
+        checks=tuple(spec.activation_gate.checks),
+        n_eval=spec.eval.n_examples,
+        decision=DecisionPlan.of_spec(spec),
+        budget=spec.budget,
+        preflight=spec.correctness_preflight,
+        seeds=tuple(spec.decision_rule.seeds),
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ from prefect.states import Failed
 
 from flows.memory import bound_malloc
 from flows.units import dispatched_units
+from pipeline.services import engine_usage, log_engine_usage
+from rl.backends import DEFAULT_BACKEND
 from schemas.errors import CalibrationStopped, GateFailed
 from schemas.kernel import CALIBRATION
 from schemas.layout import RunLayout
@@ -26,19 +28,18 @@ from tasks.arms import eval_items, pilot_rollouts, trained_arm
 from tasks.gates import (activation_gate, audit_gate, family_decision_record, feasibility, offline_unit_checks,
                          paired_decision_record)
 from tasks.preflight import correctness_preflight
-from tasks.report import run_report
-from tasks.services import engine_usage, log_engine_usage
+from tasks.run_report import run_report
 from tasks.spec import calibrated_plan, flow_run_name, validated_plan
 
 
 def _run_name() -> str:
     from prefect.runtime import flow_run
 
-    return flow_run_name(flow_run.parameters["spec_path"], flow_run.parameters.get("backend", "local"))
+    return flow_run_name(flow_run.parameters["spec_path"], flow_run.parameters.get("backend", DEFAULT_BACKEND))
 
 
 @flow(name="gs1-experiment", flow_run_name=_run_name)
-def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: str | None = None,
+def experiment(spec_path: str, run_dir: str, backend: str = DEFAULT_BACKEND, data_dir: str | None = None,
                dispatch: str | None = None, units: list[str] | None = None) -> dict:
     """Run a pre-registered GS1-vs-baseline experiment end to end; returns the decision record.
 

@@ -18,6 +18,7 @@ from prefect.deployments import run_deployment
 
 from design.arm import ArmConfig
 from design.plan import EvalResult, RunContext, TrainedArm
+from rl.backends import DEFAULT_BACKEND
 from schemas.errors import UserError
 from schemas.layout import RunLayout
 from tasks.arms import eval_items, trained_arm, unit_results
@@ -26,7 +27,7 @@ UNIT_FLOW = "gs1-arm-unit"
 
 
 @flow(name=UNIT_FLOW)
-def arm_unit(arm: ArmConfig, run: RunContext, n_eval: int, run_dir: str, backend: str = "local",
+def arm_unit(arm: ArmConfig, run: RunContext, n_eval: int, run_dir: str, backend: str = DEFAULT_BACKEND,
              data_dir: str | None = None) -> dict:
     """Train one unit and evaluate its final weights; its stages cache in the run's store.
     `run_dir` stays a path: the parameter a sweep's `run_deployment` sends as JSON."""

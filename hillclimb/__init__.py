@@ -6,7 +6,7 @@ Entry points:
 - `data.load_log(path)`: a rollout log as a `RolloutLog`
 - `climb.analyse(log, ...)` -> `HillclimbReport`; `climb.transfer(logs, ...)` -> `TransferReport`
   (`gs1 hillclimb`); `climb.KernelRecipe`, `climb.spec_recipe`
-- `report.write_hillclimb`, `report.write_transfer`: the Parquet, markdown, JSON and PNG files
+- `outputs.write_hillclimb`, `outputs.write_transfer`: the Parquet, markdown, JSON and PNG files
 - `geff.g_eff`: the variance-equivalent group size a baseline is judged by
 
 Modules import their neighbours directly (`hillclimb.climb`, ...); nothing is re-exported here,

@@ -40,7 +40,7 @@ from tinker_cookbook import renderers
 
 from estimators.kernels import prompt_mean_logprob
 from hillclimb.text_features import text_features
-from rl.backends import make_service_client
+from rl.backends import DEFAULT_BACKEND, make_service_client
 from rl.envs import get_env
 from schemas.errors import UserError
 from schemas.io import write_parquet_atomic
@@ -55,7 +55,7 @@ class CollectSettings:
     n_prompts: int
     k: int
     base_model: str
-    backend: str = "local"
+    backend: str = DEFAULT_BACKEND
     base_model_path: str | None = None
     renderer: str = ""
     split: str = "train"

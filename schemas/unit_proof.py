@@ -1,6 +1,6 @@
 """A collected unit's proof (`<units_dir>/<unit>/unit.json`, `schemas.layout.UnitsLayout.proof_json`):
 what `gs1 decide --collect` copied into a units folder and where from, so that every later read of
-the folder can tell the unit is the one the run made (`tasks.units.check_units`).
+the folder can tell the unit is the one the run made (`decision.units.check_units`).
 
     unit, arm, seed      the unit's folder name, its arm and its decision seed (the spec's unit)
     source_run           the run directory's folder name it was copied from (its gates' records
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field

@@ -29,7 +29,11 @@ from tinker_cookbook import model_info, renderers
 from design.arm import ArmConfig
 from design.plan import EvalResult, PilotArmRun, PilotLogs, RunContext, TrainedArm
 from design.spec import Pilot
-from rl.backends import release_training_client
+from pipeline.cache import digest_paths, record_output, stage_cache
+from pipeline.judging import judging_task
+from pipeline.running import stage_end_hooks
+from pipeline.services import engine_numerics, service_client
+from rl.backends import backend_named, release_training_client
 from rl.backends.responses import backend_of, resolved
 from rl.envs import get_env
 from rl.loop import HeldoutRequest, StepLog, eval_rows, new_window, train_arm, window_from_logs
@@ -41,11 +45,7 @@ from schemas.io import write_json_atomic, write_jsonl_atomic
 from schemas.layout import (
     PilotStage, RunLayout, arm_stage_name, artifact_key, merged_logs, pilot_name, stage_info, step_log, step_of, steps_dir,
 )
-from tasks.cache import digest_paths, record_output, stage_cache
 from tasks.gates import record_gate
-from tasks.judging import judging_task
-from tasks.running import stage_end_hooks
-from tasks.services import engine_numerics, service_client
 
 
 def env_for(run: RunContext, data_dir: str | None):
@@ -69,7 +69,7 @@ def _lora_client(arm: ArmConfig, backend: str, rank: int, state_path: str | None
     checkpoint with its optimizer state."""
     service = service_client(backend)
     if state_path is None:
-        kwargs = {"base_model_path": arm.base_model_path} if backend == "local" and arm.base_model_path else {}
+        kwargs = backend_named(backend).lora_options(arm.base_model_path)
         # the unit's name: the local engine's deterministic mode orders a batch's rows by it
         future = service.create_lora_training_client(base_model=arm.base_model, rank=rank, seed=arm.seed,
                                                      user_metadata={"unit": arm.unit}, **kwargs)

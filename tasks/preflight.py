@@ -15,15 +15,15 @@ from design.arm import ArmConfig
 from design.plan import RunContext
 from design.spec import CorrectnessPreflight
 from estimators import reference
+from pipeline.cache import stage_cache
+from pipeline.judging import judging_task
+from pipeline.running import stage_end_hooks
 from rl.backends.responses import resolved
 from rl.preflight import correctness_checks, cookbook_revision, module_revision
 from schemas.io import write_json_atomic
 from schemas.layout import PREFLIGHT, RunLayout
 from tasks.arms import arm_client, critic_of, env_for, failures_named
-from tasks.cache import stage_cache
 from tasks.gates import record_gate
-from tasks.judging import judging_task
-from tasks.running import stage_end_hooks
 
 FIXED_PROMPTS = 4
 FIXED_SAMPLES = 4

@@ -16,17 +16,17 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from design.arm import ArmConfig
-from design.plan import DecisionPlan, RunContext, RunPlan
+from design.plan import RunPlan, plan_from_spec
 from design.revision import SpecRevision, experiment_hash, field_changes
-from design.spec import (ExperimentSpec, SpecOverrides, anchored, baseline_arm, load_spec, set_arm_kernel, spec_hash,
-                         treatment_arm)
+from design.spec import ExperimentSpec, SpecOverrides, anchored, load_spec, set_arm_kernel, spec_hash
+from rl.backends import backend_named
+from pipeline.artifacts import publish_markdown
+from pipeline.cache import stage_cache
+from pipeline.running import stage_end_hooks, uncached_stage_hooks
 from schemas.errors import UserError
 from schemas.io import write_json_atomic
 from schemas.kernel import CALIBRATION
 from schemas.layout import CALIBRATED_SPEC, VALIDATE_SPEC, RunLayout
-from tasks.artifacts import publish_markdown
-from tasks.cache import stage_cache
-from tasks.running import stage_end_hooks, uncached_stage_hooks
 
 
 def run_name(spec: ExperimentSpec) -> str:
@@ -58,37 +58,6 @@ def flow_run_name(spec_path: str | Path, backend: str, overrides: dict | None = 
         return f"{run_name(spec)}-{backend}"
     except Exception:  # a name is never the reason a run fails
         return f"{Path(spec_path).stem}-unreadable-spec-{backend}"
-
-
-def plan_from_spec(spec: ExperimentSpec) -> RunPlan:
-    """The run plan: every stage's inputs, typed. Each arm holds its kind's recipe, read from the
-    spec's arm by the kind itself (`Estimator.recipe_of`): a kernel arm its validated KernelSpec and
-    the kernel file it came from."""
-    arms = tuple(
-        ArmConfig(
-            name=arm.name, recipe=arm.estimator.recipe_of(arm), group_size=arm.group_size,
-            groups_per_batch=arm.groups_per_batch,
-            lr=arm.lr, seed=arm.seed, steps=spec.steps, lora_rank=spec.lora_rank, base_model=spec.base_model,
-            base_model_path=spec.base_model_path, max_tokens=spec.sampling.max_tokens,
-            temperature=spec.sampling.temperature,
-        )
-        for arm in spec.arms
-    )
-    return RunPlan(
-        title=spec.title,
-        run=RunContext(
-            env=spec.dataset.name, env_options=dict(spec.dataset.options), renderer=spec.renderer,
-            base_model=spec.base_model, treatment=treatment_arm(spec).name, baseline=baseline_arm(spec).name,
-        ),
-        arms=arms,
-        pilot=spec.pilot,
-        checks=tuple(spec.activation_gate.checks),
-        n_eval=spec.eval.n_examples,
-        decision=DecisionPlan.of_spec(spec),
-        budget=spec.budget,
-        preflight=spec.correctness_preflight,
-        seeds=tuple(spec.decision_rule.seeds),
-    )
 
 
 @task(name=VALIDATE_SPEC, task_run_name=VALIDATE_SPEC, cache_policy=NO_CACHE, **uncached_stage_hooks())
@@ -198,20 +167,16 @@ class RunRequest:
 def checked_request(spec_path: str, backend: str, overrides: SpecOverrides | dict | None) -> RunRequest:
     """The parameters of a run started from the UI, checked before anything is written; a
     UserError of one line otherwise: the overrides' bad fields with their bounds, the spec's
-    problems, a backend that is not one, or (local backend) a model path that does not exist."""
+    problems, a backend that is not one, or a model path that does not exist (`Backend.check_model_path`)."""
     from design.spec import apply_overrides, overrides_from, parse_spec
 
-    if backend not in ("local", "tinker"):
-        raise UserError(f"backend = {json.dumps(backend)}: must be 'local' or 'tinker'")
+    named = backend_named(backend)
     checked = overrides_from(overrides)
     path = Path(spec_path)
     spec = load_spec(path)  # a bad spec stops here with its problems listed
     if not checked.is_empty():
         spec = parse_spec(apply_overrides(json.loads(path.read_text()), checked, path.parent), source="spec with overrides")
-    if backend == "local":
-        from engine.models import resolve_model  # torch: only once the spec is good
-
-        resolve_model(spec.base_model_path or spec.base_model)  # a local path that does not exist: one line
+    named.check_model_path(spec.base_model_path or spec.base_model)  # a path that does not exist: one line
     return RunRequest(spec_path=str(spec_path), backend=backend, overrides=checked)
 
 

@@ -30,7 +30,7 @@ from schemas.artifacts import read_rows
 from schemas.errors import SpecError
 from schemas.kernel import KernelSpec
 from design.spec import GateCheck, parse_spec
-from tasks.spec import plan_from_spec
+from design.plan import plan_from_spec
 
 REPO = Path(__file__).resolve().parents[1]
 

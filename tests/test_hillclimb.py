@@ -21,7 +21,7 @@ from hillclimb.data import (
     split_prompts,
     synthetic_log_table,
 )
-from hillclimb.report import summary_markdown
+from hillclimb.outputs import summary_markdown
 from schemas.errors import UserError
 from schemas.kernel import KernelSpec
 
@@ -501,13 +501,13 @@ def test_a_written_recipe_reads_back_as_the_kernel_spec_the_arm_runs(recipe, tmp
 
 def test_hill_climbed_kernel_json_is_the_arm_winner_and_keeps_its_format(tmp_path, repo_root):
     from design.spec import read_kernel_file
-    from hillclimb import report
+    from hillclimb import outputs
 
     log = log_from_table(synthetic_log_table(400, 6, seed=4), "roundtrip")
     rep = hc.analyse(log, 0, 32, 64, 150, hc.spec_recipe(window=64))
     from estimators.registry import estimator_for
 
-    paths = report.write_hillclimb(rep, tmp_path / "out")
+    paths = outputs.write_hillclimb(rep, tmp_path / "out")
     kernel = read_kernel_file(str(paths["kernel"]), None, estimator_for("kernel_cross_prompt_baseline"))[0]["kernel"]
     assert rep.arm_winner.arm_accepts()
     assert kernel == KernelSpec.model_validate(rep.arm_winner.to_fragment()["kernel"])

@@ -17,12 +17,14 @@ ROOT = Path(__file__).resolve().parents[1]
 # kinds (`estimators`, with the kernels and the float64 references) and the decision rules
 # (`rules`) stand on it; the experiment spec, its arms and its plan (`design`) are validated by
 # them; the local engine (`engine`) needs only the ground; the library (`rl`) and the run report
-# (`report`) use all of those; the offline kernel research (`hillclimb`) uses the library; then
-# the Prefect tasks, flows and the CLI.
-LAYERS = (("schemas",), ("estimators", "rules"), ("design",), ("engine",), ("rl", "report"), ("hillclimb",),
-          ("tasks",), ("flows",), ("gs1",))
+# (`report`) use all of those; above them the offline kernel research (`hillclimb`), the decisions
+# and their units (`decision`) and how a stage runs on Prefect (`pipeline`); then the Prefect
+# tasks (the stages), the flows and the CLI.
+LAYERS = (("schemas",), ("estimators", "rules"), ("design",), ("engine",), ("rl", "report"),
+          ("hillclimb", "decision", "pipeline"), ("tasks",), ("flows",), ("gs1",))
 # outside packages a room must not import (the library runs and is tested without Prefect)
-FORBIDDEN = {room: {"prefect"} for room in ("schemas", "estimators", "rules", "design", "engine", "rl", "report", "hillclimb")}
+FORBIDDEN = {room: {"prefect"} for room in ("schemas", "estimators", "rules", "design", "engine", "rl", "report",
+                                            "hillclimb", "decision")}
 # the arm kinds import neither torch nor prefect, even lazily (tinker and the cookbook only inside
 # the function that is the GRPO reference: the cookbook's own code)
 PURE = {"estimators": {"prefect", "torch", "transformers", "peft"},
@@ -147,3 +149,10 @@ def test_the_arm_kinds_import_no_model_code():
            if module_name(p).startswith(prefix) for m in imported_modules(p) if m.split(".")[0] in forbidden]
     assert not bad, bad
     assert layer_of("estimators.critic") == 1 and layer_of("rl.loop") == layer_of("rl") == 4
+
+
+def test_every_room_is_a_package_of_its_own():
+    """Each room has its `__init__.py` (a namespace package would merge same-named folders on the
+    path, and the stage cache's library digest finds a room by its package file)."""
+    rooms = [room for layer in LAYERS for room in layer]
+    assert not [room for room in rooms if not (ROOT / room / "__init__.py").is_file()]

@@ -305,7 +305,7 @@ def test_bad_model_inputs_are_user_errors(tmp_path):
         resolve_model(str(tmp_path / "missing"))
     with pytest.raises(UserError, match="neither config.json nor a .gguf"):
         resolve_model(str(tmp_path))
-    with pytest.raises(UserError, match="unknown backend"):
+    with pytest.raises(UserError, match=r"backend = \"nope\": must be 'local' or 'tinker'"):
         make_service_client("nope")
 
 

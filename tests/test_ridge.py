@@ -18,6 +18,7 @@ import pytest
 
 import estimators.ridge
 from design.arm import ArmConfig
+from design.plan import plan_from_spec
 from design.revision import experiment_hash
 from design.spec import load_spec, parse_spec
 from estimators import StepBatch
@@ -32,7 +33,6 @@ from rl.loop import new_window, step_advantages
 from rl.preflight import check_arm_steps, fixed_step_batches
 from schemas.errors import SpecError
 from schemas.kernel import FEATURE_NAMES
-from tasks.spec import plan_from_spec
 
 REPO = Path(__file__).resolve().parents[1]
 # The demo's shape (32 rollouts a step, a fit window of 64) and the user's (64 a step, 256).

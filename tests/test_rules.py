@@ -112,10 +112,10 @@ def test_the_score_test_is_tighter_than_hoeffding_and_exact_on_a_hand_case():
 def test_the_committed_family_decision_recomputes_bit_for_bit():
     """results/h200-comparison's twelve units decided again by the decision stage's code: every
     verdict, bound, p-value and descriptive number equals decision.json's."""
+    from design.plan import plan_from_spec
     from design.spec import load_spec
     from schemas.layout import UnitsLayout
-    from tasks.gates import family_record
-    from tasks.spec import plan_from_spec
+    from decision.records import family_record
 
     folder = UnitsLayout(ROOT / "results" / "h200-comparison")
     plan = plan_from_spec(load_spec(folder.root / "spec_revised.json"))
@@ -276,11 +276,11 @@ def _fake_units_folder(root: Path, spec: dict, n_items: int, rng_seed: int):
     """A made-up units folder (a fake, no training): every unit of the spec with random 0/1
     outcomes on n_items (the spec registering n_items) and a made-up training cost, each unit with its
     proof; returns the spec and its plan."""
+    from decision.units import prove_unit
+    from design.plan import plan_from_spec
     from design.spec import anchored, parse_spec
     from schemas.artifacts import write_artifact
     from schemas.cost import ArmCost
-    from tasks.spec import plan_from_spec
-    from tasks.units import prove_unit
 
     spec["eval"]["n_examples"] = n_items  # the items the made-up units hold
     if (spec.get("feasibility") or {}).get("effective_config"):
@@ -306,9 +306,9 @@ def test_a_secondary_reading_is_labelled_and_never_the_decision(tmp_path, seeds)
     """`write_reading` under each rule the spec did not pre-register: a rule that reads one seed
     reads each seed apart; a seed-aware rule at two seeds reads nothing and says why; at three it
     reads the family. The reading's numbers are the rule's own on the same units."""
+    from decision.units import _readings_section, check_units, units_reading, write_reading
     from schemas.layout import UnitsLayout
-    from tasks.gates import family_record
-    from tasks.units import _readings_section, check_units, units_reading, write_reading
+    from decision.records import family_record
 
     raw = json.loads((ROOT / "specs" / "gsm8k_comparison.json").read_text())
     raw["decision_rule"]["seeds"] = seeds
@@ -378,8 +378,8 @@ def test_an_interim_folder_under_a_seed_aware_rule_shows_differences_without_bou
     in the table, the answers and the plot; once seed 2 is in, the decision is the rule's."""
     import shutil
 
+    from decision.units import check_units, units_standing, write_standing
     from schemas.layout import UnitsLayout
-    from tasks.units import check_units, units_standing, write_standing
 
     raw = json.loads((ROOT / "specs" / "gsm8k_gs1_vs_grpo_seeds.json").read_text())
     raw["decision_rule"]["seeds"] = [0, 1, 2]

@@ -74,9 +74,9 @@ def no_deprecations(capfd=None):
 @pytest.fixture
 def use_fake(monkeypatch):
     """Points the pipeline's tinker backend at a fresh fake (one service client per test)."""
-    import tasks.services
+    import pipeline.services
 
-    monkeypatch.setattr(tasks.services, "_SERVICES", {})
+    monkeypatch.setattr(pipeline.services, "_SERVICES", {})
 
     @contextlib.contextmanager
     def start(**options):
@@ -88,9 +88,9 @@ def use_fake(monkeypatch):
             finally:
                 # End the sessions before the server stops: a session left open keeps sending
                 # heartbeats, and logs each failure for the rest of the test run.
-                for service in tasks.services._SERVICES.values():
+                for service in pipeline.services._SERVICES.values():
                     service.close("success").result(timeout=30)
-                tasks.services._SERVICES.clear()
+                pipeline.services._SERVICES.clear()
 
     return start
 

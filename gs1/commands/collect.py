@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rl.backends import BACKENDS, DEFAULT_BACKEND
 from schemas.errors import UserError
 
 
@@ -22,7 +23,7 @@ def register(subparsers) -> None:
     p.add_argument("--env", required=True, help="env name (gsm8k, arithmetic, rg_basic_arithmetic, ...)")
     p.add_argument("--n-prompts", type=int, required=True)
     p.add_argument("--k", type=int, default=8, help="samples per prompt (>= 8)")
-    p.add_argument("--backend", default="local", choices=["local", "tinker"])
+    p.add_argument("--backend", default=DEFAULT_BACKEND, choices=list(BACKENDS))
     p.add_argument("--base-model", required=True, help="model name (hub id)")
     p.add_argument("--base-model-path", default=None, help="where its weights are (dir, .gguf, pkg:...)")
     p.add_argument("--renderer", default=None, help="tinker-cookbook renderer (default: the cookbook's pick)")

@@ -90,11 +90,11 @@ def _rule(method: str | None, seeds: int | None):
 def _decide_units(args) -> int:
     from pathlib import Path
 
+    from decision.units import (check_units, collect_units, units_reading, units_standing, write_reading,
+                                write_standing, write_units_decision)
+    from design.plan import plan_from_spec
     from design.spec import load_spec
     from schemas.layout import RunLayout, UnitsLayout
-    from tasks.spec import plan_from_spec
-    from tasks.units import (check_units, collect_units, units_reading, units_standing, write_reading,
-                             write_standing, write_units_decision)
 
     if args.rule:
         _rule(args.rule, seeds=None)  # an unknown rule: one line, before anything is read or written

@@ -78,7 +78,7 @@ def hc_families():
 
 def run(args: argparse.Namespace) -> int:
     from hillclimb import climb as hc  # lazy: start-up time
-    from hillclimb import report
+    from hillclimb import outputs
     from hillclimb.data import load_log
 
     if args.budget < 1:
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         log = load_log(args.log)  # every check happens before anything is written
         out = args.out or Path("hillclimb") / log.name
         rep = hc.analyse(log, args.seed, batch, window, args.budget, spec_kernel)
-        paths = report.write_hillclimb(rep, out)
+        paths = outputs.write_hillclimb(rep, out)
         rows = {r["method"]: r for r in rep.summary_rows}
         print(f"arm winner (kernel.json) {rep.arm_winner.label()}: G_eff {rows['arm_winner']['eval_g_eff']:.3f} "
               f"on {rep.n_prompts['eval']} eval prompts ({len(rep.search.candidates)} candidates)")
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             lg.name = f"{lg.name}_{seen[lg.name]}"
     tr = hc.transfer(logs, args.seed, batch, window, args.budget, spec_kernel)
     out = args.out or Path("hillclimb") / "transfer"
-    paths = report.write_transfer(tr, out)
-    print(report.transfer_markdown(tr))
+    paths = outputs.write_transfer(tr, out)
+    print(outputs.transfer_markdown(tr))
     print(f"wrote {paths['markdown'].parent}/")
     return 0

@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from rl.backends import BACKENDS, DEFAULT_BACKEND
 from schemas.errors import ArmFailed, UserError
 
 DEMO_SPEC = "specs/demo_local.json"
@@ -24,7 +25,7 @@ def default_spec() -> Path:
 def register(subparsers) -> None:
     p = subparsers.add_parser("run", help="run an experiment spec end to end (default: the local demo)")
     p.add_argument("spec", nargs="?", help=f"spec JSON (default: {DEMO_SPEC})")
-    p.add_argument("--backend", choices=["local", "tinker"], default="local")
+    p.add_argument("--backend", choices=list(BACKENDS), default=DEFAULT_BACKEND)
     p.add_argument("--run-dir", help="run directory (default: runs/<title-slug>-<experiment-hash>; gate bounds are not part of it)")
     p.add_argument("--data-dir", help="directory with GSM8K train.jsonl/test.jsonl (default: the hub; env GS1_GSM8K_DIR)")
     p.add_argument("--dispatch", metavar="DEPLOYMENT",
@@ -46,7 +47,7 @@ def _unit_list(text: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from gs1.run_control import StopOnSignal, TemporaryServer
-    from tasks.running import running_stages
+    from pipeline.running import running_stages
 
     server = TemporaryServer()
     # First of all, so that Ctrl-C or SIGTERM at any point is one line and a prompt exit.
@@ -64,7 +65,7 @@ def _run(args: argparse.Namespace, server) -> int:
     spec = load_spec(spec_path)  # SpecError (a UserError) -> one line per problem, exit 2
     units = getattr(args, "units", None)
     if units is not None:
-        from tasks.spec import plan_from_spec  # lazy: start-up time
+        from design.plan import plan_from_spec  # lazy: start-up time
 
         plan_from_spec(spec).selected_units(units)  # an unknown unit: one line naming the spec's, exit 2
     data_dir = args.data_dir or os.environ.get("GS1_GSM8K_DIR")
@@ -85,15 +86,11 @@ def _run(args: argparse.Namespace, server) -> int:
     # its data files, read and checked now: a bad line is one line naming file and line, before the flow
     env = get_env(spec.dataset.name, data_dir=data_dir, **dict(spec.dataset.options))
     env.check_data()
-    if args.backend == "local":
-        from design.spec import resolve_base_model_path
-        from engine.models import check_model_cached  # lazy: start-up time
+    from design.spec import resolve_base_model_path
+    from rl.backends import backend_named
 
-        check_model_cached(resolve_base_model_path(spec) or spec.base_model)  # not cached: one line, exit 2, now
-    if args.backend == "tinker":
-        from rl.backends.tinker_backend import make_tinker_service_client  # lazy: start-up time
-
-        make_tinker_service_client()  # probe the service and the key now: one clear line, exit 2
+    # the model not loadable, the service not answering, the key refused: one line, exit 2, now
+    backend_named(args.backend).check_before_run(resolve_base_model_path(spec) or spec.base_model)
 
     from tasks.spec import run_dir_for  # lazy: start-up time
 

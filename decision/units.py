@@ -8,7 +8,7 @@ against its proof and the spec first (`check_units`) and computes everything bef
 decision and reading folders are written whole. From that folder:
 
 - every unit in: the family decision, written by the decision stage's own writer
-  (`tasks.gates.write_family_decision`), so it is the decision the flow would have made;
+  (`decision.records.write_family_decision`), so it is the decision the flow would have made;
 - units missing: no decision. The comparison table shows, per arm, the seeds it has in common with
   the baseline so far and an interim paired difference with the rule's unadjusted bounds (none while
   the rule cannot read that few seeds), marked as such, and the folder says which units are still missing;
@@ -31,8 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+from decision.records import family_markdown, family_record, write_decision_files
 from design.arm import ArmConfig
-from design.plan import RunPlan
+from design.plan import RunPlan, plan_from_spec
 from design.revision import experiment_hash
 from design.spec import ExperimentSpec, anchored, eval_items, parse_spec
 from report.plots import UNITS_PLOT_SPECS, RenderedPlot, render_plots
@@ -47,8 +48,6 @@ from schemas.io import (compact_copy, file_sha256, loads_strict, replace_dir_ato
 from schemas.layout import (COSTS_FILE, EVAL_JSONL_FILE, STEP_METRICS_FILE, UNIT_EVAL_FILES, UNIT_TRAIN_FILES,
                             DecisionFiles, RunLayout, UnitsLayout, gate_record_folders)
 from schemas.unit_proof import COLLECTED, PROOF_FILE, UnitProof, item_ids_digest
-from tasks.gates import family_markdown, family_record, write_decision_files
-from tasks.spec import plan_from_spec
 
 # The files of a unit the folder's reading reads: a proof must list them (step metrics are optional:
 # a folder from before they were kept has none).
@@ -658,7 +657,7 @@ def _admit_table(standing: UnitsStanding) -> str:
 
 
 def write_units_decision(folder: UnitsLayout, record: dict) -> DecisionFiles:
-    """The decision's files (`tasks.gates.write_decision_files`) in the folder's `decision/`, written
+    """The decision's files (`decision.records.write_decision_files`) in the folder's `decision/`, written
     whole: into a temp sibling renamed into place, so a kill leaves the old decision or the new one."""
     replace_dir_atomic(folder.decision_dir, lambda tmp: write_decision_files(record, DecisionFiles(tmp)))
     return folder.decision

@@ -30,9 +30,9 @@ from typing import Any
 
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
 
+from pipeline.running import stage_started
 from schemas.errors import UserError
 from schemas.io import file_sha256, on_artifact_written
-from tasks.running import stage_started
 
 def digest_paths(value: Any) -> str:
     """Content hash of a file, of every file under a directory, or of a list of those."""
@@ -56,7 +56,7 @@ def digest_paths(value: Any) -> str:
 
 # the packages a stage runs: a change to any reruns the stages that used it (found by name, not
 # imported: `engine` imports torch)
-LIBRARY = ("schemas", "estimators", "rules", "design", "engine", "rl", "hillclimb")
+LIBRARY = ("schemas", "estimators", "rules", "design", "engine", "rl", "hillclimb", "decision")
 
 
 def _library_digest() -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from pipeline.artifacts import publish_markdown
 from report import ReportFiles, write_report
 from schemas.layout import REPORT, RunLayout, artifact_key
-from tasks.artifacts import publish_markdown
 
 
 def reused_stages() -> tuple[str, ...]:
