@@ -39,9 +39,13 @@ def test_prefect_yaml_entrypoints_load_the_flows(repo_root, monkeypatch):
     from prefect.flows import load_flow_from_entrypoint
 
     monkeypatch.chdir(repo_root)
-    config = yaml.safe_load((repo_root / "deployments" / "prefect.yaml").read_text())
-    names = {f"{load_flow_from_entrypoint(d['entrypoint']).name}/{d['name']}" for d in config["deployments"]}
-    assert names == {"gs1-run/experiment", "collect-rollout-logs/hill-climb-logs"}  # as `gs1 serve` names them
+
+    def names(file: str) -> set[str]:
+        config = yaml.safe_load((repo_root / "deployments" / file).read_text())
+        return {f"{load_flow_from_entrypoint(d['entrypoint']).name}/{d['name']}" for d in config["deployments"]}
+
+    assert names("prefect.yaml") == {"gs1-run/experiment", "collect-rollout-logs/hill-climb-logs"}  # as `gs1 serve`
+    assert names("units.yaml") == {"gs1-arm-unit/train-and-eval"}  # what a sweep's --dispatch names
 
 
 def test_overrides_revise_the_spec_and_its_hash(repo_root):

@@ -29,8 +29,8 @@ def register(subparsers) -> None:
     p.add_argument("--run-dir", help="run directory (default: runs/<title-slug>-<experiment-hash>; gate bounds are not part of it)")
     p.add_argument("--data-dir", help="directory with GSM8K train.jsonl/test.jsonl (default: the hub; env GS1_GSM8K_DIR)")
     p.add_argument("--dispatch", metavar="DEPLOYMENT",
-                   help="run each arm x seed as a flow run of this deployment of gs1-arm-unit (e.g. gs1-arm-unit/gs1) "
-                        "on its work pool's workers; needs PREFECT_API_URL and a run directory the workers share")
+                   help="run each arm x seed as a flow run of this deployment of gs1-arm-unit "
+                        "(e.g. gs1-arm-unit/train-and-eval) on its work pool's workers; needs PREFECT_API_URL and a run directory the workers share")
     p.add_argument("--units", type=_unit_list, metavar="UNIT[,UNIT...]",
                    help="train and evaluate only these arm x seed units (e.g. grpo_gs8-s0,critic-s0) after the gates; "
                         "no decision: `gs1 decide --spec SPEC --units DIR --collect RUN_DIR` gathers units from runs "
