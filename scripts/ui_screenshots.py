@@ -9,7 +9,9 @@
 state message), its Artifacts tab, and of the run's last attempt (an experiment subflow per Retry)
 the subflow's Task Runs tab and every table/markdown artifact. Each shot is the whole page (the
 window is grown until the UI's inner scrolling pane hides nothing), a PNG of 256 colours.
-`scripts/ui_make_states.py` puts a server into the states these show and calls this script.
+Run with no PREFECT_API_URL and no `--flow-run`, it re-shoots the whole walk into `results/ui/`
+(`scripts/ui_make_states.py`, which puts a server of its own into the states these show and calls
+this script per screen; its options pass through).
 Needs Debian's `chromium` and `pip install playwright` (it drives that chromium; nothing is
 downloaded).
 """
@@ -144,8 +146,15 @@ def main(argv=None) -> int:
     ap.add_argument("--page", choices=["run", "deployments", "refused-form"], default="run")
     ap.add_argument("--flow-run", default=None)
     ap.add_argument("--ui", default=None, help="UI base URL (default: PREFECT_API_URL without /api)")
-    args = ap.parse_args(argv)
+    args, walk_args = ap.parse_known_args(argv)
     api = os.environ.get("PREFECT_API_URL")
+    if not api and args.flow_run is None and args.page == "run":
+        # no server given: the whole walk (a server of its own, its states, every screen) into results/ui/
+        import subprocess
+
+        return subprocess.call([sys.executable, str(Path(__file__).with_name("ui_make_states.py")), *walk_args])
+    if walk_args:
+        ap.error(f"unrecognized arguments: {' '.join(walk_args)}")
     if not api:
         raise SystemExit("scripts/ui_screenshots.py: set PREFECT_API_URL (a running `prefect server start`)")
     ui = (args.ui or api.removesuffix("/").removesuffix("/api")).rstrip("/")
