@@ -41,6 +41,7 @@ from tinker_cookbook import renderers
 from estimators.kernels import prompt_mean_logprob
 from hillclimb.text_features import text_features
 from rl.backends import DEFAULT_BACKEND, make_service_client
+from rl.backends.responses import backend_of, resolved
 from rl.envs import get_env
 from schemas.errors import UserError
 from schemas.io import write_parquet_atomic
@@ -98,6 +99,7 @@ def collect_rollouts(
 ) -> list[dict]:
     """One dict per rollout (module docstring), prompts in the given order, K samples each."""
     cont_tokens = tokenizer.encode(VALUE_CONTINUATION, add_special_tokens=False)
+    backend = backend_of(sampling_client)
     rows: list[dict] = []
     for lo in range(0, len(problems), chunk_prompts):
         chunk = list(problems[lo : lo + chunk_prompts])
@@ -113,9 +115,12 @@ def collect_rollouts(
         emb_P_d = embedder(tokens_P) if embedder is not None else None
         qemb_P_d = question_embedder([p.question for p in chunk]) if question_embedder is not None else None
         for i, (problem, prompt) in enumerate(zip(chunk, prompts_P)):
-            response = sample_futures_P[i].result()
-            prompt_lp = prompt_mean_logprob(prompt_lp_futures_P[i].result(), prompt.length)  # the loop's own feature
-            value_lp = continuation_logprob(value_lp_futures_P[i].result(), len(cont_tokens))
+            # each answer awaited within the backend's per-call limit (`resolved`: a hung service is one line)
+            response = resolved(sample_futures_P[i], backend=backend, call="sample", expected="a SampleResponse")
+            prompt_lp = prompt_mean_logprob(resolved(prompt_lp_futures_P[i], backend=backend, call="compute_logprobs",
+                                                     expected="a list of logprobs"), prompt.length)  # the loop's own feature
+            value_lp = continuation_logprob(resolved(value_lp_futures_P[i], backend=backend, call="compute_logprobs",
+                                                     expected="a list of logprobs"), len(cont_tokens))
             text = text_features(problem.question, problem.answer)
             for s, seq in enumerate(response.sequences):
                 tokens = list(seq.tokens)
@@ -243,7 +248,8 @@ def run_collection(settings: CollectSettings, service=None, data_dir=None, embed
         raise UserError(f"{settings.env}/{settings.split} has only {len(problems)} problems")
     if service is None:
         service = make_service_client(settings.backend)
-    sampler = service.create_sampling_client(base_model=settings.base_model_path or settings.base_model).result()
+    sampler = resolved(service.create_sampling_client(base_model=settings.base_model_path or settings.base_model),
+                       backend=settings.backend, call="create_sampling_client", expected="a sampling client")
     tokenizer = sampler.get_tokenizer()
     renderer = renderers.get_renderer(settings.renderer, tokenizer)
     embedder = local_prompt_embedder(sampler) if embed else None
