@@ -156,3 +156,12 @@ def test_every_room_is_a_package_of_its_own():
     path, and the stage cache's library digest finds a room by its package file)."""
     rooms = [room for layer in LAYERS for room in layer]
     assert not [room for room in rooms if not (ROOT / room / "__init__.py").is_file()]
+
+
+def test_no_script_shadows_a_room():
+    """A script run as `python benchmarks/x.py` has its own folder first on the import path, so a
+    `benchmarks/engine.py` would be what `import engine` finds there (and a flow file Prefect loads
+    by path likewise): no file beside a script is named for a room."""
+    rooms = {room for layer in LAYERS for room in layer}
+    beside_scripts = [p for folder in ("benchmarks", "scripts", "flows") for p in (ROOT / folder).rglob("*.py")]
+    assert not [p.relative_to(ROOT).as_posix() for p in beside_scripts if p.stem in rooms]

@@ -1,6 +1,6 @@
 """Hill-climb speed: candidate kernels per minute on a synthetic 100k-row log (target >= 1,000).
 
-    python benchmarks/hillclimb.py [--rows 100000] [--k 8] [--emb-dim 16] [--budget 2000]
+    python benchmarks/hillclimb_speed.py [--rows 100000] [--k 8] [--emb-dim 16] [--budget 2000]
 
 Prints a table: log size, features, candidates scored by the search, seconds, candidates/min.
 The search runs on the search half of the prompts (as `gs1 hillclimb` does); the log load and

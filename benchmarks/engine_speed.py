@@ -1,9 +1,9 @@
 """Local engine throughput: sampled tokens/s, ms per decode step, trained tokens/s.
 
-    python benchmarks/engine.py --config tiny --batch 8 --new-tokens 64 --prompt-tokens 32
-    python benchmarks/engine.py --config qwen3-0.6b --batch 64 --new-tokens 512 \
+    python benchmarks/engine_speed.py --config tiny --batch 8 --new-tokens 64 --prompt-tokens 32
+    python benchmarks/engine_speed.py --config qwen3-0.6b --batch 64 --new-tokens 512 \
         --prompt-tokens 160 --rank 32 --device cuda
-    python benchmarks/engine.py --config qwen2.5-1.5b --batch 64 --new-tokens 512 \
+    python benchmarks/engine_speed.py --config qwen2.5-1.5b --batch 64 --new-tokens 512 \
         --prompt-tokens 160 --rank 32 --device cuda --skip-sample
 
 Builds a random-weight model from a config (`tiny`: the test fixture's Qwen3; `qwen3-0.6b`:
