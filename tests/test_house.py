@@ -11,11 +11,10 @@ import pytest
 
 from rl.backends import BACKENDS, Backend, backend_named
 from schemas.errors import UserError
+from test_layers import LAYERS
 
 ROOT = Path(__file__).resolve().parents[1]
-# every room but the backends' own package (and tests, benchmarks, scripts above the house)
-ROOMS = ("schemas", "estimators", "rules", "design", "engine", "rl", "report", "hillclimb", "decision", "pipeline",
-         "tasks", "flows", "gs1")
+ROOMS = tuple(room for layer in LAYERS for room in layer)  # the house's rooms, as tests/test_layers.py holds them
 
 
 def _modules(*rooms: str, skip: tuple[str, ...] = ()) -> list[Path]:

@@ -60,7 +60,7 @@ class Backend:
 
     def numerics(self, session: Callable[[], Any]) -> dict:
         """How the backend makes its numbers (`engine.determinism.Numerics.record`)."""
-        from engine.determinism import Numerics  # a plain dataclass module: no torch
+        from engine.determinism import Numerics  # lazy: the engine's package imports torch
 
         return Numerics(backend=self.name, deterministic=None).record()  # a hosted service's are not gs1's to see
 
