@@ -86,10 +86,12 @@ def _run(args: argparse.Namespace, server) -> int:
     env = get_env(spec.dataset.name, data_dir=data_dir, **dict(spec.dataset.options))
     env.check_data()
     if args.backend == "local":
-        from rl.backends.models import check_model_cached  # lazy: start-up time
+        from rl.backends.models import check_model_cached, default_model_cache_dir  # lazy: start-up time
         from schemas.spec import resolve_base_model_path
 
         check_model_cached(resolve_base_model_path(spec) or spec.base_model)  # not cached: one line, exit 2, now
+        # a GGUF base is dequantised once per machine, not once per run (GS1_MODEL_CACHE= keeps nothing)
+        os.environ.setdefault("GS1_MODEL_CACHE", str(default_model_cache_dir()))
     if args.backend == "tinker":
         from rl.backends.tinker_backend import make_tinker_service_client  # lazy: start-up time
 
