@@ -1,8 +1,11 @@
 """The README's main job, timed: `gs1 run specs/demo_local.json` in a fresh run directory, its
 stages (benchmarks/stage_timings.py) and one line against the goal (issue 47: under 6 minutes on
-2 quiet cores; it took 549 s at 28b1b68 and 340 s at 2fafe1e).
+2 quiet cores; it took 549 s at 28b1b68, 340 s at 2fafe1e and 527 s at de04e4e). The model
+cache is the user's (`~/.cache/gs1/models`, warm after a first run); `--cold` gives the run an
+empty one. The last line gives the run's CPU seconds too: on a shared machine they move less
+than its wall time.
 
-    python benchmarks/demo.py [--spec specs/demo_local.json] [--keep DIR]
+    python benchmarks/demo.py [--spec specs/demo_local.json] [--keep DIR] [--cold]
 
 A benchmark, not a test: the machine's load decides the number. Run it on a quiet machine and
 commit the table with the commit and the machine it ran on.
