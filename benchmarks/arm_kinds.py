@@ -41,12 +41,12 @@ def main() -> None:
 
     from tinker_cookbook import renderers
 
+    from design.arm import CriticSpec
+    from design.plan import plan_from_spec
+    from design.spec import load_spec, resolve_base_model_path, resolve_renderer_name
     from rl.backends import make_service_client
     from rl.envs import get_env
     from rl.loop import new_window, run_step
-    from schemas.arm import CriticSpec
-    from schemas.spec import load_spec, resolve_base_model_path, resolve_renderer_name
-    from tasks.spec import plan_from_spec
 
     spec = load_spec(args.spec)
     plan = plan_from_spec(spec)

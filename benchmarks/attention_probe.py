@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from rl.backends.attention import (
+from engine.attention import (
     DEFECT_LENGTH,
     SDPA_BACKENDS,
     configure_cuda_attention,

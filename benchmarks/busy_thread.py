@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 def one(spec: str, arm_name: str, busy: bool, interval: float | None) -> float:
     """In this process: the arm's step 1 with the given interval and a busy thread or none."""
     sys.path.insert(0, str(ROOT))
+    from design.plan import plan_from_spec
+    from design.spec import load_spec
     from rl.loop import new_window, run_step
-    from schemas.spec import load_spec
     from tasks.arms import env_for, open_arm
-    from tasks.spec import plan_from_spec
 
     plan = plan_from_spec(load_spec(spec))
     arm = next(a for a in plan.arms if a.name == arm_name)

@@ -22,7 +22,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 def _timed(fn, n: int) -> list[float]:
@@ -45,9 +44,9 @@ def main(argv=None) -> int:
 
     import torch
 
-    from engine import build_model
-    from rl.backends.local import LocalServiceClient
-    from rl.backends.models import own_tokenizer
+    from benchmarks.engine_speed import build_model
+    from engine import LocalServiceClient
+    from engine.models import own_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_model(args.config, Path(tmp) / "model", args.tokenizer_dir, args.device)

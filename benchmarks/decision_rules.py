@@ -3,12 +3,12 @@
     python benchmarks/decision_rules.py [--studies 1000] [--bootstrap-studies 200] [--seeds 1,3,5,8,16]
                                         [--items 200,1319] [--run-sd 0.0167,0.04] [--true-diff -0.01]
 
-Prints a table: for every rule (rl.rules.registry) at every seed count it can read, item count and
+Prints a table: for every rule (rules.registry) at every seed count it can read, item count and
 run-level spread, the share of studies whose lower bound covers the rule's truth (the difference
 over runs for a seed-aware rule, the study's own checkpoints' otherwise), the share concluding
 noninferior at the -0.03 margin and alpha 0.05 (simulated, and the rule's analytic `power` before
-any GPU time), and the seconds taken. The studies are `rl.rules.simulation`'s (16 % discordant
-items); run_sd 0.0167 is the measured spread's run-level part (`rl.rules.power`).
+any GPU time), and the seconds taken. The studies are `rules.simulation`'s (16 % discordant
+items); run_sd 0.0167 is the measured spread's run-level part (`rules.power`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import argparse
 import math
 import time
 
-from rl.rules import RULES
-from rl.rules.power import PowerDesign
-from rl.rules.simulation import simulate
+from rules import RULES
+from rules.power import PowerDesign
+from rules.simulation import simulate
 
 
 def _floats(text: str) -> list[float]:

@@ -2,7 +2,7 @@
 
     python benchmarks/decode_shapes.py --config qwen2.5-1.5b --device cuda [--dynamic]
 
-A random-weight model (`benchmarks/engine.py`'s configs), two training clients (two arms' engines)
+A random-weight model (`benchmarks/engine_speed.py`'s configs), two training clients (two arms' engines)
 on one local service, as `gs1 run` makes them. Prints three tables:
 1. every decode graph the process made ready (rows x positions, compiled or only captured,
    seconds) while engine A samples 64 rows, then 512 rows, and engine B (another arm) 64 rows;
@@ -11,7 +11,7 @@ on one local service, as `gs1 run` makes them. Prints three tables:
    optim_step of 64 datums, each alone and both at once (wall seconds). With two GPUs visible
    the engines sit on different GPUs (`LocalServiceClient.place`); with one, on two streams.
 Run it twice on one machine: the second process finds the kernels in the on-disk compile cache
-(`rl.backends.local.compile_cache_dir`, or `$GS1_COMPILE_CACHE`).
+(`engine.compile_cache_dir`, or `$GS1_COMPILE_CACHE`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 def main(argv=None) -> int:
@@ -43,9 +42,9 @@ def main(argv=None) -> int:
 
     from tinker import types
 
-    from engine import build_model
+    from benchmarks.engine_speed import build_model
+    from engine.generate import COMPILE_EVENTS
     from rl.backends import make_service_client
-    from rl.backends.local_sampler import COMPILE_EVENTS
     from rl.loop import rollout_datum
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

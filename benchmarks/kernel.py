@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from rl.estimators import gs1_kernel_log, gs1_kernel_step
+from estimators import gs1_kernel_log, gs1_kernel_step
 from schemas.kernel import KernelSpec
 
 

@@ -44,7 +44,7 @@ def run_trl(model: str, data_dir: str, steps: int) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rl.backends.models import load_causal_lm, load_tokenizer, resolve_model
+    from engine.models import load_causal_lm, load_tokenizer, resolve_model
 
     # the engine's loader: a GGUF dequantised to bf16 as our side gets it, read from $GS1_MODEL_CACHE
     # when a run kept it there (the dequantising is no part of either side's steps)
@@ -102,9 +102,9 @@ def run_ours(model: str, data_dir: str, steps: int) -> dict:
     import torch
     from tinker_cookbook import renderers
 
+    from design.arm import ArmConfig
     from rl.backends import make_service_client
     from rl.loop import new_window, train_arm
-    from schemas.arm import ArmConfig
 
     arm = ArmConfig(name="grpo_gs8", advantage="group_mean", group_size=SAMPLES, groups_per_batch=PROMPTS, lr=LR,
                     seed=0, steps=steps, lora_rank=RANK, base_model="Qwen/Qwen2.5-Coder-1.5B-Instruct",

@@ -32,12 +32,12 @@ TIME_COLUMNS = {"step_seconds", "sample_seconds", "train_seconds", "wall_time"}
 
 
 def train_runs(spec: str, steps: int, runs: int, out: Path, label: str, data_dir: str | None) -> None:
-    from rl.backends.determinism import requested
+    from design.plan import plan_from_spec
+    from design.spec import load_spec
+    from engine.determinism import requested
+    from pipeline.services import engine_numerics
     from schemas.layout import RunLayout
     from tasks.arms import train_with_checkpoints
-    from tasks.services import engine_numerics
-    from schemas.spec import load_spec
-    from tasks.spec import plan_from_spec
 
     plan = plan_from_spec(load_spec(spec))
     arms = [a.model_copy(update={"steps": steps}) for a in plan.arms]
@@ -79,8 +79,8 @@ def run_logs(run_dir: Path) -> dict:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from design.plan import TrainedArm
     from schemas.layout import RunLayout
-    from schemas.plan import TrainedArm
 
     layout = RunLayout(run_dir)
     logs = {}

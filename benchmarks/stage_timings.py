@@ -5,8 +5,8 @@
 Prefect prints `HH:MM:SS.mmm | LEVEL | Task run 'NAME-abc' - Finished in state ...` when a stage
 ends, and the local engine `... | gs1.engine - decode graph R rows x P positions on DEV:
 [compiled and ]captured in S s`, `... | gs1.engine - learner: decoder layers [re]compiled on DEV in S s`
-(rl/backends/local/learner.py) and `... | gs1.engine - model SPEC loaded (HOW) in S s on DEV`
-(HOW: gguf, converted, weights, reused, tokenizer or tokenizer-cached; rl/backends/models.py).
+(engine/learner.py) and `... | gs1.engine - model SPEC loaded (HOW) in S s on DEV`
+(HOW: gguf, converted, weights, reused, tokenizer or tokenizer-cached; engine/models.py).
 A stage runs from the end of the one before it (arms run side by side: the training and eval rows
 end when their last arm does); the first from `--start` (the epoch seconds
 `scripts/h200/gsm8k_device_run.sh` logs as `gs1 run: ... start=`), else from the flow's first line.

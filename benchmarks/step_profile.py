@@ -2,7 +2,7 @@
 
     python benchmarks/step_profile.py --config qwen2.5-1.5b --device cuda --adapters 1,6,12
 
-A random-weight model (`benchmarks/engine.py`'s configs), N arms on one base. For each N: one
+A random-weight model (`benchmarks/engine_speed.py`'s configs), N arms on one base. For each N: one
 decode batch of every arm's `--batch` rows (`--new-tokens`, eager CUDA graph: no compiling), then
 on that batch's static decoder, at a mid-decode length:
 - ms per step: the captured graph; the eager step with the bank; the eager step with no adapter
@@ -32,11 +32,10 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 def main(argv=None) -> int:
-    from engine import build_model, sync, timed_ms
+    from benchmarks.engine_speed import build_model, sync, timed_ms
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", choices=["tiny", "qwen3-0.6b", "qwen2.5-1.5b"], default="qwen2.5-1.5b")
@@ -59,8 +58,8 @@ def main(argv=None) -> int:
     from torch.profiler import ProfilerActivity, profile
     from tinker import types
 
+    from engine.generate import sample_step
     from rl.backends import make_service_client
-    from rl.backends.local_sampler import sample_step
 
     cuda = args.device.startswith("cuda")
     acts = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
@@ -143,7 +142,7 @@ def main(argv=None) -> int:
 def train_profile(args, tc, rng, acts, sort) -> None:
     """One arm's forward_backward at the RL step's shape: wall seconds (median of 3 after a warm-up)
     and its top kernels."""
-    from engine import sync
+    from benchmarks.engine_speed import sync
     from torch.profiler import profile
     from tinker import types
 

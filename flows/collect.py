@@ -6,7 +6,8 @@ from pathlib import Path
 
 from prefect import flow
 
-from rl.hillclimb.collect import CollectSettings
+from hillclimb.collect import CollectSettings
+from rl.backends import DEFAULT_BACKEND
 from tasks.collect import rollout_log
 
 
@@ -18,7 +19,7 @@ def collect_logs(
     base_model: str,
     renderer: str,
     out_dir: str,
-    backend: str = "local",
+    backend: str = DEFAULT_BACKEND,
     base_model_path: str | None = None,
     max_tokens: int = 256,
     temperature: float = 1.0,

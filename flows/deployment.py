@@ -13,10 +13,11 @@ from typing import Literal
 from prefect import flow
 from prefect.states import Failed
 
+from design.spec import SpecOverrides, overrides_from
 from flows.experiment import experiment_in
 from flows.memory import bound_malloc
+from rl.backends import BACKENDS, DEFAULT_BACKEND
 from schemas.errors import UserError
-from schemas.spec import SpecOverrides, overrides_from
 from tasks.spec import checked_request, flow_run_name, spec_with_overrides
 
 
@@ -27,8 +28,8 @@ def _run_name() -> str:
     try:
         overrides = overrides_from(p.get("overrides")).model_dump(exclude_none=True)
     except UserError:
-        return f"{Path(str(p.get('spec_path', 'spec'))).stem}-invalid-overrides-{p.get('backend', 'local')}"
-    return flow_run_name(p.get("spec_path", "specs/demo_local.json"), p.get("backend", "local"), overrides or None)
+        return f"{Path(str(p.get('spec_path', 'spec'))).stem}-invalid-overrides-{p.get('backend', DEFAULT_BACKEND)}"
+    return flow_run_name(p.get("spec_path", "specs/demo_local.json"), p.get("backend", DEFAULT_BACKEND), overrides or None)
 
 
 # The form validates each parameter against the signature's schema (field by field: the overrides'
@@ -37,7 +38,7 @@ def _run_name() -> str:
 @flow(name="gs1-run", flow_run_name=_run_name, validate_parameters=False)
 def gs1_run(
     spec_path: str = "specs/demo_local.json",
-    backend: Literal["local", "tinker"] = "local",
+    backend: Literal[tuple(BACKENDS)] = DEFAULT_BACKEND,  # the form offers the backends by name
     overrides: SpecOverrides = SpecOverrides(),
     run_dir: str | None = None,
     data_dir: str | None = None,

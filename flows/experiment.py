@@ -19,6 +19,8 @@ from prefect.states import Failed
 
 from flows.memory import bound_malloc
 from flows.units import dispatched_units
+from pipeline.services import engine_usage, log_engine_usage
+from rl.backends import DEFAULT_BACKEND
 from schemas.errors import CalibrationStopped, GateFailed
 from schemas.kernel import CALIBRATION
 from schemas.layout import RunLayout
@@ -26,19 +28,18 @@ from tasks.arms import eval_items, pilot_rollouts, trained_arm
 from tasks.gates import (activation_gate, audit_gate, family_decision_record, feasibility, offline_unit_checks,
                          paired_decision_record)
 from tasks.preflight import correctness_preflight
-from tasks.report import run_report
-from tasks.services import engine_usage, log_engine_usage
+from tasks.run_report import run_report
 from tasks.spec import calibrated_plan, flow_run_name, validated_plan
 
 
 def _run_name() -> str:
     from prefect.runtime import flow_run
 
-    return flow_run_name(flow_run.parameters["spec_path"], flow_run.parameters.get("backend", "local"))
+    return flow_run_name(flow_run.parameters["spec_path"], flow_run.parameters.get("backend", DEFAULT_BACKEND))
 
 
 @flow(name="gs1-experiment", flow_run_name=_run_name)
-def experiment(spec_path: str, run_dir: str, backend: str = "local", data_dir: str | None = None,
+def experiment(spec_path: str, run_dir: str, backend: str = DEFAULT_BACKEND, data_dir: str | None = None,
                dispatch: str | None = None, units: list[str] | None = None) -> dict:
     """Run a pre-registered GS1-vs-baseline experiment end to end; returns the decision record.
 
@@ -86,22 +87,23 @@ def _stages(spec_path: str, layout: RunLayout, backend: str, data_dir: str | Non
         # Calibration: re-pilot with the other pre-registered bandwidth (the failed pilot's logs
         # stay in pilot/), audit and gate it, and record the revised spec before anything else runs.
         bandwidth = CALIBRATION.other_bandwidth(plan.treatment.kernel)
+        calibration = plan.calibrated(bandwidth)  # the one calibrated plan: its pilot, audit, revision and runs
         get_run_logger().warning(
             f"{failed}; the spec pre-registers one calibration for {CALIBRATION.metric}: re-piloting at "
             f"bandwidth {bandwidth} (at most {plan.pilot.steps} steps, "
             f"{plan.pilot.calibration_wall_minutes:g} minutes); the run continues only if that gate passes")
         try:
-            pilot = pilot_rollouts(plan.arms, plan.pilot, run, layout, backend, data_dir,
-                                   stage="calibration", bandwidth=bandwidth, wall_limit_s=plan.pilot.calibration_wall_minutes * 60)
-            calibrated = (plan.treatment.with_kernel_bandwidth(bandwidth), plan.baseline)
-            audit_gate(calibrated, [pilot.treatment, pilot.baseline], layout, stage="calibration")
+            pilot = pilot_rollouts(calibration.arms, plan.pilot, run, layout, backend, data_dir,
+                                   stage="calibration", wall_limit_s=plan.pilot.calibration_wall_minutes * 60)
+            audit_gate((calibration.treatment, calibration.baseline), [pilot.treatment, pilot.baseline], layout,
+                       stage="calibration")
             activation_gate(plan.checks, pilot.treatment, pilot.baseline, pilot.heldout, plan.pilot.steps, layout,
                             stage="calibration",
                             treatment_estimator=plan.treatment.advantage)
         except GateFailed as stopped:
             # the run's message leads with what the user's spec judged, then what its calibration did
             raise CalibrationStopped(failed, stopped, CALIBRATION.metric, bandwidth) from None
-        plan = calibrated_plan(plan, spec_path, bandwidth, layout)
+        plan = calibrated_plan(calibration, spec_path, layout)
 
     every_unit = plan.units()
     units = plan.selected_units(only)

@@ -16,17 +16,18 @@ from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
 
-from schemas.arm import ArmConfig
+from design.arm import ArmConfig
+from design.plan import EvalResult, RunContext, TrainedArm
+from rl.backends import DEFAULT_BACKEND
 from schemas.errors import UserError
 from schemas.layout import RunLayout
-from schemas.plan import EvalResult, RunContext, TrainedArm
 from tasks.arms import eval_items, trained_arm, unit_results
 
 UNIT_FLOW = "gs1-arm-unit"
 
 
 @flow(name=UNIT_FLOW)
-def arm_unit(arm: ArmConfig, run: RunContext, n_eval: int, run_dir: str, backend: str = "local",
+def arm_unit(arm: ArmConfig, run: RunContext, n_eval: int, run_dir: str, backend: str = DEFAULT_BACKEND,
              data_dir: str | None = None) -> dict:
     """Train one unit and evaluate its final weights; its stages cache in the run's store.
     `run_dir` stays a path: the parameter a sweep's `run_deployment` sends as JSON."""

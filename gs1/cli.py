@@ -15,9 +15,11 @@ from flows.memory import bound_malloc
 from gs1.commands import COMMANDS
 from schemas.errors import UserError
 
-# Telemetry off before anything imports prefect.
+# Telemetry off before anything imports prefect or the tinker SDK (whose telemetry also prints a
+# traceback of its own when a service misbehaves); TINKER_TELEMETRY=1 turns the SDK's back on.
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,5 +1,5 @@
 """The run report: a run directory rendered as PNG plots, one self-contained HTML page and a
-markdown summary. No Prefect here: `tasks/report.py` publishes it as an artifact, `gs1 report`
+markdown summary. No Prefect here: `tasks/run_report.py` publishes it as an artifact, `gs1 report`
 calls it from the command line.
 
     write_report(run_dir, out_dir=None, stopped=None) -> ReportFiles     # the one entry point

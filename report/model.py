@@ -20,8 +20,11 @@ from pathlib import Path
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from rl.rules import DEFAULT_METHOD, Rule, rule_for
-from schemas.arm import ArmConfig
+from design.arm import ArmConfig
+from design.plan import RunPlan
+from design.revision import SpecRevision
+from design.spec import GateCheck
+from rules import DEFAULT_METHOD, Rule, rule_for
 from schemas.artifacts import read_artifact
 from schemas.cost import ArmCost
 from schemas.errors import UserError
@@ -30,9 +33,6 @@ from schemas.kernel import CALIBRATION
 from schemas.layout import (
     FINAL_FILE, MISMATCHES_FILE, PILOT_STAGES, RunLayout, gate_report_path, merged_logs, stage_info, steps_dir,
 )
-from schemas.revision import SpecRevision
-from schemas.plan import RunPlan
-from schemas.spec import GateCheck
 
 KERNEL_P10_METRIC = CALIBRATION.metric  # the check the pre-registered calibration answers
 
@@ -198,7 +198,7 @@ class Decision(_Record):
 
     @property
     def rule(self) -> Rule:
-        """The rule that read it (`rl.rules`): a decision from before rules were named was the
+        """The rule that read it (`rules`): a decision from before rules were named was the
         user's pre-registered one."""
         return rule_for(self.method or DEFAULT_METHOD)
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from design.arm import ArmConfig
 from report.model import Decision, GateTable, RunData
-from schemas.arm import ArmConfig
-from schemas.cost import ArmCost
 from report.palette import PENDING_COLOUR, STOPPED_COLOUR, verdict_colour
 from report.plots import RenderedPlot
 from report.status import Status, StageStatus, stop_message
-from rl.rules import rule_for
+from rules import rule_for
+from schemas.cost import ArmCost
 from schemas.gate_text import fmt, is_gate_failure
 
 # Stage status -> (badge text, CSS class in report.css)

@@ -22,10 +22,10 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, MultipleLocator
 
 from report.model import KERNEL_P10_METRIC, ArmLogs, RunData
-from rl.rules import DEFAULT_METHOD, rule_for
 from report.palette import PENDING_COLOUR, STOPPED_COLOUR, arm_colour, colour_for, verdict_colour
 from report.status import steps_text
 from report.units_model import UnitsStanding, seeds_text
+from rules import DEFAULT_METHOD, rule_for
 from schemas.gate_text import fmt
 
 SOURCE_STYLES = {"pilot": ":", "calibration": "--", "train": "-"}

@@ -1,5 +1,5 @@
-"""A units folder's standing, as `gs1 decide --units` reads it (`tasks.units.units_standing`) and
-its table and plots show it (`tasks.units.standing_markdown`, `report.plots.UNITS_PLOT_SPECS`):
+"""A units folder's standing, as `gs1 decide --units` reads it (`decision.units.units_standing`) and
+its table and plots show it (`decision.units.standing_markdown`, `report.plots.UNITS_PLOT_SPECS`):
 per arm, what its units in the folder say so far; per unit, how it shared the GPU; the treatment
 against each other arm. Plain frozen dataclasses, so the plots (this layer) read what the task
 layer computed without importing it."""

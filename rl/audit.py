@@ -3,7 +3,7 @@
 Before the activation gate (pilot logs) and before the decision (training logs), every row an arm
 logged is recomputed from its own rollout log -- rewards, groups, prompt features, and the inputs
 its kind logs -- by its kind's reference (`Estimator.reference`), which shares no code with the
-training path: the stock tinker-cookbook `compute_advantages` for group_mean, `rl.reference`'s
+training path: the stock tinker-cookbook `compute_advantages` for group_mean, `estimators.reference`'s
 plain loops for the others.
 
 A row whose logged value differs from the recomputed one by more than the tolerance is a
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rl.estimators.base import RolloutLog
-from schemas.arm import ArmConfig
+from design.arm import ArmConfig
+from estimators.base import RolloutLog
 from schemas.errors import AuditInputMissing
 
 TOLERANCE = 1e-9

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rl.estimators import gs1_kernel_step, grpo_advantages
+from estimators import gs1_kernel_step, grpo_advantages
 from schemas.kernel import KernelSpec
 
 HUGE_BANDWIDTH = 1e8  # w_ij = exp(-d^2 / 2e16) rounds to 1 for any window of z-scores

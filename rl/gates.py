@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rl.estimators.registry import estimator_for
+from estimators.registry import estimator_for
 from schemas.gate_text import NOT_APPLICABLE
 from schemas.names import GATE_METRICS  # noqa: F401  (re-exported: the gate metrics this module computes)
 

@@ -11,7 +11,7 @@ dimensions in their names:
 The loop never knows which backend it talks to: `service_client` is the real `tinker`
 ServiceClient or the embedded local engine, both returning futures of real `tinker.types`. Nor
 does it know which kind of arm it runs: it asks the arm's Estimator (`arm.estimator`, from
-`rl.estimators.registry`) what the step needs (`needs`: a learner forward, a critic, the window)
+`estimators.registry`) what the step needs (`needs`: a learner forward, a critic, the window)
 and for the advantages. The loop alone owns the window: `step_advantages` (the arm's advantage
 step, the function the correctness preflight drives) computes a step's advantages against the
 window of earlier rollouts and hands back the window of the next step, into which this step's
@@ -36,11 +36,11 @@ import pyarrow as pa
 from tinker import types
 from tinker.types.tensor_data import TensorData
 
+from design.arm import ArmConfig
+from estimators import CRITIC, LEARNER_LOGPROBS, KernelWindow, StepAdvantages, StepBatch
 from rl.backends.responses import backend_of, loss_sum, prompt_mean_logprob_of, resolved
 from rl.envs.base import Env, Problem
-from rl.estimators import CRITIC, LEARNER_LOGPROBS, KernelWindow, StepAdvantages, StepBatch
 from rl.step_inputs import critic_answer_tokens, critic_logprobs, learner_logprobs, train_critic
-from schemas.arm import ArmConfig
 from schemas.artifacts import STEP_EXTRA_METRICS, RolloutRow, rollout_columns, write_artifact
 from schemas.cost import StepCost
 from schemas.errors import ArmFailed, NonFiniteStep, UserError

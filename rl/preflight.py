@@ -38,12 +38,12 @@ from tinker_cookbook.completers import TokensWithLogprobs
 from tinker_cookbook.rl import data_processing
 from tinker_cookbook.rl.types import Trajectory, TrajectoryGroup, Transition
 
+from design.arm import ArmConfig
+from estimators import CRITIC, LEARNER_LOGPROBS, StepBatch
 from rl.audit import AuditResult, RolloutLog, audit_log, reference_columns
 from rl.backends.responses import backend_of, loss_sum, prompt_mean_logprob_of, resolved
-from rl.estimators import CRITIC, LEARNER_LOGPROBS, StepBatch
 from rl.loop import batch_of, new_window, rollout_datum, sampling_seed, step_advantages
 from rl.step_inputs import critic_answer_tokens, critic_logprobs, learner_logprobs, train_critic
-from schemas.arm import ArmConfig
 from schemas.optimizer import ADAM
 
 FWD_BWD = "a ForwardBackwardOutput"

@@ -1,6 +1,6 @@
 """The decision's statistics around the rule (float64 numpy, pure functions).
 
-The verdict is the spec's rule's (`rl.rules`: one module per `decision_rule.method`); here is what
+The verdict is the spec's rule's (`rules`: one module per `decision_rule.method`); here is what
 every rule shares: reading eval files, pairing items within seeds, Holm's step-down over the
 compared arms, and the secondary reports beside any verdict (never the decision): exact McNemar on
 the discordant pairs, a seeded paired bootstrap CI of the mean difference over items, and the
@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from rl.rules.base import RuleSettings, SeededPairs
-from rl.rules.power import PowerDesign
-from rl.rules.registry import DEFAULT_METHOD, rule_for
+from rules.base import RuleSettings, SeededPairs
+from rules.power import PowerDesign
+from rules.registry import DEFAULT_METHOD, rule_for
 from schemas.errors import EvalDataError
 
 

@@ -16,8 +16,8 @@ import numpy as np
 from tinker import types
 from tinker.types.tensor_data import TensorData
 
+from estimators.critic import CriticSpec, critic_targets
 from rl.backends.responses import backend_of, resolved
-from rl.estimators.critic import CriticSpec, critic_targets
 
 
 def forward_datum(prompt: types.ModelInput, tokens_T: list[int]) -> types.Datum:

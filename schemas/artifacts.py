@@ -182,7 +182,7 @@ GATE_REPORT = _schema(
     _opt("observed", pa.string()),  # the raw metric when it is not one number (e.g. per-step sizes)
 )
 
-# One row per decision criterion: the spec's rule (`method`, rl.rules.registry) and its reading.
+# One row per decision criterion: the spec's rule (`method`, rules.registry) and its reading.
 DECISION = _schema(
     "decision",
     _req("criterion", pa.string()),

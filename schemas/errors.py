@@ -61,7 +61,7 @@ class SpecError(UserError):
 
 
 class UnitProofError(UserError):
-    """Raised by every read of a units folder (`tasks.units.check_units`: `gs1 decide --units`, its
+    """Raised by every read of a units folder (`decision.units.check_units`: `gs1 decide --units`, its
     readings) when a unit listed by the spec fails its proof (`schemas.unit_proof.UnitProof`): no
     or an unreadable proof, a file missing or not the one copied (its sha256), another arm, seed,
     unit or experiment than the folder name and the spec say, fewer or other eval items than the

@@ -23,7 +23,7 @@ from schemas.errors import UserError
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
-# Told of every artifact once it is in place (tasks.cache records what each stage produced).
+# Told of every artifact once it is in place (pipeline.cache records what each stage produced).
 _ON_WRITTEN: list[Callable[[Path], None]] = []
 
 
@@ -151,7 +151,7 @@ def replace_dir_atomic(target: str | Path, fill: Callable[[Path], None]) -> Path
 
 
 def compact_copy(path: Path) -> bytes:
-    """A file's bytes as a committed folder keeps it (a units folder: `tasks.units.collect_units`).
+    """A file's bytes as a committed folder keeps it (a units folder: `decision.units.collect_units`).
     Parquet is re-encoded losslessly for size: zstd at level 19, floats byte-stream split (a
     flash_reinforce unit's per-token logprobs: 4.4 MB instead of the run's 7.0 MB of snappy, which
     the run writes for speed). The table is read back equal, metadata too, before it is kept. Any

@@ -1,8 +1,8 @@
 """The GS1 kernel specification: the one place that says what a kernel is and what it defaults to.
 
 The spec schema builds a `KernelSpec` (an arm's optional `kernel` object), the run plan carries it,
-the training arm holds it, and the estimator (`rl.estimators`) and the independent reference
-(`rl.reference`) take it whole. It validates once, here; nothing downstream re-checks or re-defaults.
+the training arm holds it, and the estimator (`estimators`) and the independent reference
+(`estimators.reference`) take it whole. It validates once, here; nothing downstream re-checks or re-defaults.
 
 Semantics (DESIGN.md, "Spec semantics pinned here"):
 - features: prompt features the training loop logs, z-scored over the window;
@@ -13,7 +13,7 @@ Semantics (DESIGN.md, "Spec semantics pinned here"):
 - min_mass: when sum_j w_ij falls below it the baseline is the window mean without i.
 
 `KernelForm` is those fields alone, over any family and feature name: the offline hill-climb's
-candidates (`rl.hillclimb.climb.KernelRecipe`) range over that wider space, and `KernelSpec` is the
+candidates (`hillclimb.climb.KernelRecipe`) range over that wider space, and `KernelSpec` is the
 part of it the arm runs. A changed recipe is made through the typed `with_*` methods, which
 validate it again (never by editing a dict).
 

@@ -194,7 +194,7 @@ MISMATCHES_FILE = "mismatches.parquet"  # an audit's logged values it could not 
 ROLLOUTS_FILE = "rollouts.parquet"  # an arm's merged rollout log
 STEP_METRICS_FILE = "step_metrics.parquet"  # an arm's merged step metrics
 CHECKPOINTS_FILE = "checkpoints.parquet"
-PILOT_ARM_FILE = "pilot_arm.json"  # an arm's finished part of a pilot stage (schemas.plan.PilotArmRun)
+PILOT_ARM_FILE = "pilot_arm.json"  # an arm's finished part of a pilot stage (design.plan.PilotArmRun)
 FINAL_FILE = "final.json"  # a trained unit's TrainedArm record: its training finished
 EVAL_JSONL_FILE = "eval.jsonl"  # per item: item_id, correct (what the decision pairs)
 EVAL_PARQUET_FILE = "eval.parquet"
@@ -297,7 +297,7 @@ class RunLayout:
 
     @property
     def revisions_dir(self) -> Path:
-        """`NNN.json` per edit of the spec this directory runs (schemas.revision.SpecRevision)."""
+        """`NNN.json` per edit of the spec this directory runs (design.revision.SpecRevision)."""
         return self.spec_dir / "revisions"
 
     @property
@@ -357,7 +357,7 @@ class RunLayout:
         return self.pilot_dir(stage) / arm
 
     def pilot_arm_record(self, stage: PilotStage, arm: str) -> Path:
-        """An arm's finished part of a pilot stage (schemas.plan.PilotArmRun): what a Retry reuses."""
+        """An arm's finished part of a pilot stage (design.plan.PilotArmRun): what a Retry reuses."""
         return self.pilot_arm_dir(stage, arm) / PILOT_ARM_FILE
 
     def heldout_path(self, stage: PilotStage) -> Path:
@@ -380,7 +380,7 @@ class RunLayout:
         return self._folder("train") / arm
 
     def final_json(self, arm: str) -> Path:
-        """A trained unit's record (schemas.plan.TrainedArm), written when its training finished."""
+        """A trained unit's record (design.plan.TrainedArm), written when its training finished."""
         return self.train_arm_dir(arm) / FINAL_FILE
 
     def checkpoints_path(self, arm: str) -> Path:

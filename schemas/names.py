@@ -1,8 +1,8 @@
 """The names a spec may use: gate metrics and envs (with each env's options).
 
-The spec validator (`schemas.spec`) checks against these; the library takes them from here
-(`rl.gates`, `rl.envs`), so a name is added in one place and the schema never imports the library.
-(The advantage estimator names are `schemas.arm`'s, the kernel's names `schemas.kernel`'s.)
+The spec validator (`design.spec`) checks against these; the library takes them from here
+(`rl.gates`, `rl.envs`), so a name is added in one place and the spec never imports the library.
+(The arm kinds' names are `estimators.registry`'s, the kernel's names `schemas.kernel`'s.)
 """
 
 from __future__ import annotations

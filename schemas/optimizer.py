@@ -2,7 +2,7 @@
 
 Both backends run Adam(W) from a `tinker.types.AdamParams` (DESIGN.md, "Backends"); the run's
 betas and eps are the cookbook's, `AdamParams(lr, beta1=0.9, beta2=0.95, eps=1e-8)`, and the
-learning rate is the arm's. An arm (`schemas.arm.ArmConfig`) defaults to these; the preflight
+learning rate is the arm's. An arm (`design.arm.ArmConfig`) defaults to these; the preflight
 probe and the engine benchmark step with them too. (The SDK's own eps default is 1e-12: never
 rely on it.)
 """

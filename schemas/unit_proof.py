@@ -1,13 +1,13 @@
 """A collected unit's proof (`<units_dir>/<unit>/unit.json`, `schemas.layout.UnitsLayout.proof_json`):
 what `gs1 decide --collect` copied into a units folder and where from, so that every later read of
-the folder can tell the unit is the one the run made (`tasks.units.check_units`).
+the folder can tell the unit is the one the run made (`decision.units.check_units`).
 
     unit, arm, seed      the unit's folder name, its arm and its decision seed (the spec's unit)
     source_run           the run directory's folder name it was copied from (its gates' records
                          are kept in `<units_dir>/runs/<source_run>/`)
     source               how the proof was made: by `--collect`, or written afterwards for units
                          committed before proofs existed (then the hashes are of the files as committed)
-    experiment_hash      the identity of the spec the run ran (`schemas.revision.experiment_hash`)
+    experiment_hash      the identity of the spec the run ran (`design.revision.experiment_hash`)
     items                the number of eval items in its eval file
     item_ids_sha256      sha256 of its eval items' ids, sorted, one a line (`item_ids_digest`)
     files                file name -> sha256 of each file copied (eval.jsonl and the train files)
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field

@@ -27,11 +27,11 @@ SOURCE = ("committed before proofs (issue 47): hashed as committed; the run's tr
 
 
 def main() -> int:
+    from decision.units import _ran_spec, prove_unit
+    from design.plan import plan_from_spec
+    from design.revision import experiment_hash
+    from design.spec import load_spec
     from schemas.layout import RunLayout, UnitsLayout
-    from schemas.revision import experiment_hash
-    from schemas.spec import load_spec
-    from tasks.spec import plan_from_spec
-    from tasks.units import _ran_spec, prove_unit
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("units", type=Path)

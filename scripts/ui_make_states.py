@@ -1,19 +1,23 @@
 """Put a real Prefect server into the states the screenshots in results/ui/ show, and shoot them.
 
-    python scripts/ui_make_states.py --work /tmp/gs1-ui [--port 4281] [--rss]
+    python scripts/ui_make_states.py [--work DIR] [--port 4281] [--rss]
 
 From the repository root, with the dev venv active, Debian's chromium and playwright installed.
 It starts `prefect server start` and `gs1 serve` (their own processes, stopped at the end), on the
 tests' tiny spec (tests/test_flow.py `flow_spec`: the tiny random Qwen3 of
 tests/fixtures/tiny_model.py and its `token_threshold` env, registered in every process through a
-`sitecustomize` on PYTHONPATH), then:
+`sitecustomize` on PYTHONPATH), registers `deployments/units.yaml` too (its work pool, no worker)
+-> `<out>/deployments.png`, then (each shot by scripts/ui_screenshots.py, stale PNGs removed first):
 
-1. `prefect deployment run gs1-run/experiment` with a `pilot_mean_reward` bound that cannot pass
-   (min 0.95) -> the run stops at the activation gate -> shots in `<out>/1_gate_failure/`;
+1. a run of `gs1-run/experiment` with a `pilot_mean_reward` bound that cannot pass (min 0.95)
+   -> the run stops at the activation gate -> `<out>/1_gate_failure/`;
 2. the spec file edited back to the tests' passing bound, *Retry* through the API (the state the
-   UI's Retry button sets) -> the same flow run resumes, earlier stages Cached -> `<out>/2_retry/`
-   (the report artifact and report.html among them);
-3. with `--rss`: peak RSS of a full run started by `gs1 serve` (a fresh run_dir: no cache) and of
+   UI's Retry button sets) -> the same flow run resumes, earlier stages Cached, to the decision
+   -> `<out>/2_retry/`;
+3. a bad parameter, `overrides.steps = -1`: the run form refuses it (its validation on), and a
+   run started with the validation off (the form's *Validate parameters* unticked) ends Failed on
+   one line -> `<out>/3_bad_parameter/`;
+4. with `--rss`: peak RSS of a full run started by `gs1 serve` (a fresh run_dir: no cache) and of
    the same spec through `gs1 run`, sampled every 0.2 s over each process tree.
 """
 
@@ -24,11 +28,12 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # this checkout's code, not an installed copy's
 
 
 def wait_for(predicate, timeout: float, what: str, every: float = 2.0):
@@ -113,7 +118,7 @@ def wait_final(flow_run_id, timeout: float, sampler: Sampler | None = None):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work", type=Path, default=Path("/tmp/gs1-ui"))
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "gs1-ui")
     ap.add_argument("--port", type=int, default=4281)
     ap.add_argument("--out", type=Path, default=REPO / "results" / "ui")
     ap.add_argument("--rss", action="store_true")
@@ -122,10 +127,15 @@ def main() -> int:
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     site, failing, fixed = prepare(work)
+    folders = [args.out / name for name in ("1_gate_failure", "2_retry", "3_bad_parameter")]
+    if not args.skip_shots:
+        for stale in [args.out / "deployments.png", *(png for folder in folders for png in folder.glob("*.png"))]:
+            stale.unlink(missing_ok=True)
     api = f"http://127.0.0.1:{args.port}/api"
     env = {**os.environ, "PREFECT_API_URL": api, "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_HOME": str(work / "prefect_home"),
-           "PYTHONPATH": os.pathsep.join([str(site), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(site), str(REPO), str(REPO / "tests"),
+                                          os.environ.get("PYTHONPATH", "")])}
     os.environ.update({k: env[k] for k in ("PREFECT_API_URL", "PREFECT_HOME", "DO_NOT_TRACK")})
     logs = work / "logs"
     logs.mkdir(exist_ok=True)
@@ -152,12 +162,18 @@ def main() -> int:
         from prefect.deployments import run_deployment
 
         wait_for(lambda: _deployment_exists("gs1-run/experiment"), 240, "gs1 serve's deployments")
-        flow_run = run_deployment("gs1-run/experiment", timeout=0)
+        for command in (["prefect", "work-pool", "create", "gs1-units", "--type", "process", "--overwrite"],
+                        ["prefect", "--no-prompt", "deploy", "--prefect-file", "deployments/units.yaml", "--all"]):
+            subprocess.run(command, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
+        if not args.skip_shots:
+            shots(args.out, env, "--page", "deployments")
+        # the run directory beside the work files (the report names it)
+        flow_run = run_deployment("gs1-run/experiment", timeout=0, parameters={"run_dir": str(work / "run")})
         print(f"1. deployment run {flow_run.id}", flush=True)
         state = wait_final(flow_run.id, 1500)
         print(f"   -> {state.name}: {state.message}", flush=True)
         if not args.skip_shots:
-            shots(flow_run.id, args.out / "1_gate_failure", env)
+            shots(folders[0], env, "--flow-run", str(flow_run.id))
 
         spec_path.write_text(json.dumps(fixed, indent=1))  # the gate-bound edit
         from prefect.states import AwaitingRetry
@@ -168,7 +184,16 @@ def main() -> int:
         state = wait_final(flow_run.id, 1800)
         print(f"   -> {state.name}: {state.message}", flush=True)
         if not args.skip_shots:
-            shots(flow_run.id, args.out / "2_retry", env)
+            shots(folders[1], env, "--flow-run", str(flow_run.id))
+
+        print("3. a bad parameter: overrides.steps = -1", flush=True)
+        if not args.skip_shots:
+            shots(folders[2], env, "--page", "refused-form")
+        bad = _run_unvalidated(api, "gs1-run/experiment", {"overrides": {"steps": -1}})
+        state = wait_final(bad, 300)
+        print(f"   -> {state.name}: {state.message}", flush=True)
+        if not args.skip_shots:
+            shots(folders[2], env, "--flow-run", bad)
 
         if args.rss:
             rss(serve, env, work, spec_path)
@@ -206,9 +231,26 @@ def rss(serve, env, work: Path, spec_path: Path) -> None:
         print(f"| {name} | {row[0]} | {row[1]:.0f} | {row[2] / gb:.2f} | {row[3] / gb:.2f} |", flush=True)
 
 
-def shots(flow_run_id, out: Path, env) -> None:
-    subprocess.run([sys.executable, str(REPO / "scripts" / "ui_screenshots.py"), "--out", str(out),
-                    "--flow-run", str(flow_run_id)], cwd=REPO, env=env, check=True)
+def shots(out: Path, env, *args: str) -> None:
+    subprocess.run([sys.executable, str(REPO / "scripts" / "ui_screenshots.py"), "--out", str(out), *args],
+                   cwd=REPO, env=env, check=True)
+
+
+def _run_unvalidated(api: str, deployment: str, parameters: dict) -> str:
+    """A run of `deployment` created as the run form does with *Validate parameters* unticked."""
+    import asyncio
+
+    import httpx
+    from prefect import get_client
+
+    async def read():
+        async with get_client() as client:
+            return (await client.read_deployment_by_name(deployment)).id
+
+    created = httpx.post(f"{api}/deployments/{asyncio.run(read())}/create_flow_run",
+                         json={"parameters": parameters, "enforce_parameter_schema": False}, timeout=30)
+    created.raise_for_status()
+    return created.json()["id"]
 
 
 def _deployment_exists(name: str) -> bool:

@@ -1,14 +1,19 @@
 """Screenshots of the Prefect UI pages a researcher looks at, in headless Chromium.
 
     PREFECT_API_URL=http://127.0.0.1:4200/api python scripts/ui_screenshots.py --out shots/ [--flow-run ID]
+    ... --page deployments        # the Deployments list: each deployment's name says what it does
+    ... --page refused-form       # gs1-run/experiment's run form refusing `steps = -1`
 
-Without `--flow-run` it takes the newest run of the `gs1-run` (deployment) or `gs1-experiment` flow.
-It saves the flow run page (logs), its Artifacts and Details (state message) tabs, the Task
-Runs tab of each experiment subflow (one per Retry), every table/markdown artifact of that run,
-and the run's `report/report.html` when the run directory is found (relative to the current
-directory). Each shot is the whole page: the window is grown until the UI's inner scrolling pane
-hides nothing. Needs Debian's `chromium` and `pip install playwright` (it drives that chromium;
-nothing is downloaded).
+`--page run` (the default) takes a flow run, without `--flow-run` the newest run of the `gs1-run`
+(deployment) or `gs1-experiment` flow. It saves the flow run page (logs), its Details tab (the
+state message), its Artifacts tab, and of the run's last attempt (an experiment subflow per Retry)
+the subflow's Task Runs tab and every table/markdown artifact. Each shot is the whole page (the
+window is grown until the UI's inner scrolling pane hides nothing), a PNG of 256 colours.
+Run with no PREFECT_API_URL and no `--flow-run`, it re-shoots the whole walk into `results/ui/`
+(`scripts/ui_make_states.py`, which puts a server of its own into the states these show and calls
+this script per screen; its options pass through).
+Needs Debian's `chromium` and `pip install playwright` (it drives that chromium; nothing is
+downloaded).
 """
 
 from __future__ import annotations
@@ -53,16 +58,20 @@ class Browser:
         self._pw = sync_playwright().start()
         self._browser = self._pw.chromium.launch(executable_path=chromium, args=FLAGS[1:], headless=True)
 
-    def shoot(self, url: str, out: Path, click: str | None = None, width: int = 1500) -> Path:
+    def shoot(self, url: str, out: Path, click: str | None = None, act=None, width: int = 1500) -> Path:
+        """The whole page at `url` after clicking the tab `click` or running `act(page)`."""
         page = self._browser.new_page(viewport={"width": width, "height": 1000})
         page.goto(url, wait_until="networkidle")
         if click:
             page.get_by_text(click, exact=True).first.click()
             page.wait_for_load_state("networkidle")
+        if act:
+            act(page)
         page.wait_for_timeout(1500)
         self._fit_height(page, width)
         page.screenshot(path=str(out), full_page=True)
         page.close()
+        _quantize(out)
         print(f"{out}  <-  {url}" + (f" [{click} tab]" if click else ""))
         return out
 
@@ -81,6 +90,30 @@ class Browser:
     def close(self) -> None:
         self._browser.close()
         self._pw.stop()
+
+
+def _quantize(png: Path) -> None:
+    """256 colours: a UI page reads the same at a third of the size."""
+    from PIL import Image
+
+    with Image.open(png) as image:
+        small = image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    small.save(png, optimize=True)
+
+
+def _refuse_steps(page) -> None:
+    """Type `steps = -1` into the run form's overrides and submit it with the form's validation on."""
+    label = page.locator("xpath=./div/label//span[@class='schema-form-property__label']", has_text="Steps (Optional)")
+    page.locator("div.schema-form-property").filter(has=label).locator("input").fill("-1")
+    page.get_by_role("button", name="Submit").click()
+    page.get_by_text("Validation failed for field", exact=False).first.wait_for(timeout=15000)
+
+
+async def _deployment_id(name: str):
+    from prefect.client.orchestration import get_client
+
+    async with get_client() as client:
+        return (await client.read_deployment_by_name(name)).id
 
 
 async def _pages(flow_run_id: str | None):
@@ -110,35 +143,57 @@ async def _pages(flow_run_id: str | None):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="shots")
+    ap.add_argument("--page", choices=["run", "deployments", "refused-form"], default="run")
     ap.add_argument("--flow-run", default=None)
     ap.add_argument("--ui", default=None, help="UI base URL (default: PREFECT_API_URL without /api)")
-    args = ap.parse_args(argv)
+    args, walk_args = ap.parse_known_args(argv)
     api = os.environ.get("PREFECT_API_URL")
+    if not api and args.flow_run is None and args.page == "run":
+        # no server given: the whole walk (a server of its own, its states, every screen) into results/ui/
+        import subprocess
+
+        return subprocess.call([sys.executable, str(Path(__file__).with_name("ui_make_states.py")), *walk_args])
+    if walk_args:
+        ap.error(f"unrecognized arguments: {' '.join(walk_args)}")
     if not api:
         raise SystemExit("scripts/ui_screenshots.py: set PREFECT_API_URL (a running `prefect server start`)")
     ui = (args.ui or api.removesuffix("/").removesuffix("/api")).rstrip("/")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    run, subflows, arts = asyncio.run(_pages(args.flow_run))
-    print(f"flow run {run.name} ({run.id}): {run.state_name}")
+    if args.page == "deployments":
+        pages = [(f"{ui}/deployments", out / "deployments.png", {})]
+    elif args.page == "refused-form":
+        deployment = asyncio.run(_deployment_id("gs1-run/experiment"))
+        form = f"{ui}/deployments/deployment/{deployment}/run"
+        pages = [(form, out / "run_form_refused.png", {"act": _refuse_steps})]
+    else:
+        pages = _run_pages(ui, out, args.flow_run)
     browser = Browser()
     try:
-        browser.shoot(f"{ui}/runs/flow-run/{run.id}", out / "flow_run.png")
-        browser.shoot(f"{ui}/runs/flow-run/{run.id}", out / "flow_run_artifacts.png", click="Artifacts")
-        browser.shoot(f"{ui}/runs/flow-run/{run.id}", out / "flow_run_details.png", click="Details")  # state message
-        for i, sub in enumerate(subflows):
-            browser.shoot(f"{ui}/runs/flow-run/{sub.id}", out / f"subflow_{i}_task_runs.png", click="Task Runs")
-        for i, a in enumerate(sorted(arts, key=lambda a: a.created)):
-            if a.type in ("table", "markdown", "progress"):
-                browser.shoot(f"{ui}/artifacts/artifact/{a.id}", out / f"artifact_{i:02d}_{a.key or a.type}.png")
-        run_dir = next((r.parameters["run_dir"] for r in [run, *reversed(subflows)] if (r.parameters or {}).get("run_dir")),
-                       None)
-        report = Path(run_dir) / "report" / "report.html" if run_dir else None
-        if report is not None and report.is_file():
-            browser.shoot(report.resolve().as_uri(), out / "report.png", width=1300)
+        for url, png, how in pages:
+            browser.shoot(url, png, **how)
     finally:
         browser.close()
     return 0
+
+
+def _run_pages(ui: str, out: Path, flow_run_id: str | None) -> list:
+    run, subflows, arts = asyncio.run(_pages(flow_run_id))
+    print(f"flow run {run.name} ({run.id}): {run.state_name}")
+    url = f"{ui}/runs/flow-run/{run.id}"
+    pages = [(url, out / "flow_run.png", {}),
+             (url, out / "flow_run_details.png", {"click": "Details"})]  # the state message
+    if arts:
+        pages.append((url, out / "flow_run_artifacts.png", {"click": "Artifacts"}))
+    # the last attempt: its subflow's task runs and its artifacts (an earlier one's are in its own shots)
+    since = subflows[-1].start_time if subflows else None
+    if subflows:
+        url = f"{ui}/runs/flow-run/{subflows[-1].id}"
+        pages.append((url, out / f"subflow_{len(subflows) - 1}_task_runs.png", {"click": "Task Runs"}))
+    for i, a in enumerate(sorted(arts, key=lambda a: a.created)):
+        if a.type in ("table", "markdown", "progress") and (since is None or a.created >= since):
+            pages.append((f"{ui}/artifacts/artifact/{a.id}", out / f"artifact_{i:02d}_{a.key or a.type}.png", {}))
+    return pages
 
 
 if __name__ == "__main__":

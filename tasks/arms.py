@@ -26,26 +26,26 @@ from prefect.artifacts import create_progress_artifact, create_table_artifact, u
 from prefect.context import TaskRunContext
 from tinker_cookbook import model_info, renderers
 
-from rl.backends import release_training_client
+from design.arm import ArmConfig
+from design.plan import EvalResult, PilotArmRun, PilotLogs, RunContext, TrainedArm
+from design.spec import Pilot
+from pipeline.cache import digest_paths, record_output, stage_cache
+from pipeline.judging import judging_task
+from pipeline.running import stage_end_hooks
+from pipeline.services import engine_numerics, service_client
+from rl.backends import backend_named, release_training_client
 from rl.backends.responses import backend_of, resolved
 from rl.envs import get_env
-from rl.stats import read_eval_items
 from rl.loop import HeldoutRequest, StepLog, eval_rows, new_window, train_arm, window_from_logs
-from schemas.arm import ArmConfig
+from rl.stats import read_eval_items
 from schemas.artifacts import read_artifact, write_artifact
 from schemas.cost import ArmCost
-from schemas.io import write_json_atomic, write_jsonl_atomic
 from schemas.errors import ArmFailed, BackendError, UserError
+from schemas.io import write_json_atomic, write_jsonl_atomic
 from schemas.layout import (
     PilotStage, RunLayout, arm_stage_name, artifact_key, merged_logs, pilot_name, stage_info, step_log, step_of, steps_dir,
 )
-from schemas.plan import EvalResult, PilotArmRun, PilotLogs, RunContext, TrainedArm
-from schemas.spec import Pilot
-from tasks.cache import digest_paths, record_output, stage_cache
 from tasks.gates import record_gate
-from tasks.judging import judging_task
-from tasks.running import stage_end_hooks
-from tasks.services import engine_numerics, service_client
 
 
 def env_for(run: RunContext, data_dir: str | None):
@@ -55,7 +55,7 @@ def env_for(run: RunContext, data_dir: str | None):
 def renderer_for(run: RunContext, tokenizer):
     """A renderer with its own tokenizer: arms run in parallel threads, and a Hugging Face fast
     tokenizer shared across threads fails with 'Already borrowed'."""
-    from rl.backends.models import own_tokenizer  # torch and transformers: only once a renderer is made
+    from engine.models import own_tokenizer  # torch and transformers: only once a renderer is made
 
     name = run.renderer or model_info.get_recommended_renderer_name(run.base_model)
     return renderers.get_renderer(name, own_tokenizer(tokenizer))
@@ -69,7 +69,7 @@ def _lora_client(arm: ArmConfig, backend: str, rank: int, state_path: str | None
     checkpoint with its optimizer state."""
     service = service_client(backend)
     if state_path is None:
-        kwargs = {"base_model_path": arm.base_model_path} if backend == "local" and arm.base_model_path else {}
+        kwargs = backend_named(backend).lora_options(arm.base_model_path)
         # the unit's name: the local engine's deterministic mode orders a batch's rows by it
         future = service.create_lora_training_client(base_model=arm.base_model, rank=rank, seed=arm.seed,
                                                      user_metadata={"unit": arm.unit}, **kwargs)
@@ -307,18 +307,16 @@ def _pilot_arm(arm: ArmConfig, is_treatment: bool, pilot: Pilot, run: RunContext
 @judging_task(name=pilot_name("pilot"), task_run_name=_pilot_run_name, **stage_end_hooks(), cache_policy=stage_cache(unread=(("arms", "steps"),)),
               persist_result=True)
 def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, layout: RunLayout, backend: str,
-                   data_dir: str | None, stage: PilotStage = "pilot", bandwidth: float | None = None,
-                   wall_limit_s: float | None = None) -> PilotLogs:
+                   data_dir: str | None, stage: PilotStage = "pilot", wall_limit_s: float | None = None) -> PilotLogs:
     """The 2-step treatment pilot (+ held-out samples) and one baseline step, with timings.
 
-    `bandwidth` overrides the treatment kernel's (the pre-registered calibration), whose cap of
-    `wall_limit_s` seconds is a gate (`<stage>_wall_minutes`, recorded in the stage's folder as
+    `arms` are the plan's as they stand (the calibration's are `RunPlan.calibrated`'s); a
+    calibration pilot's cap of `wall_limit_s` seconds is a gate (`<stage>_wall_minutes`, recorded in the stage's folder as
     every gate is): a calibration pilot that takes longer fails. The stage's wall time is its
     slowest arm's (the arms run side by side), as measured when the arm ran: an arm reused from an
     earlier attempt (`_pilot_arm`) brings its own, so a Retry does not pass a cap by reusing.
     """
-    chosen = [arm.with_kernel_bandwidth(bandwidth) if arm.name == run.treatment and bandwidth is not None else arm
-              for arm in arms if arm.name in (run.treatment, run.baseline)]
+    chosen = [arm for arm in arms if arm.name in (run.treatment, run.baseline)]
     # The arms side by side, as training runs them (on one GPU their steps share decodes); each
     # thread carries the stage's context (its logger and artifacts).
     with ThreadPoolExecutor(len(chosen), thread_name_prefix="gs1-pilot") as pool:
@@ -334,7 +332,8 @@ def pilot_rollouts(arms: tuple[ArmConfig, ...], pilot: Pilot, run: RunContext, l
         if result.heldout is not None:
             paths["heldout"] = result.heldout
             timings["eval_seconds_per_item"] = result.eval_seconds_per_item
-    timings["bandwidth"] = bandwidth
+    treatment = next(arm for arm in chosen if arm.name == run.treatment)
+    timings["bandwidth"] = treatment.kernel.bandwidth if stage == "calibration" and treatment.kernel else None
     timings["wall_seconds"] = max(result.wall_seconds for result in done)
     paths["timings"] = str(write_json_atomic(layout.timings_json(stage), timings))
     if wall_limit_s is not None:

@@ -8,11 +8,11 @@ from pathlib import Path
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
-from rl.hillclimb.collect import CollectSettings, run_collection, write_rollout_log
-from rl.hillclimb.question_embedding import question_embedding_for
-from tasks.cache import stage_cache
-from tasks.running import stage_end_hooks
-from tasks.services import service_client
+from hillclimb.collect import CollectSettings, run_collection, write_rollout_log
+from hillclimb.question_embedding import question_embedding_for
+from pipeline.cache import stage_cache
+from pipeline.running import stage_end_hooks
+from pipeline.services import service_client
 
 
 @task(name="rollout-log", **stage_end_hooks(), cache_policy=stage_cache(), persist_result=True)

@@ -12,29 +12,30 @@ from pathlib import Path
 
 from prefect import task
 
+from decision.records import write_family_decision, write_paired_decision
+from design.arm import ArmConfig
+from design.plan import DecisionPlan
+from design.spec import Budget, GateCheck
+from estimators.reference import gs1_kernel_reference
+from estimators.registry import rollout_log
+from pipeline.artifacts import publish_markdown, publish_table
+from pipeline.cache import stage_cache
+from pipeline.judging import judging_task
+from pipeline.running import stage_end_hooks
+from rl.audit import audit_log
+from rl.backends import backend_named
 from rl.checks import run_offline_checks
-from rl.audit import RolloutLog, audit_log
-from rl.reference import gs1_kernel_reference
 from rl.feasibility import PilotTimings, project_full_run
 from rl.gates import NotApplicable, compute_gate_metrics, evaluate_checks
-from rl.rules.registry import rule_for
-from rl.stats import family_decision, paired_decision
-from schemas.arm import ArmConfig
+from schemas.artifacts import read_artifact, write_artifact
 from schemas.errors import GateFailed
-from schemas.artifacts import COMPARISONS, DECISION, read_artifact, write_artifact
 from schemas.gate_text import GateRow, failing_text, fmt
+from schemas.io import write_json_atomic
 from schemas.layout import DECISION as DECISION_STAGE
 from schemas.layout import (
-    AUDIT, FAMILY_DECISION, FAMILY_DECISION_RUN, FEASIBILITY, MISMATCHES_FILE, UNIT_CHECKS, AuditStage, DecisionFiles,
+    AUDIT, FAMILY_DECISION, FAMILY_DECISION_RUN, FEASIBILITY, MISMATCHES_FILE, UNIT_CHECKS, AuditStage,
     PilotStage, RunLayout, artifact_key, audit_name, gate_name, gate_report_path,
 )
-from schemas.plan import DecisionPlan
-from schemas.spec import Budget, GateCheck
-from schemas.io import write_json_atomic, write_text_atomic
-from tasks.artifacts import publish_markdown, publish_table
-from tasks.cache import stage_cache
-from tasks.judging import judging_task
-from tasks.running import stage_end_hooks
 
 
 def _gate_rows(gate: str, results) -> list[dict]:
@@ -114,7 +115,7 @@ def audit_gate(arms: tuple[ArmConfig, ...], rollout_paths: list[str], layout: Ru
     """Recompute every logged advantage of each arm from its own rollout log with the independent
     reference (rl.audit); a row beyond tolerance fails the run before its logs are used."""
     # an arm at several seeds is audited once per seed, named by its unit
-    results = [replace(audit_log(arm, RolloutLog.from_table(read_artifact("rollouts", path))), arm=arm.unit)
+    results = [replace(audit_log(arm, rollout_log(read_artifact("rollouts", path))), arm=arm.unit)
                for arm, path in zip(arms, rollout_paths)]
     out = layout.audit_dir(stage)
     mismatches = [m.__dict__ for r in results for m in r.mismatches]
@@ -156,7 +157,7 @@ def feasibility(timings_path: str, steps: int, n_eval: int, budget: Budget, back
         setup_seconds=max(timings["setup_seconds"].values()),
         step_seconds=step_seconds,
         eval_seconds_per_item=timings["eval_seconds_per_item"],
-        gpus=_gpus(backend),
+        gpus=backend_named(backend).devices(),
     )
     projection = project_full_run(
         measured, steps=steps, n_eval=n_eval, budget_gpu_hours=budget.gpu_hours,
@@ -202,43 +203,14 @@ def spec_with_feasibility(layout: RunLayout, record: dict) -> dict:
     return spec
 
 
-def _gpus(backend: str) -> int:
-    if backend != "local":
-        return 1  # hosted: count the run as holding one accelerator's worth of time
-    import torch
-
-    return 1 if torch.cuda.is_available() else 0
-
-
 @task(name=DECISION_STAGE, task_run_name=DECISION_STAGE, **stage_end_hooks(), cache_policy=stage_cache("treatment_eval", "baseline_eval"),
       persist_result=True)
 def paired_decision_record(treatment_eval: str, baseline_eval: str, decision: DecisionPlan, names: dict,
                            layout: RunLayout) -> dict:
     """The spec's rule (+ McNemar, bootstrap) on the two arms' per-item correctness."""
-    record = paired_decision(treatment_eval, baseline_eval, alpha=decision.alpha, margin=decision.margin,
-                             bounds=tuple(decision.bounds), rule=decision.rule, design=decision.power)
-    record = {**record, "criterion": decision.criterion, "treatment": names["treatment"], "baseline": names["baseline"]}
-    out = layout.decision
-    write_json_atomic(out.json, record)
-    write_artifact("decision", [{c: record.get(c) for c in DECISION.names}], out.parquet)
-    markdown = decision_markdown(record)
-    write_text_atomic(out.markdown, markdown)
+    record, markdown = write_paired_decision(treatment_eval, baseline_eval, decision, names, layout.decision)
     publish_markdown(artifact_key(DECISION_STAGE), markdown, description=f"Decision: {record['verdict']}")
     return record
-
-
-def decision_markdown(record: dict) -> str:
-    rule = rule_for(record["method"])
-    return (
-        f"# Decision: **{record['verdict']}**\n\n"
-        f"{record['treatment']} minus {record['baseline']}, paired over {record['n']} eval items; "
-        f"rule {rule.method}: {rule.summary}.\n\n"
-        f"| quantity | value |\n|---|---|\n"
-        f"| mean difference | {record['mean_diff']:+.4f} |\n"
-        f"| lower bound ({rule.bounds_name}, alpha={record['alpha']}) | {record['lower']:+.4f} |\n"
-        f"| upper bound | {record['upper']:+.4f} |\n"
-        f"| noninferiority margin | {record['margin']:+.4f} |\n"
-    )
 
 
 @task(name=FAMILY_DECISION, task_run_name=FAMILY_DECISION_RUN,
@@ -255,61 +227,3 @@ def family_decision_record(eval_files: list[str], units: list[tuple[str, int]], 
     verdicts = ", ".join(f"{p['arm']} {p['verdict']}" for p in record["comparisons"])
     publish_markdown(artifact_key(DECISION_STAGE), markdown, description=f"Decision: {verdicts}")
     return record
-
-
-def write_family_decision(eval_files: list[str], units: list[tuple[str, int]], decision: DecisionPlan, names: dict,
-                          out: DecisionFiles) -> tuple[dict, str]:
-    """The family decision's files `out` (decision.json, decision.parquet,
-    comparisons.parquet, decision.md) under the plan's rule: the decision stage's and `gs1 decide
-    --units`' one writer (its secondary readings under another rule too). Every input is read and
-    decided before the first file is written. Returns the record and its markdown."""
-    record = family_record(eval_files, units, decision, names)
-    return record, write_decision_files(record, out)
-
-
-def write_decision_files(record: dict, out: DecisionFiles) -> str:
-    """A family decision record's files in `out` (decision.json, decision.parquet,
-    comparisons.parquet, decision.md); returns its markdown."""
-    markdown = family_markdown(record)
-    write_json_atomic(out.json, record)
-    write_artifact("decision", [{c: record.get(c) for c in DECISION.names}], out.parquet)
-    write_artifact("comparisons", [{c: p.get(c) for c in COMPARISONS.names}
-                                   for p in record["comparisons"]], out.comparisons)
-    write_text_atomic(out.markdown, markdown)
-    return markdown
-
-
-def family_record(eval_files: list[str], units: list[tuple[str, int]], decision: DecisionPlan, names: dict) -> dict:
-    """Every compared arm against the baseline under the plan's rule, Holm over them: the record
-    decision.json holds (the treatment's pair at the top level, the family and every pair)."""
-    by_arm: dict[str, dict[int, str]] = {}
-    for path, (arm, seed) in zip(eval_files, units, strict=True):
-        by_arm.setdefault(arm, {})[int(seed)] = path
-    baseline = names["baseline"]
-    compared = {arm: by_arm[arm] for arm in decision.compared or (names["treatment"],)}
-    family = family_decision(compared, by_arm[baseline], alpha=decision.alpha, margin=decision.margin,
-                             bounds=tuple(decision.bounds), rule=decision.rule, design=decision.power)
-    for pair in family["comparisons"]:
-        pair.update(criterion=decision.criterion, treatment=pair["arm"], baseline=baseline)
-    primary = next(p for p in family["comparisons"] if p["arm"] == names["treatment"]) if names["treatment"] in compared \
-        else family["comparisons"][0]
-    return {**{k: v for k, v in primary.items() if k != "arm"}, **family}
-
-
-def family_markdown(record: dict) -> str:
-    family = record["family"]
-    rule = rule_for(record["method"])
-    rows = "\n".join(
-        f"| {p['arm']} | {p['treatment_mean']:.4f} | {p['mean_diff']:+.4f} | [{p['lower']:+.4f}, {p['upper']:+.4f}] | "
-        f"{p['holm_p_noninferior']:.3g} | {p['holm_p_inferior']:.3g} | **{p['verdict']}** |"
-        for p in record["comparisons"]
-    )
-    return (
-        f"# Decision: {family['m']} arm(s) against **{record['baseline']}** "
-        f"(accuracy {record['baseline_mean']:.4f}), {len(record['seeds'])} seed(s)\n\n"
-        f"Paired over {record['n']} eval items within each seed (seeds {', '.join(map(str, record['seeds']))}); "
-        f"noninferiority margin {record['margin']:+.4f}. Rule {rule.method}: {rule.summary}; it covers {rule.covers}.\n\n"
-        f"{family['statement']}\n\n"
-        f"| arm | accuracy | mean difference | {rule.bounds_name} (α={record['alpha']:g} each side) | "
-        f"Holm p (noninferior) | Holm p (inferior) | verdict |\n|---|---|---|---|---|---|---|\n{rows}\n"
-    )

@@ -3,7 +3,7 @@
 The checks live in `rl.preflight`; this stage opens the clients, writes the record and the gate.
 Pins the spec's UNRESOLVED revisions in the run record: the installed tinker-cookbook version and
 the hash of its `rl/data_processing.py` (the stock GRPO baseline), and the hash of our
-independent reference (`rl/reference.py`).
+independent reference (`estimators/reference.py`).
 """
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ from __future__ import annotations
 import contextlib
 import json
 
-from rl import reference
+from design.arm import ArmConfig
+from design.plan import RunContext
+from design.spec import CorrectnessPreflight
+from estimators import reference
+from pipeline.cache import stage_cache
+from pipeline.judging import judging_task
+from pipeline.running import stage_end_hooks
 from rl.backends.responses import resolved
 from rl.preflight import correctness_checks, cookbook_revision, module_revision
-from schemas.arm import ArmConfig
 from schemas.io import write_json_atomic
 from schemas.layout import PREFLIGHT, RunLayout
-from schemas.plan import RunContext
-from schemas.spec import CorrectnessPreflight
 from tasks.arms import arm_client, critic_of, env_for, failures_named
-from tasks.cache import stage_cache
-from tasks.judging import judging_task
-from tasks.running import stage_end_hooks
 from tasks.gates import record_gate
 
 FIXED_PROMPTS = 4

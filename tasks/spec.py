@@ -15,26 +15,26 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from schemas.arm import ArmConfig
+from design.arm import ArmConfig
+from design.plan import RunPlan, plan_from_spec
+from design.revision import SpecRevision, experiment_hash, field_changes
+from design.spec import ExperimentSpec, SpecOverrides, anchored, load_spec, set_arm_kernel, spec_hash
+from rl.backends import backend_named
+from pipeline.artifacts import publish_markdown
+from pipeline.cache import stage_cache
+from pipeline.running import stage_end_hooks, uncached_stage_hooks
+from schemas.errors import UserError
 from schemas.io import write_json_atomic
 from schemas.kernel import CALIBRATION
 from schemas.layout import CALIBRATED_SPEC, VALIDATE_SPEC, RunLayout
-from schemas.plan import DecisionPlan, RunContext, RunPlan
-from schemas.revision import SpecRevision, experiment_hash, field_changes
-from schemas.errors import UserError
-from schemas.spec import (ExperimentSpec, SpecOverrides, anchored, baseline_arm, load_spec, set_arm_kernel, spec_hash,
-                          treatment_arm)
-from tasks.artifacts import publish_markdown
-from tasks.cache import stage_cache
-from tasks.running import stage_end_hooks, uncached_stage_hooks
 
 
 def run_name(spec: ExperimentSpec) -> str:
     """`<title-slug>-<experiment-hash>`: the run directory's name (and the flow run's, with the
     backend). Gate bounds, the decision rule and the budget are not part of it
-    (schemas.revision.JUDGING_FIELDS): an edit there re-runs, in the same directory, only what
+    (design.revision.JUDGING_FIELDS): an edit there re-runs, in the same directory, only what
     reads them."""
-    from schemas.spec import slug
+    from design.spec import slug
 
     return f"{slug(spec.title)}-{experiment_hash(spec)}"
 
@@ -47,7 +47,7 @@ def run_dir_for(spec_path: str | Path, runs_root: str | Path = "runs") -> Path:
 def flow_run_name(spec_path: str | Path, backend: str, overrides: dict | None = None) -> str:
     """`<title-slug>-<experiment-hash>-<backend>`; a spec that does not load is named by its file
     (the flow run then fails on the spec's problems, in its first stage)."""
-    from schemas.spec import SpecOverrides, apply_overrides, parse_spec
+    from design.spec import SpecOverrides, apply_overrides, parse_spec
 
     try:
         if overrides:
@@ -58,37 +58,6 @@ def flow_run_name(spec_path: str | Path, backend: str, overrides: dict | None = 
         return f"{run_name(spec)}-{backend}"
     except Exception:  # a name is never the reason a run fails
         return f"{Path(spec_path).stem}-unreadable-spec-{backend}"
-
-
-def plan_from_spec(spec: ExperimentSpec) -> RunPlan:
-    """The run plan: every stage's inputs, typed. Each arm holds its kind's recipe, read from the
-    spec's arm by the kind itself (`Estimator.recipe_of`): a kernel arm its validated KernelSpec and
-    the kernel file it came from."""
-    arms = tuple(
-        ArmConfig(
-            name=arm.name, recipe=arm.estimator.recipe_of(arm), group_size=arm.group_size,
-            groups_per_batch=arm.groups_per_batch,
-            lr=arm.lr, seed=arm.seed, steps=spec.steps, lora_rank=spec.lora_rank, base_model=spec.base_model,
-            base_model_path=spec.base_model_path, max_tokens=spec.sampling.max_tokens,
-            temperature=spec.sampling.temperature,
-        )
-        for arm in spec.arms
-    )
-    return RunPlan(
-        title=spec.title,
-        run=RunContext(
-            env=spec.dataset.name, env_options=dict(spec.dataset.options), renderer=spec.renderer,
-            base_model=spec.base_model, treatment=treatment_arm(spec).name, baseline=baseline_arm(spec).name,
-        ),
-        arms=arms,
-        pilot=spec.pilot,
-        checks=tuple(spec.activation_gate.checks),
-        n_eval=spec.eval.n_examples,
-        decision=DecisionPlan.of_spec(spec),
-        budget=spec.budget,
-        preflight=spec.correctness_preflight,
-        seeds=tuple(spec.decision_rule.seeds),
-    )
 
 
 @task(name=VALIDATE_SPEC, task_run_name=VALIDATE_SPEC, cache_policy=NO_CACHE, **uncached_stage_hooks())
@@ -126,7 +95,7 @@ def _recipe_label(arm: ArmConfig) -> str:
 def _record_revision(layout: RunLayout, new: dict) -> SpecRevision | None:
     """When the directory last ran another spec: write the edit (old, new, each changed field) as
     the next `spec/revisions/NNN.json`, publish it, and log it."""
-    from schemas.spec import parse_spec
+    from design.spec import parse_spec
 
     try:
         old = json.loads(layout.spec_json.read_text())
@@ -159,13 +128,15 @@ def _record_revision(layout: RunLayout, new: dict) -> SpecRevision | None:
 
 
 @task(name=CALIBRATED_SPEC, task_run_name=CALIBRATED_SPEC, **stage_end_hooks(), cache_policy=stage_cache("spec_path"), persist_result=True)
-def calibrated_plan(plan: RunPlan, spec_path: str, bandwidth: float, layout: RunLayout) -> RunPlan:
-    """Record the revised spec (treatment bandwidth from the calibration) before any full run."""
+def calibrated_plan(calibration: RunPlan, spec_path: str, layout: RunLayout) -> RunPlan:
+    """Record the revised spec before any full run: the treatment's kernel as the calibrated plan
+    (`RunPlan.calibrated`) holds it; that plan, naming its revised spec, is what the runs read."""
     spec_json = anchored(json.loads(Path(spec_path).read_text()), Path(spec_path).parent)  # written to the run directory
-    treatment = plan.run.treatment
+    treatment = calibration.run.treatment
+    bandwidth = calibration.treatment.kernel.bandwidth
     for arm in spec_json["arms"]:
         if arm["name"] == treatment:  # the revision holds the recipe itself
-            set_arm_kernel(arm, plan.treatment.kernel.with_bandwidth(bandwidth))
+            set_arm_kernel(arm, calibration.treatment.kernel)
     spec_json.setdefault("revisions", []).append(
         {
             "reason": f"pre-registered calibration: {CALIBRATION.metric} failed on the pilot",
@@ -180,7 +151,7 @@ def calibrated_plan(plan: RunPlan, spec_path: str, bandwidth: float, layout: Run
         f"```json\n{json.dumps(spec_json['revisions'], indent=2)}\n```\n",
         description="Revised spec from the pre-registered bandwidth calibration",
     )
-    return plan.calibrated(bandwidth, str(revised))
+    return calibration.model_copy(update={"revised_spec": str(revised)})
 
 
 @dataclass(frozen=True)
@@ -196,20 +167,16 @@ class RunRequest:
 def checked_request(spec_path: str, backend: str, overrides: SpecOverrides | dict | None) -> RunRequest:
     """The parameters of a run started from the UI, checked before anything is written; a
     UserError of one line otherwise: the overrides' bad fields with their bounds, the spec's
-    problems, a backend that is not one, or (local backend) a model path that does not exist."""
-    from schemas.spec import apply_overrides, overrides_from, parse_spec
+    problems, a backend that is not one, or a model path that does not exist (`Backend.check_model_path`)."""
+    from design.spec import apply_overrides, overrides_from, parse_spec
 
-    if backend not in ("local", "tinker"):
-        raise UserError(f"backend = {json.dumps(backend)}: must be 'local' or 'tinker'")
+    named = backend_named(backend)
     checked = overrides_from(overrides)
     path = Path(spec_path)
     spec = load_spec(path)  # a bad spec stops here with its problems listed
     if not checked.is_empty():
         spec = parse_spec(apply_overrides(json.loads(path.read_text()), checked, path.parent), source="spec with overrides")
-    if backend == "local":
-        from rl.backends.models import resolve_model  # torch: only once the spec is good
-
-        resolve_model(spec.base_model_path or spec.base_model)  # a local path that does not exist: one line
+    named.check_model_path(spec.base_model_path or spec.base_model)  # a path that does not exist: one line
     return RunRequest(spec_path=str(spec_path), backend=backend, overrides=checked)
 
 
@@ -218,7 +185,7 @@ def checked_request(spec_path: str, backend: str, overrides: SpecOverrides | dic
 def spec_with_overrides(spec_path: str, overrides: dict, runs_root: str = "runs") -> dict:
     """The spec to run: the file itself, or its revision with `overrides` written in full to
     `runs/specs/<slug>-<hash>.json` (a revision is recorded, never applied silently)."""
-    from schemas.spec import SpecOverrides, apply_overrides, parse_spec, slug
+    from design.spec import SpecOverrides, apply_overrides, parse_spec, slug
 
     path = Path(spec_path).resolve()
     load_spec(path)  # a bad spec stops here with its problems listed

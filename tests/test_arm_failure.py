@@ -16,7 +16,7 @@ OOM_TEXT = "CUDA out of memory. Tried to allocate 4.60 GiB. GPU 0 has a total ca
 def out_of_memory_on_forward_backward(training_client):
     """A fake failure on the arm's real client: its forward_backward fails as it does on a GPU that
     runs out of memory (the future raises torch.OutOfMemoryError). Returns the client."""
-    from rl.backends.futures import failed
+    from engine.futures import failed
 
     training_client.forward_backward = lambda *args, **kwargs: failed(torch.OutOfMemoryError(OOM_TEXT))
     return training_client
@@ -24,7 +24,7 @@ def out_of_memory_on_forward_backward(training_client):
 
 def nan_loss_on_forward_backward(training_client):
     """A fake failure on the arm's real client: forward_backward runs, but the loss it reports is NaN."""
-    from rl.backends.futures import completed
+    from engine.futures import completed
 
     real = training_client.forward_backward
 
@@ -41,8 +41,8 @@ def three_step_grpo_arm(service_client, model_dir):
     """A 3-step GRPO arm (2 prompts x 4) on the tiny model: its config, env, real client, renderer."""
     from tinker_cookbook import renderers
 
+    from design.arm import ArmConfig
     from rl.envs import get_env
-    from schemas.arm import ArmConfig
 
     arm = ArmConfig(name="grpo_gs8", advantage="group_mean", group_size=4, groups_per_batch=2, lr=1e-3, seed=0,
                     steps=3, lora_rank=4, base_model=str(model_dir), max_tokens=2)
@@ -70,7 +70,7 @@ def test_a_non_finite_loss_stops_the_arm_naming_the_step(tiny_service_client, ti
 def nan_gradient_on_forward_backward(training_client):
     """A fake failure on the arm's real client: forward_backward runs, then one adapter gradient
     holds a NaN (as a bf16 overflow in backward would leave it); the loss stays finite."""
-    from rl.backends.futures import completed
+    from engine.futures import completed
 
     real = training_client.forward_backward
 

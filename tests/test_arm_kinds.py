@@ -2,7 +2,7 @@
 batch_mean, leave_one_out, critic, and gs1_kernel with a hill-climbed kernel.json.
 
 Each is checked the way the kernel arm is: its own step function (`rl.loop.step_advantages`, the
-path training runs) against the independent float64 reference (`rl.reference`) over fixed
+path training runs) against the independent float64 reference (`estimators.reference`) over fixed
 multi-step batches at the demo shape and at the user's shape (B = 64, window 256); the audit of a
 logged run; and, for flash_reinforce and critic, a demo-sized two-arm spec against grpo run end
 to end through the flow on CPU.
@@ -19,16 +19,18 @@ import pytest
 
 import fixtures.flow_env  # noqa: F401  (registers the token_threshold env)
 from fixtures.tiny_model import tiny_model_dir, tiny_service_client  # noqa: F401
-from rl import estimators, reference
+import estimators
+from estimators import reference
+from estimators.registry import rollout_log
 from rl.audit import RolloutLog, audit_log
 from rl.gates import compute_gate_metrics, evaluate_checks
 from rl.preflight import check_arm_steps, fixed_step_batches
-from schemas.arm import ArmConfig, CriticSpec
+from design.arm import ArmConfig, CriticSpec
 from schemas.artifacts import read_rows
 from schemas.errors import SpecError
 from schemas.kernel import KernelSpec
-from schemas.spec import GateCheck, parse_spec
-from tasks.spec import plan_from_spec
+from design.spec import GateCheck, parse_spec
+from design.plan import plan_from_spec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -74,9 +76,9 @@ def test_the_arms_own_step_matches_the_reference_at_demo_and_user_shape(kind, sh
         admitted = np.concatenate([estimators.flash_reinforce_gate(b.sampler_logprobs_B_T, b.learner_logprobs_B_T,
                                                                    delta=3e-3)[1] for b in batches])
         assert 0.2 < admitted.mean() < 0.9
-        assert result.reference == "rl.reference.flash_reinforce_log_reference"
+        assert result.reference == "estimators.reference.flash_reinforce_log_reference"
     if kind == "critic":
-        assert result.reference == "rl.reference.critic_log_reference"
+        assert result.reference == "estimators.reference.critic_log_reference"
 
 
 @pytest.mark.parametrize("kind", ["flash_reinforce", "critic"])
@@ -182,7 +184,7 @@ def test_a_bad_arm_is_one_line_naming_its_field(bad, line):
 
 
 def test_a_hillclimbed_kernel_json_is_validated_and_recorded_in_the_plan(tmp_path):
-    from rl.hillclimb.climb import KernelRecipe
+    from hillclimb.climb import KernelRecipe
 
     recipe = KernelRecipe("laplace", ("log_prompt_num_tokens", "prompt_mean_logprob"), (1.0, 3.0), 0.75, 128)
     kernel_json = tmp_path / "climb" / "kernel.json"
@@ -192,7 +194,7 @@ def test_a_hillclimbed_kernel_json_is_validated_and_recorded_in_the_plan(tmp_pat
              "lr": 1e-4, "kernel_file": "climb/kernel.json"}
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec_with_arms([GRPO, tuned])))
-    from schemas.spec import load_spec, spec_hash
+    from design.spec import load_spec, spec_hash
 
     plan = plan_from_spec(load_spec(spec_path))
     assert plan.treatment.kernel == recipe.kernel_spec()
@@ -214,7 +216,7 @@ def test_a_hillclimbed_kernel_json_is_validated_and_recorded_in_the_plan(tmp_pat
 
 
 def test_the_demo_and_the_users_spec_plan_as_before():
-    from schemas.spec import load_spec
+    from design.spec import load_spec
 
     for name in ("demo_local.json", "gs1_vs_grpo_gsm8k.json"):
         plan = plan_from_spec(load_spec(REPO / "specs" / name))
@@ -277,7 +279,7 @@ def test_the_loop_runs_the_arm_at_the_users_shape_and_its_log_audits(kind, tiny_
         window = log.next_window
         tables.append(to_table("rollouts", [row.as_dict() for row in log.rollouts]))
         metrics.append(log.metrics)
-    result = audit_log(config, RolloutLog.from_table(pa.concat_tables(tables)))
+    result = audit_log(config, rollout_log(pa.concat_tables(tables)))
     assert result.passed and result.rows == 128 and result.steps == 2, result.mismatches[:3]
     if kind == "flash_reinforce":
         # one optimizer step per fresh batch at temperature 1: the learner's forward pass sees the
@@ -364,7 +366,7 @@ def test_a_two_arm_spec_runs_end_to_end_against_grpo(prefect_harness, tmp_path, 
         audit = {r["metric"]: r for r in read_rows("gate_report", run_dir / "audit" / stage / "gate_report.parquet")}
         observed = json.loads(audit[f"{name}.max_abs_diff"]["observed"])
         assert audit[f"{name}.max_abs_diff"]["passed"] and observed["mismatches"] == 0
-        assert observed["reference"] == f"rl.reference.{treatment['advantage']}_log_reference"
+        assert observed["reference"] == f"estimators.reference.{treatment['advantage']}_log_reference"
     gate = {r["metric"]: r for r in read_rows("gate_report", run_dir / "gate" / "gate_report.parquet")}
     assert gate["kernel_effective_neighbors_p10"]["passed"]
     assert gate["kernel_effective_neighbors_p10"]["observed"].startswith("not applicable")
@@ -389,7 +391,7 @@ def test_two_arms_stepping_together_share_decodes_and_each_logs_what_it_would_al
     from tinker_cookbook import renderers
 
     from fixtures.flow_env import TokenThresholdEnv
-    from rl.backends.local import LocalServiceClient
+    from engine import LocalServiceClient
     from rl.loop import new_window, run_step
     from schemas.artifacts import to_table
 
@@ -461,5 +463,5 @@ def test_two_arms_stepping_together_share_decodes_and_each_logs_what_it_would_al
                      for x, y in [(g.prompt_mean_logprob, w.prompt_mean_logprob), (g.advantage, w.advantage)]]
             assert max(abs(x - y) for x, y in close) < 1e-5
         tables = [to_table("rollouts", [row.as_dict() for row in log.rollouts]) for log in together[a.name]]
-        result = audit_log(a, RolloutLog.from_table(pa.concat_tables(tables)))
+        result = audit_log(a, rollout_log(pa.concat_tables(tables)))
         assert result.passed and result.rows == 128, result.mismatches[:3]

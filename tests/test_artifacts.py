@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from schemas.errors import UserError
 from schemas import artifacts
 from schemas.artifacts import SCHEMAS, read_artifact, read_rows, schema_for, to_table, write_artifact
+from schemas.errors import UserError
 
 ROLLOUT_COLUMNS = [
     ("step", pa.int32()),
@@ -199,7 +199,7 @@ def test_module_exports_the_named_schemas():
 def test_the_loops_rollout_record_is_the_schema_and_every_kinds_columns_are_in_it():
     import dataclasses
 
-    from rl.estimators.registry import ESTIMATORS
+    from estimators.registry import ESTIMATORS
     from schemas.artifacts import ROLLOUTS, STEP_EXTRA_METRICS, STEP_METRICS, RolloutRow
 
     assert [f.name for f in dataclasses.fields(RolloutRow)] == ROLLOUTS.names  # the loop's rows are the table's
@@ -220,7 +220,7 @@ def test_a_plan_written_before_recipes_reads_back_with_each_arms_recipe(repo_roo
     side by side, as every plan did before kinds were modules: it reads as recipes."""
     import json
 
-    from schemas.plan import RunPlan
+    from design.plan import RunPlan
 
     raw = json.loads((repo_root / "results" / "h200-gsm8k" / "run" / "spec" / "plan.json").read_text())
     assert {"advantage", "kernel", "trust_delta", "critic"} <= set(raw["arms"][0])

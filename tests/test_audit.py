@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from design.arm import ArmConfig
+from estimators import grpo_advantages, gs1_kernel_log
+from estimators.kernels import prompt_features
 from rl.audit import RolloutLog, audit_log
-from rl.estimators import grpo_advantages, gs1_kernel_log
-from rl.kernels import prompt_features
-from schemas.arm import ArmConfig
 from schemas.kernel import KernelSpec
 
 

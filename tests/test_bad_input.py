@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _dump(folder: Path, *, datums=b"ok", layout: dict | None = None, settings: dict | None = None) -> Path:
     """A non-finite dump's files as `_dump_nonfinite` writes them (one datum, one microbatch)."""
-    from rl.backends.local import META_FILE, NONFINITE_DATUMS, NONFINITE_LAYOUT, NONFINITE_SETTINGS
+    from engine import META_FILE, NONFINITE_DATUMS, NONFINITE_LAYOUT, NONFINITE_SETTINGS
 
     folder.mkdir(parents=True)
     (folder / META_FILE).write_text(json.dumps({"base_model": "x", "rank": 4}))
@@ -84,7 +84,7 @@ def test_a_missing_dump_is_said_before_torch_is_imported(tmp_path):
 
 
 def test_a_spec_with_a_byte_order_mark_is_read(tmp_path):
-    from schemas.spec import load_spec
+    from design.spec import load_spec
 
     text = (ROOT / "specs" / "demo_local.json").read_text(encoding="utf-8")
     bom = tmp_path / "spec.json"
@@ -93,8 +93,8 @@ def test_a_spec_with_a_byte_order_mark_is_read(tmp_path):
 
 
 def test_more_eval_items_than_the_test_set_is_said_at_validation(tmp_path):
+    from design.spec import load_spec
     from schemas.errors import SpecError
-    from schemas.spec import load_spec
 
     spec = json.loads((ROOT / "specs" / "demo_local.json").read_text())
     spec["eval"]["n_examples"] = spec["dataset"]["options"]["n_test"] + 1
@@ -106,7 +106,7 @@ def test_more_eval_items_than_the_test_set_is_said_at_validation(tmp_path):
 
 
 def test_a_kernel_file_that_is_a_directory_says_so(tmp_path):
-    from schemas.spec import read_kernel_file
+    from design.spec import read_kernel_file
 
     with pytest.raises(ValueError, match="is a directory, not a kernel file"):
         read_kernel_file(str(tmp_path), None, None)
@@ -133,7 +133,7 @@ def test_a_killed_saves_partial_folder_goes_with_the_next_save(tmp_path):
     import os
     import time
 
-    from rl.backends.models import STALE_PARTIAL_S, remove_stale_partials
+    from engine.models import STALE_PARTIAL_S, remove_stale_partials
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)
@@ -168,7 +168,7 @@ def test_the_calibration_cap_is_the_specs_and_its_default_hashes_as_before(tmp_p
     """The calibration pilot's wall cap is a spec field (pilot.calibration_wall_minutes): the user's
     10 minutes by default, which leaves every existing spec's hash (its run directory) as it was;
     the demo specs size theirs for a slow or shared CPU and say so."""
-    from schemas.spec import CALIBRATION_WALL_MINUTES, load_spec, parse_spec, spec_hash
+    from design.spec import CALIBRATION_WALL_MINUTES, load_spec, parse_spec, spec_hash
 
     user = json.loads((ROOT / "specs" / "gs1_vs_grpo_gsm8k.json").read_text())
     assert load_spec(ROOT / "specs" / "gs1_vs_grpo_gsm8k.json").pilot.calibration_wall_minutes == CALIBRATION_WALL_MINUTES == 10

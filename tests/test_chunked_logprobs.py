@@ -1,4 +1,4 @@
-"""The learner's chunked LM-head loss (`rl.backends.token_logprobs`) against the full-logits
+"""The learner's chunked LM-head loss (`engine.token_logprobs`) against the full-logits
 computation it replaced (kept here, in the test, as the reference): same loss, per-token
 logprobs and gradients, in float32 and float64, across several chunks."""
 
@@ -12,7 +12,7 @@ from tinker import types
 
 from fixtures.tiny_model import tiny_model_dir  # noqa: F401
 from rl.backends import make_service_client
-from rl.backends.token_logprobs import lm_head_fn, target_logprobs
+from engine.token_logprobs import lm_head_fn, target_logprobs
 
 TOL = {torch.float32: dict(rtol=2e-5, atol=2e-6), torch.float64: dict(rtol=1e-10, atol=1e-12)}
 

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from rl.reference import gs1_kernel_log_reference
+from estimators.reference import gs1_kernel_log_reference
 from schemas.kernel import KernelSpec
 
 from gs1.cli import main

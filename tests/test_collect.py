@@ -1,4 +1,4 @@
-"""Rollout-log collection (rl/hillclimb/collect.py) over a Fake sampling client, and the reasoning-gym envs."""
+"""Rollout-log collection (hillclimb/collect.py) over a Fake sampling client, and the reasoning-gym envs."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 from tinker import types
 
-from schemas.errors import UserError
-from rl.hillclimb import collect
+from hillclimb import collect
+from hillclimb.data import load_log, log_from_table, synthetic_log_table
+from hillclimb.text_features import NUMBER, text_features
 from rl.envs.reasoning_gym_env import REASONING_GYM_ENVS, make_reasoning_gym_env
-from rl.hillclimb.data import load_log, log_from_table, synthetic_log_table
-from rl.hillclimb.text_features import NUMBER, text_features
+from schemas.errors import UserError
 
 
 TEXT_COLUMNS = (
@@ -140,7 +140,7 @@ def test_collect_rows_features_and_metadata(tokenizer, renderer, tmp_path):
                                  "question_embedding", *TEXT_COLUMNS}
     assert log.rewards_P_K.shape == (10, 8)
     # every feature a collection writes is searched in exactly one feature family (the frontier's rows)
-    from rl.hillclimb.data import FEATURE_FAMILIES
+    from hillclimb.data import FEATURE_FAMILIES
 
     assert sorted(f for fam in FEATURE_FAMILIES for f in fam.of(log.feature_names)) == sorted(log.feature_names)
     # the embeddings as the hill-climb reads them: each prompt's own vector (float16 holds these exactly)
@@ -293,9 +293,9 @@ def test_gs1_collect_with_a_question_model(tmp_path):
 def test_the_collect_flow_adds_the_question_embedding(tmp_path, monkeypatch, prefect_harness):
     """The `collect-rollout-logs` flow (the deployment `gs1 serve` offers) takes the question model
     as `gs1 collect` does: its log carries the question embedding and names its source, and the
-    flow's stage gets typed settings (rl.hillclimb.collect.CollectSettings)."""
+    flow's stage gets typed settings (hillclimb.collect.CollectSettings)."""
     from flows.collect import collect_logs
-    from rl.hillclimb import question_embedding
+    from hillclimb import question_embedding
 
     monkeypatch.setenv("GS1_MODEL_CACHE", str(tmp_path / "models"))
     paths = collect_logs(envs=["rg_chain_sum"], n_prompts=2, k=8, base_model="HuggingFaceTB/SmolLM2-135M-Instruct",

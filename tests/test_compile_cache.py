@@ -1,4 +1,4 @@
-"""Where torch.compile's kernels are kept between processes (rl.backends.local.pin_compile_cache).
+"""Where torch.compile's kernels are kept between processes (engine.pin_compile_cache).
 
 Each case runs in a fresh interpreter: which folder inductor uses is process-wide state, set by the
 first cache lookup, and the point is what an import of the engine does to it."""
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow  # each case starts a Python that imports torch an
 
 PROBE = """
 import os
-import rl.backends.local as local                       # imports torch: its first lookup happens here
+import engine as local                       # imports torch: its first lookup happens here
 before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 pinned = local.pin_compile_cache()
 from torch._inductor.runtime.cache_dir_utils import cache_dir

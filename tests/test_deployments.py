@@ -7,8 +7,8 @@ import json
 import pytest
 import yaml
 
+from design.spec import SpecOverrides, apply_overrides, load_spec, spec_hash
 from gs1.cli import main
-from schemas.spec import SpecOverrides, apply_overrides, load_spec, spec_hash
 
 
 def test_serve_builds_deployments_whose_form_comes_from_the_spec_overrides():
@@ -39,9 +39,13 @@ def test_prefect_yaml_entrypoints_load_the_flows(repo_root, monkeypatch):
     from prefect.flows import load_flow_from_entrypoint
 
     monkeypatch.chdir(repo_root)
-    config = yaml.safe_load((repo_root / "deployments" / "prefect.yaml").read_text())
-    names = {f"{load_flow_from_entrypoint(d['entrypoint']).name}/{d['name']}" for d in config["deployments"]}
-    assert names == {"gs1-run/experiment", "collect-rollout-logs/hill-climb-logs"}  # as `gs1 serve` names them
+
+    def names(file: str) -> set[str]:
+        config = yaml.safe_load((repo_root / "deployments" / file).read_text())
+        return {f"{load_flow_from_entrypoint(d['entrypoint']).name}/{d['name']}" for d in config["deployments"]}
+
+    assert names("prefect.yaml") == {"gs1-run/experiment", "collect-rollout-logs/hill-climb-logs"}  # as `gs1 serve`
+    assert names("units.yaml") == {"gs1-arm-unit/train-and-eval"}  # what a sweep's --dispatch names
 
 
 def test_overrides_revise_the_spec_and_its_hash(repo_root):
@@ -52,7 +56,7 @@ def test_overrides_revise_the_spec_and_its_hash(repo_root):
     assert [a.get("kernel", {}).get("bandwidth") for a in revised["arms"]] == [None, 1.0]
     assert revised["overrides"] == [{"steps": 2, "bandwidth": 1.0, "n_eval": 10}]
     assert original["steps"] == 40  # the input is untouched
-    from schemas.spec import parse_spec
+    from design.spec import parse_spec
 
     assert spec_hash(parse_spec(revised)) != spec_hash(load_spec(path))
     with pytest.raises(Exception):
@@ -76,9 +80,9 @@ def test_bad_form_input_is_one_line_naming_the_field_and_its_bound():
     and what the flow says when a run is started without it: the field and the bound, one line."""
     from prefect.utilities.schema_tools.validation import ValidationError, validate
 
+    from design.spec import overrides_from
     from gs1.commands.serve import build_deployments
     from schemas.errors import UserError
-    from schemas.spec import overrides_from
 
     schema = build_deployments()[0]._parameter_openapi_schema.model_dump()
     validate({"spec_path": "s.json"}, schema, raise_on_error=True, preprocess=True)  # the defaults pass

@@ -1,4 +1,4 @@
-"""Runs that reproduce, on request (issue 46, rl/backends/determinism.py).
+"""Runs that reproduce, on request (issue 46, engine/determinism.py).
 
 On the CPU the engine is deterministic already, so these tests prove the mode's mechanism: the
 sampler's integer scan draws what the float64 scan draws (against an independent integer
@@ -17,8 +17,8 @@ import torch
 from tinker import types
 
 from fixtures.tiny_model import tiny_model_dir, tiny_tokenizer  # noqa: F401
-from rl.backends import determinism
-from rl.backends.local_sampler import FIXED_POINT_BITS, _draw_fixed_point, sample_step, uniforms
+from engine import determinism
+from engine.generate import FIXED_POINT_BITS, _draw_fixed_point, sample_step, uniforms
 
 
 @pytest.fixture()
@@ -84,7 +84,7 @@ def test_the_mode_draws_what_the_default_draws(deterministic_process, top):
 
 
 def test_the_service_turns_the_mode_on_and_records_it(deterministic_process, tmp_path, monkeypatch):
-    from rl.backends.local import LocalServiceClient
+    from engine import LocalServiceClient
 
     monkeypatch.delenv(determinism.ENV, raising=False)
     plain = LocalServiceClient(device="cpu", cache_dir=tmp_path / "a")
@@ -106,7 +106,7 @@ def _batch_rows(tmp_path, model_dir, tokenizer, deterministic: bool, arms_order:
     """Two arms (LoRA ranks 4 and 8) queue 4 prompts x 8 samples each (64 rows) from one thread in
     `arms_order`, then wait: one batch. Returns the rows' (key, arm) in the order the generator got
     them and each arm's sampled tokens."""
-    from rl.backends.local import LocalServiceClient
+    from engine import LocalServiceClient
 
     service = LocalServiceClient(device="cpu", cache_dir=tmp_path, batch_across_clients=True,
                                  deterministic=deterministic)
@@ -121,7 +121,7 @@ def _batch_rows(tmp_path, model_dir, tokenizer, deterministic: bool, arms_order:
     base = tcs[0]._engine.base
     arm_of = {sc._snapshot.id: arm for arm, sc in enumerate(samplers)}
     seen: list[list[tuple[int, int]]] = []  # per batch, its rows' (key, arm)
-    generate = base.sampler.generate  # what the engine hands the sampler (rl/backends/local/sampler.py)
+    generate = base.sampler.generate  # what the engine hands the sampler (engine/sampler.py)
     base.sampler.generate = lambda rows: (seen.append([(r.key, arm_of[r.adapter.id]) for r in rows]), generate(rows))[1]
     params = types.SamplingParams(max_tokens=5, temperature=1.0, stop=[])
     futures: dict[int, list] = {}
@@ -155,8 +155,8 @@ def test_the_engine_hands_the_gil_back_quickly(tmp_path):
     Python's 5 ms switch interval): a service shortens the interval, and never lengthens it."""
     import sys
 
-    from rl.backends.local import LocalServiceClient
-    from rl.backends.local.settings import GIL_SWITCH_INTERVAL_S
+    from engine import LocalServiceClient
+    from engine.settings import GIL_SWITCH_INTERVAL_S
 
     before = sys.getswitchinterval()
     try:

@@ -73,9 +73,9 @@ def test_the_schema_lists_exactly_the_envs_and_options_the_library_implements():
 
 
 def test_a_registered_env_is_a_name_a_spec_may_use():
+    from design.spec import Dataset
     from rl.envs import register_env
     from schemas.names import env_names
-    from schemas.spec import Dataset
 
     class CountingEnv:  # a fake env: only its constructor's keyword options matter here
         def __init__(self, data_dir=None, *, n_train: int = 4):
@@ -92,10 +92,10 @@ def test_a_registered_env_is_a_name_a_spec_may_use():
 
 
 def test_reasoning_gym_envs_are_registered_and_usable_in_a_spec():
+    from design.spec import Dataset
     from rl.envs import env_names, unknown_env_options
     from rl.envs.reasoning_gym_env import REASONING_GYM_ENVS, ReasoningGymEnv
     from schemas.names import REASONING_GYM_ENV_NAMES
-    from schemas.spec import Dataset
 
     assert set(REASONING_GYM_ENV_NAMES) == set(REASONING_GYM_ENVS)  # the registry lists every generator
     assert set(REASONING_GYM_ENV_NAMES) <= set(env_names())
@@ -367,7 +367,7 @@ def test_demo_renderer_speaks_smollm2_chatml(repo_root):
     renderer: the same ChatML turns as the model's own chat template, stopping on <|im_end|>."""
     from transformers import AutoTokenizer
 
-    from schemas.spec import load_spec, resolve_base_model_path, resolve_renderer_name
+    from design.spec import load_spec, resolve_base_model_path, resolve_renderer_name
 
     spec = load_spec(repo_root / "specs" / "demo_local.json")
     gguf = Path(resolve_base_model_path(spec))

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from rl import checks
-from rl.estimators import (
+from estimators import (
     KernelWindow,
     StepBatch,
     batch_mean_advantages,
@@ -25,10 +24,11 @@ from rl.estimators import (
     gs1_kernel_step,
     rloo_advantages,
 )
-from rl.kernels import effective_neighbors, prompt_features, prompt_mean_logprob, standardize
-from rl.reference import gs1_kernel_log_reference, gs1_kernel_reference
-from rl.estimators.registry import ESTIMATORS, KINDS, estimator_for
-from rl.estimators.kernel_cross_prompt_baseline import KernelBaselineRecipe
+from estimators.kernel_cross_prompt_baseline import KernelBaselineRecipe
+from estimators.kernels import effective_neighbors, prompt_features, prompt_mean_logprob, standardize
+from estimators.reference import gs1_kernel_log_reference, gs1_kernel_reference
+from estimators.registry import ESTIMATORS, KINDS, estimator_for
+from rl import checks
 from schemas.kernel import KernelSpec
 
 KEYS = ("baseline", "advantage", "kernel_mass", "effective_neighbors")

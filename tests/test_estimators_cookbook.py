@@ -11,9 +11,9 @@ from tinker_cookbook.completers import TokensWithLogprobs
 from tinker_cookbook.rl.data_processing import compute_advantages
 from tinker_cookbook.rl.types import Trajectory, TrajectoryGroup, Transition
 
+from estimators import grpo_advantages
+from estimators.reference import gs1_kernel_reference
 from rl import checks
-from rl.estimators import grpo_advantages
-from rl.reference import gs1_kernel_reference
 
 
 def _trajectory_groups(rewards_P_G):

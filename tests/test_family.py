@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from rl.rules import SeededPairs
-from rl.rules.paired_hoeffding import hoeffding_p_value, hoeffding_radius, paired_hoeffding
 from rl.stats import family_decision, holm_adjust, paired_decision
+from rules import SeededPairs
+from rules.paired_hoeffding import hoeffding_p_value, hoeffding_radius, paired_hoeffding
 from schemas.errors import EvalDataError
 
 
@@ -114,7 +114,7 @@ def test_mismatched_seeds_or_items_are_named():
 
 
 def test_unit_layout_and_seeded_configs():
-    from schemas.arm import ArmConfig
+    from design.arm import ArmConfig
     from schemas.layout import RunLayout, unit_name
 
     arm = ArmConfig(name="rloo", advantage="leave_one_out", group_size=8, groups_per_batch=2, lr=1e-3, seed=3, steps=2,

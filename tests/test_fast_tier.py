@@ -13,9 +13,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "tinker", "tinker_cookbook", "transformers")
 
-# The numpy-and-pydantic library the fast tier tests; every schemas module is added in the probe.
-PURE_LIBRARY = ("rl.estimators", "rl.rules", "rl.kernels", "rl.stats", "rl.reference", "rl.checks", "rl.gates", "rl.audit",
-                "rl.feasibility", "rl.hillclimb.climb", "rl.hillclimb.data", "rl.hillclimb.geff")
+# The numpy-and-pydantic library the fast tier tests; every module of schemas and design is added in the probe.
+PURE_LIBRARY = ("estimators", "rules", "estimators.kernels", "rl.stats", "estimators.reference", "rl.checks", "rl.gates", "rl.audit",
+                "rl.feasibility", "hillclimb.climb", "hillclimb.data", "hillclimb.geff")
 # Test modules of pure numpy code: run whole, in a fresh process, they must not pull torch or tinker in.
 PURE_NUMPY_TESTS = ("tests/test_estimators.py", "tests/test_stats.py", "tests/test_family.py", "tests/test_geff.py",
                     "tests/test_gates.py")
@@ -24,9 +24,10 @@ PURE_NUMPY_TESTS = ("tests/test_estimators.py", "tests/test_stats.py", "tests/te
 PROBE = """
 import importlib, json, pkgutil, sys
 heavy_modules, mods = sys.argv[1].split(","), sys.argv[2:]
-if "schemas" in mods:
-    import schemas
-    mods = [m for m in mods if m != "schemas"] + sorted("schemas." + m.name for m in pkgutil.iter_modules(schemas.__path__))
+for room in ("schemas", "design"):
+    if room in mods:
+        package = importlib.import_module(room)
+        mods = [m for m in mods if m != room] + sorted(f"{room}.{m.name}" for m in pkgutil.iter_modules(package.__path__))
 pulled = {}
 for mod in mods:
     importlib.import_module(mod)
@@ -45,8 +46,8 @@ def _probe(*modules: str, heavy: tuple[str, ...] = HEAVY, path: Path = REPO) -> 
 
 
 def test_the_fast_tiers_library_imports_neither_torch_nor_tinker():
-    out = _probe(*PURE_LIBRARY, "schemas")  # "schemas": every module of the package
-    assert "schemas.spec" in out["imported"] and "rl.estimators" in out["imported"]
+    out = _probe(*PURE_LIBRARY, "schemas", "design")  # "schemas", "design": every module of the room
+    assert "design.spec" in out["imported"] and "estimators" in out["imported"]
     # a module named here imports torch or tinker at import time: move that import into the function
     # that needs it (python -X importtime -c 'import MODULE' shows the chain)
     assert out["pulled"] == {}

@@ -54,7 +54,7 @@ def _all_outputs_verify(run_dir: Path) -> None:
     """Every output, as last recorded, still matches its hash. (A stage whose inputs changed ran
     under a new key; the record of its old key is superseded: it is never served unless those
     inputs recur, and then only if its outputs verify.)"""
-    from tasks.cache import OUTPUTS_SUFFIX, damaged_output
+    from pipeline.cache import OUTPUTS_SUFFIX, damaged_output
 
     manifests = sorted((run_dir / ".stage-results").glob(f"*{OUTPUTS_SUFFIX}"), key=lambda m: m.stat().st_mtime)
     assert manifests
@@ -147,7 +147,7 @@ def test_damage_each_kind_of_output_then_rerun(spec, reference, tmp_path):
 
 def _stage_record(run_dir: Path, output: str) -> Path:
     """The stored result of the stage whose manifest records `output` (a path under the run)."""
-    from tasks.cache import OUTPUTS_SUFFIX
+    from pipeline.cache import OUTPUTS_SUFFIX
 
     want = str((run_dir / output).resolve())
     for manifest in (run_dir / ".stage-results").glob(f"*{OUTPUTS_SUFFIX}"):
@@ -166,7 +166,7 @@ def test_a_result_is_never_served_without_its_proof(spec, reference, tmp_path):
     made correct must not turn the decision; nor may a manifest, or a stored result, of another
     stage put in its place. Each time the stage runs again with one warning, and the decision is
     the uninterrupted run's."""
-    from tasks.cache import OUTPUTS_SUFFIX
+    from pipeline.cache import OUTPUTS_SUFFIX
 
     run_dir, cache = tmp_path / "run", tmp_path / "cache"
     rc, err = _run_to_end(spec, tmp_path, run_dir, cache, "first")
@@ -368,9 +368,9 @@ def test_kill_9_during_decide_collect_leaves_no_half_decision(units_run, tmp_pat
     import shutil
     import time
 
+    from decision.units import check_units
+    from design.spec import load_spec
     from schemas.layout import UnitsLayout
-    from schemas.spec import load_spec
-    from tasks.units import check_units
 
     spec_path, run, reference = units_run
     spec = load_spec(spec_path)

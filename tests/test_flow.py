@@ -12,7 +12,7 @@ import pytest
 import fixtures.flow_env  # noqa: F401  (registers the token_threshold env)
 from fixtures.tiny_model import tiny_model_dir  # noqa: F401
 from schemas.artifacts import read_rows
-from schemas.plan import RunPlan
+from design.plan import RunPlan
 
 
 def flow_spec(repo_root: Path, model_dir: Path, **changes) -> dict:
@@ -107,7 +107,7 @@ def test_clean_run_reaches_a_paired_decision(prefect_harness, tmp_path, repo_roo
         for arm, n_steps in steps.items():
             observed = json.loads(audit[f"{arm}.max_abs_diff"]["observed"])
             assert audit[f"{arm}.max_abs_diff"]["passed"] and observed["steps"] == n_steps and observed["mismatches"] == 0
-        assert json.loads(audit["gs1_kernel.max_abs_diff"]["observed"])["reference"] == "rl.reference.gs1_kernel_log_reference"
+        assert json.loads(audit["gs1_kernel.max_abs_diff"]["observed"])["reference"] == "estimators.reference.gs1_kernel_log_reference"
         assert "compute_advantages" in json.loads(audit["grpo_gs8.max_abs_diff"]["observed"])["reference"]
     feasibility = json.loads((run_dir / "feasibility" / "feasibility.json").read_text())
     assert feasibility["status"] == "feasible" and feasibility["wall_seconds"] > 0
@@ -155,8 +155,8 @@ def test_failing_gate_stops_the_flow_with_the_metric_in_the_state(prefect_harnes
 
 
 def test_preflight_catches_a_broken_estimator(prefect_harness, tmp_path, repo_root, tiny_model_dir, monkeypatch):
-    import rl.estimators.kernel_cross_prompt_baseline
-    from rl.estimators import KernelAdvantages, gs1_kernel_step
+    import estimators.kernel_cross_prompt_baseline
+    from estimators import KernelAdvantages, gs1_kernel_step
 
     def broken_gs1_kernel_step(rewards_B, features_B_F, *args, **kw):
         # A classic bug: the baseline keeps rollout i's own reward in its mean.
@@ -165,7 +165,7 @@ def test_preflight_catches_a_broken_estimator(prefect_harness, tmp_path, repo_ro
         baseline = (good.baseline * (n - 1) + np.asarray(rewards_B)) / n
         return KernelAdvantages(baseline, np.asarray(rewards_B) - baseline, good.kernel_mass, good.effective_neighbors, good.fallback)
 
-    monkeypatch.setattr(rl.estimators.kernel_cross_prompt_baseline, "gs1_kernel_step", broken_gs1_kernel_step)
+    monkeypatch.setattr(estimators.kernel_cross_prompt_baseline, "gs1_kernel_step", broken_gs1_kernel_step)
     state, run_dir = run_flow(tmp_path, flow_spec(repo_root, tiny_model_dir))
     assert state.is_failed()
     assert "correctness preflight failed" in state.message and state.message.startswith("step_check_gs1_kernel")

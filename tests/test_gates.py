@@ -9,7 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rl.estimators import gs1_kernel_log
+from estimators import gs1_kernel_log
+from estimators.kernels import prompt_features
 from rl.gates import (
     GATE_METRICS,
     baseline_reward_corr,
@@ -20,7 +21,6 @@ from rl.gates import (
     kernel_effective_neighbors_p10,
     pilot_mean_reward,
 )
-from rl.kernels import prompt_features
 
 
 def _rollout_log(n_steps, prompts_per_step, group_size, seed=0, kernel=True):

@@ -1,4 +1,4 @@
-"""G_eff: the variance-equivalent group size of a single-rollout baseline (rl/hillclimb/geff.py)."""
+"""G_eff: the variance-equivalent group size of a single-rollout baseline (hillclimb/geff.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from rl.hillclimb import geff
+from hillclimb import geff
 
 
 def _bernoulli_prompts(P: int, K: int, seed: int):

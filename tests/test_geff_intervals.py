@@ -1,5 +1,5 @@
 """G_eff's error bars (a bootstrap over prompts), the oracle reference, the cross-fitted regressor
-family and the transfer verdicts of the offline hill-climb (rl/hillclimb/)."""
+family and the transfer verdicts of the offline hill-climb (hillclimb/)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from rl.hillclimb import climb as hc
-from rl.hillclimb import geff
-from rl.hillclimb.data import EMBEDDING, log_from_table, make_stream, make_streams, synthetic_log_table
+from hillclimb import climb as hc
+from hillclimb import geff
+from hillclimb.data import EMBEDDING, log_from_table, make_stream, make_streams, synthetic_log_table
 
 
 def _bernoulli_log(n_prompts: int, k: int, seed: int) -> np.ndarray:

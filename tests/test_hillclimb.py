@@ -1,4 +1,4 @@
-"""Offline kernel hill-climb (rl/hillclimb/, `gs1 hillclimb`) on synthetic logs with planted structure."""
+"""Offline kernel hill-climb (hillclimb/, `gs1 hillclimb`) on synthetic logs with planted structure."""
 
 from __future__ import annotations
 
@@ -11,11 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from gs1.cli import main as gs1_main
-from schemas.errors import UserError
-from schemas.kernel import KernelSpec
-from rl.hillclimb import climb as hc
-from rl.hillclimb.report import summary_markdown
-from rl.hillclimb.data import (
+from hillclimb import climb as hc
+from hillclimb.data import (
     EMBEDDING,
     load_log,
     log_from_table,
@@ -24,6 +21,9 @@ from rl.hillclimb.data import (
     split_prompts,
     synthetic_log_table,
 )
+from hillclimb.outputs import summary_markdown
+from schemas.errors import UserError
+from schemas.kernel import KernelSpec
 
 
 @pytest.fixture(scope="module")
@@ -365,9 +365,9 @@ def test_constant_fragment_is_an_equivalent_gaussian():
 def _arm_baselines(stream, fragment_kernel, batch_size):
     """Baselines the training loop's own advantage step gives the stream's rollouts, step by step,
     the window threaded from step to step as the loop threads it."""
-    from rl.estimators import StepBatch
+    from design.arm import ArmConfig
+    from estimators import StepBatch
     from rl.loop import new_window, step_advantages
-    from schemas.arm import ArmConfig
     from schemas.kernel import KernelSpec
 
     arm = ArmConfig(name="gs1_kernel", advantage="kernel_cross_prompt_baseline", group_size=1, groups_per_batch=batch_size,
@@ -398,7 +398,7 @@ def _spec_with_kernel(repo_root, kernel: dict) -> dict:
 
 
 def test_written_fragment_validates_in_the_arm_and_matches_the_simulation(tmp_path, repo_root):
-    from schemas.spec import parse_spec
+    from design.spec import parse_spec
 
     log_path = tmp_path / "log.parquet"
     pq.write_table(synthetic_log_table(700, 10, seed=5), log_path)
@@ -441,7 +441,7 @@ def test_written_fragment_validates_in_the_arm_and_matches_the_simulation(tmp_pa
     ids=lambda r: r.label(),
 )
 def test_every_arm_family_runs_as_the_hillclimb_simulates_it(recipe, repo_root):
-    from schemas.spec import parse_spec
+    from design.spec import parse_spec
 
     log = log_from_table(synthetic_log_table(300, 6, seed=9), "arm")
     stream = make_stream(log, np.ones(300, dtype=bool), 0, "all")
@@ -487,10 +487,10 @@ def test_recipe_overrides_keep_the_recipe_and_its_search_only_families():
     ids=lambda r: r.label(),
 )
 def test_a_written_recipe_reads_back_as_the_kernel_spec_the_arm_runs(recipe, tmp_path):
+    from design.spec import read_kernel_file
     from schemas.io import write_json_atomic
-    from schemas.spec import read_kernel_file
 
-    from rl.estimators.registry import estimator_for
+    from estimators.registry import estimator_for
 
     path = write_json_atomic(tmp_path / "kernel.json", recipe.to_fragment())
     fields, source = read_kernel_file(str(path), None, estimator_for("kernel_cross_prompt_baseline"))
@@ -500,14 +500,14 @@ def test_a_written_recipe_reads_back_as_the_kernel_spec_the_arm_runs(recipe, tmp
 
 
 def test_hill_climbed_kernel_json_is_the_arm_winner_and_keeps_its_format(tmp_path, repo_root):
-    from rl.hillclimb import report
-    from schemas.spec import read_kernel_file
+    from design.spec import read_kernel_file
+    from hillclimb import outputs
 
     log = log_from_table(synthetic_log_table(400, 6, seed=4), "roundtrip")
     rep = hc.analyse(log, 0, 32, 64, 150, hc.spec_recipe(window=64))
-    from rl.estimators.registry import estimator_for
+    from estimators.registry import estimator_for
 
-    paths = report.write_hillclimb(rep, tmp_path / "out")
+    paths = outputs.write_hillclimb(rep, tmp_path / "out")
     kernel = read_kernel_file(str(paths["kernel"]), None, estimator_for("kernel_cross_prompt_baseline"))[0]["kernel"]
     assert rep.arm_winner.arm_accepts()
     assert kernel == KernelSpec.model_validate(rep.arm_winner.to_fragment()["kernel"])

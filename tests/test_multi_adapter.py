@@ -1,6 +1,6 @@
 """One base model, many adapters (issue 23): every training client of the local engine is a LoRA
 adapter on one shared base, and one batched decode serves the rows of every client queued when it
-runs, each row through its own adapter (`rl/backends/lora_bank.py`).
+runs, each row through its own adapter (`engine/lora_bank.py`).
 
 Exactness on the CPU in fp32, against two independent paths: the same requests sampled per
 client (each in its own batch), and peft's own forward with the adapter active scoring what
@@ -17,7 +17,7 @@ import torch
 from tinker import types
 
 from fixtures.tiny_model import tiny_model_dir, tiny_tokenizer  # noqa: F401
-from rl.backends.local import LocalServiceClient
+from engine import LocalServiceClient
 
 # every test here loads the tiny model (the benchmark's test builds its own, without the fixture)
 pytestmark = pytest.mark.slow
@@ -277,7 +277,7 @@ def test_a_new_bank_layout_never_reuses_a_decoder_built_on_the_old_one(tmp_path,
     (a new layout, new stacks), the static-cache decoder of the old layout is not used again."""
     import dataclasses
 
-    from rl.backends.local_sampler import Generator, Row
+    from engine.generate import Generator, Row
 
     service = _service(tmp_path)
     a = _perturbed(service, tiny_model_dir, 4, 1, train_mlp=False)  # attention only
@@ -308,7 +308,7 @@ def test_a_decode_shape_is_compiled_on_its_compile_after_th_batch_only(tmp_path,
     decoder is built is checked: nothing compiles on this CPU.)"""
     from transformers import DynamicCache
 
-    from rl.backends.local_sampler import COMPILE_AFTER_BATCHES, Generator, Row, _pack
+    from engine.generate import COMPILE_AFTER_BATCHES, Generator, Row, _pack
 
     service = _service(tmp_path)
     a = _perturbed(service, tiny_model_dir, 4, 1)
@@ -363,13 +363,13 @@ def test_on_a_bf16_base_the_bank_stays_float32_and_matches_peft(tmp_path, tiny_m
 
 
 def test_the_adapters_benchmark_runs_one_rl_step_of_every_arm_per_row(capsys):
-    """`benchmarks/engine.py --adapters` on the tiny model: one row per adapter count, every arm's
+    """`benchmarks/engine_speed.py --adapters` on the tiny model: one row per adapter count, every arm's
     step samples one batch."""
     import importlib.util
     from pathlib import Path
 
     spec = importlib.util.spec_from_file_location(
-        "engine_benchmark", Path(__file__).resolve().parents[1] / "benchmarks" / "engine.py")
+        "engine_benchmark", Path(__file__).resolve().parents[1] / "benchmarks" / "engine_speed.py")
     engine = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(engine)
     assert engine.main(["--config", "tiny", "--batch", "2", "--new-tokens", "3", "--prompt-tokens", "6",
@@ -446,7 +446,7 @@ def test_the_learner_profile_runs_alone_and_sorts_kernels_by_kind(capsys):
 
 
 def test_tile_layout_groups_rows_by_slot_in_whole_tiles():
-    from rl.backends.lora_bank import tile_layout
+    from engine.lora_bank import tile_layout
 
     assert tile_layout([0, 1, 0, -1, 1, 0], 2) == [0, 2, 5, None, 1, 4, 3, None]
     assert tile_layout([3, 3, 3, 3], 4) == [0, 1, 2, 3]
@@ -459,7 +459,7 @@ def test_the_static_decode_at_the_users_shape_matches_each_adapter_alone(form, t
     CPU at the user's shape: two arms of different ranks and targets and the bare base, each 8
     prompts x 8 samples, their requests interleaved as a shared queue holds them. Every row gets
     the tokens and logprobs its adapter gives alone, wherever the layout put it."""
-    from rl.backends.local_sampler import Generator, Row, row_key
+    from engine.generate import Generator, Row, row_key
 
     service = _service(tmp_path, bank_decode=form)
     tcs = [_perturbed(service, tiny_model_dir, 4, 1), _perturbed(service, tiny_model_dir, 8, 2, train_mlp=False)]
@@ -504,7 +504,7 @@ def test_a_static_decode_moves_its_last_rows_to_a_smaller_decoder_and_keeps_thei
     per prompt of 1 to 12 new tokens, greedy and sampled; small tiles, and the engine's 64-row
     tiles at 64 prompts (each adapter's 128 rows, as an eval's). Every row's tokens, stop reason
     and logprobs are those of the same batch never compacted, and the decode did less work."""
-    from rl.backends.local_sampler import Generator, Row, row_key
+    from engine.generate import Generator, Row, row_key
 
     service = _service(tmp_path, bank_decode=form)
     tcs = [_perturbed(service, tiny_model_dir, 4, 1), _perturbed(service, tiny_model_dir, 8, 2, train_mlp=False)]

@@ -110,7 +110,7 @@ def test_four_arms_two_seeds_reach_a_holm_decision_with_costs(prefect_harness, t
 
 
 def test_comparison_spec_holds_the_card_arms_at_the_users_settings(repo_root):
-    from schemas.spec import compared_arms, load_spec, treatment_arm, baseline_arm
+    from design.spec import compared_arms, load_spec, treatment_arm, baseline_arm
 
     user = load_spec(repo_root / "specs" / "gs1_vs_grpo_gsm8k.json")
     spec = load_spec(repo_root / "specs" / "gsm8k_comparison.json")
@@ -137,8 +137,8 @@ def test_comparison_demo_runs_end_to_end_on_the_demo_model(prefect_harness, tmp_
     """The CPU-sized copy of the comparison spec (the demo model; its six arms, the hill-climbed
     kernel read from a file relative to the spec; two seeds), at 1 step and 16 eval items (a
     recorded revision of the spec, as the UI makes). About 15 minutes on two cores."""
+    from design.spec import SpecOverrides, apply_overrides
     from gs1.cli import main
-    from schemas.spec import SpecOverrides, apply_overrides
 
     spec = apply_overrides(json.loads((repo_root / "specs" / "comparison_demo_local.json").read_text()),
                            SpecOverrides(steps=1, n_eval=16), repo_root / "specs")
@@ -160,8 +160,8 @@ def test_comparison_demo_runs_end_to_end_on_the_demo_model(prefect_harness, tmp_
 
 
 def test_roles_name_the_baseline_and_the_piloted_treatment(repo_root):
+    from design.spec import baseline_arm, compared_arms, parse_spec, treatment_arm
     from schemas.errors import SpecError
-    from schemas.spec import baseline_arm, compared_arms, parse_spec, treatment_arm
 
     spec_file = repo_root / "specs" / "comparison_demo_local.json"
     raw = json.loads(spec_file.read_text())
@@ -205,8 +205,8 @@ def test_roles_name_the_baseline_and_the_piloted_treatment(repo_root):
 def test_a_relative_kernel_file_reads_the_same_after_overrides_and_from_another_folder(repo_root, tmp_path):
     """A spec naming its hill-climbed kernel relative to its own folder: the revision the UI's
     overrides write elsewhere still holds that kernel, and the hashes follow the recipe, not the path."""
-    from schemas.revision import experiment_hash
-    from schemas.spec import SpecOverrides, anchored, apply_overrides, load_spec, parse_spec, spec_hash
+    from design.revision import experiment_hash
+    from design.spec import SpecOverrides, anchored, apply_overrides, load_spec, parse_spec, spec_hash
 
     spec_file = repo_root / "specs" / "gsm8k_comparison.json"
     raw = json.loads(spec_file.read_text())

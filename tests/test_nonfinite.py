@@ -55,7 +55,7 @@ def fake_defect(monkeypatch):
 
 
 def test_a_nan_advantage_reads_as_bad_data(tiny_model_dir, tmp_path):
-    from rl.replay import replay, verdict
+    from engine.replay import replay, verdict
     from schemas.errors import NonFiniteStep
 
     tc = client(tiny_model_dir, tmp_path, torch.float32, False, 1024)
@@ -96,17 +96,17 @@ def test_a_nan_advantage_reads_as_bad_data(tiny_model_dir, tmp_path):
             raise LookupError("fake service: made")
 
     (tmp_path / e.dump / "settings.json").write_text(json.dumps({**settings, "tf32": True}))
-    import rl.replay
+    import engine.replay
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(rl.replay, "LocalServiceClient", FakeService)
+        mp.setattr(engine.replay, "LocalServiceClient", FakeService)
         with pytest.raises(LookupError, match="fake service"):
             replay(tmp_path / e.dump, device="cpu")
     assert made["tf32"] is True and made["learner_attention_mask"] is False
 
 
 def test_a_kernel_defect_at_one_shape_reads_as_the_kernel(tiny_model_dir, tmp_path, fake_defect):
-    from rl.replay import replay, replay_table, verdict
+    from engine.replay import replay, replay_table, verdict
     from schemas.errors import NonFiniteStep
 
     tc = client(tiny_model_dir, tmp_path, torch.float32, False, 1024)

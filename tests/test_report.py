@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from gs1.cli import main
-from schemas.errors import UserError
 from report import PLOTS, load_run, stage_statuses, write_report
 from rl.stats import paired_decision
 from schemas.artifacts import STEP_EXTRA_METRICS, RolloutRow
 from schemas.artifacts import read_rows, write_artifact
+from schemas.errors import UserError
 from schemas.io import write_json_atomic, write_jsonl_atomic
 
 TREATMENT, BASELINE = "gs1_kernel", "grpo_gs8"
@@ -433,7 +433,7 @@ def test_report_task_publishes_markdown_artifact(tmp_path, prefect_harness):
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     from schemas.layout import RunLayout
-    from tasks.report import run_report
+    from tasks.run_report import run_report
 
     run = make_run(tmp_path)
 
@@ -498,8 +498,8 @@ def test_gate_artifact_reads_like_the_report(tmp_path, prefect_harness):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-    from schemas.layout import RunLayout, gate_name
     from schemas.errors import GateFailed
+    from schemas.layout import RunLayout, gate_name
     from tasks.gates import record_gate
 
     rows = [

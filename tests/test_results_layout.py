@@ -9,8 +9,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
 PROGRAM_SUFFIXES = (".py", ".sh")
-# A repository path to a program, as the docs spell it (`scripts/h200/x.sh`, benchmarks/engine.py);
-# the look-behind keeps a longer path's tail (`.wt-engine/benchmarks/engine.py`) from counting.
+# A repository path to a program, as the docs spell it (`scripts/h200/x.sh`, benchmarks/engine_speed.py);
+# the look-behind keeps a longer path's tail (`.wt-engine/benchmarks/engine_speed.py`) from counting.
 PROGRAM_PATH = re.compile(r"(?<![\w./-])((?:scripts|benchmarks|results|tools|tests)/[\w./-]+\.(?:py|sh))\b")
 
 
@@ -50,5 +50,5 @@ def test_every_program_path_the_docs_name_exists():
 def test_the_path_pattern_sees_moved_and_stale_paths():
     # the checks above are only as good as the pattern: it must find what a README writes
     text = "run `bash scripts/h200/gsm8k_device_run.sh`, then python results/ui/make_states.py --rss; " \
-           "cp .wt-engine/benchmarks/engine.py there"  # a longer path's tail is not a repository path
+           "cp .wt-engine/benchmarks/engine_speed.py there"  # a longer path's tail is not a repository path
     assert PROGRAM_PATH.findall(text) == ["scripts/h200/gsm8k_device_run.sh", "results/ui/make_states.py"]

@@ -27,9 +27,9 @@ TRAIN_SCRIPT = """
 import json, sys, time
 import fixtures.flow_env  # registers the test env
 import tasks.arms
-from schemas.arm import ArmConfig
+from design.arm import ArmConfig
 from schemas.layout import RunLayout
-from schemas.plan import RunContext
+from design.plan import RunContext
 arm, run, layout = ArmConfig.model_validate_json(sys.argv[1]), RunContext.model_validate_json(sys.argv[2]), RunLayout(sys.argv[3])
 park_after = int(sys.argv[4]) if len(sys.argv) > 4 else 0
 write_artifact = tasks.arms.write_artifact

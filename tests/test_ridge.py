@@ -1,5 +1,5 @@
 """The ridge arm kind (issue 22, item 2): the hill-climb's `ridge` family as an arm, added as one
-module (`rl/estimators/ridge.py`) plus its line in the registry.
+module (`estimators/ridge.py`) plus its line in the registry.
 
 Its own step (`rl.loop.step_advantages`, the path training runs) equals the hill-climb's
 `ridge_baselines` on the same stream; the preflight's step check against the plain-Python
@@ -16,23 +16,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import rl.estimators.ridge
+import estimators.ridge
+from design.arm import ArmConfig
+from design.plan import plan_from_spec
+from design.revision import experiment_hash
+from design.spec import load_spec, parse_spec
+from estimators import StepBatch
+from estimators.registry import estimator_for
+from estimators.ridge import RidgeSpec, ridge_log_reference
 from gs1.commands.advantages import compute
+from hillclimb import climb
+from hillclimb.data import log_from_table, make_streams, synthetic_log_table
 from rl.audit import RolloutLog, audit_log
-from rl.estimators import StepBatch
-from rl.estimators.registry import estimator_for
-from rl.estimators.ridge import RidgeSpec, ridge_log_reference
 from rl.gates import not_applicable_reason
-from rl.hillclimb import climb
-from rl.hillclimb.data import log_from_table, make_streams, synthetic_log_table
 from rl.loop import new_window, step_advantages
 from rl.preflight import check_arm_steps, fixed_step_batches
-from schemas.arm import ArmConfig
 from schemas.errors import SpecError
 from schemas.kernel import FEATURE_NAMES
-from schemas.revision import experiment_hash
-from schemas.spec import load_spec, parse_spec
-from tasks.spec import plan_from_spec
 
 REPO = Path(__file__).resolve().parents[1]
 # The demo's shape (32 rollouts a step, a fit window of 64) and the user's (64 a step, 256).
@@ -84,13 +84,13 @@ def test_the_step_check_passes_against_the_plain_python_reference(shape):
     assert sum(len(b.rewards_B) for b in batches[:-1]) > history  # the fit window fills and rolls over
     result = check_arm_steps(arm, batches)
     assert result.passed, result
-    assert result.reference == "rl.estimators.ridge.ridge_log_reference" and set(result.max_abs_diff) == {"baseline", "advantage"}
+    assert result.reference == "estimators.ridge.ridge_log_reference" and set(result.max_abs_diff) == {"baseline", "advantage"}
 
 
 @pytest.mark.parametrize("breakage", ["current batch in the fit", "no clipping"])
 def test_the_step_check_catches_a_broken_fit(monkeypatch, breakage):
     arm = ridge_arm(32, 64)
-    real = rl.estimators.ridge.ridge_baselines_step
+    real = estimators.ridge.ridge_baselines_step
     if breakage == "current batch in the fit":  # a lookahead: the step's own rewards enter its fit
         def broken(rewards_B, features_B_F, fit_rewards_H, fit_features_H_F, *, penalty):
             return real(rewards_B, features_B_F, np.concatenate([fit_rewards_H, rewards_B]),
@@ -99,7 +99,7 @@ def test_the_step_check_catches_a_broken_fit(monkeypatch, breakage):
         def broken(rewards_B, features_B_F, fit_rewards_H, fit_features_H_F, *, penalty):
             out = real(rewards_B, features_B_F, fit_rewards_H, fit_features_H_F, penalty=penalty)
             return out if len(fit_rewards_H) < 2 else out + 2.0
-    monkeypatch.setattr(rl.estimators.ridge, "ridge_baselines_step", broken)
+    monkeypatch.setattr(estimators.ridge, "ridge_baselines_step", broken)
     rng = np.random.default_rng(4)
     result = check_arm_steps(arm, fixed_step_batches(rng.integers(40, 200, 64).tolist(), rng.normal(-2.0, 0.5, 64).tolist(), arm))
     assert not result.passed and result.mismatches[0].column in ("baseline", "advantage")

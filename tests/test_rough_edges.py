@@ -90,11 +90,11 @@ def test_a_failed_gate_is_not_named_among_the_running_stages(prefect_harness, tm
     stages a stop names come from what is running (issue 27, item 1 of the rough edges)."""
     from prefect import flow
 
+    from pipeline.cache import stage_cache
+    from pipeline.judging import judging_task
+    from pipeline.running import running_stages, stage_end_hooks
     from schemas.errors import GateFailed
     from schemas.gate_text import GateRow
-    from tasks.cache import stage_cache
-    from tasks.judging import judging_task
-    from tasks.running import running_stages, stage_end_hooks
 
     seen = {}
 
@@ -126,7 +126,7 @@ def test_a_stored_result_and_its_manifest_prove_each_other(tmp_path):
     """The checks OutputsVerified makes before serving a stored stage result: the manifest names
     its own key and the record names its storage key; anything else is damage, said in words.
     (The whole path, a run resumed with each kind of separated proof: tests/test_faults.py.)"""
-    from tasks.cache import manifest_problem, record_problem
+    from pipeline.cache import manifest_problem, record_problem
 
     key, other = "a" * 32, "b" * 32
     record, manifest = tmp_path / key, tmp_path / f"{key}.outputs.json"

@@ -1,4 +1,4 @@
-"""The decision rules (`rl/rules/`): each against its independent reference, the committed decisions
+"""The decision rules (`rules/`): each against its independent reference, the committed decisions
 recomputed to the bit, a seeded simulation of coverage and power, the power reading and its CLI,
 the secondary readings of a units folder, and the one-line refusals. Fast tier: no model, no flow."""
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rl.rules import RULES, SeededPairs, rule_for
-from rl.rules.power import PowerDesign
-from rl.rules.simulation import draw_study, simulate
+from rules import RULES, SeededPairs, rule_for
+from rules.power import PowerDesign
+from rules.simulation import draw_study, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -112,10 +112,10 @@ def test_the_score_test_is_tighter_than_hoeffding_and_exact_on_a_hand_case():
 def test_the_committed_family_decision_recomputes_bit_for_bit():
     """results/h200-comparison's twelve units decided again by the decision stage's code: every
     verdict, bound, p-value and descriptive number equals decision.json's."""
+    from design.plan import plan_from_spec
+    from design.spec import load_spec
     from schemas.layout import UnitsLayout
-    from schemas.spec import load_spec
-    from tasks.gates import family_record
-    from tasks.spec import plan_from_spec
+    from decision.records import family_record
 
     folder = UnitsLayout(ROOT / "results" / "h200-comparison")
     plan = plan_from_spec(load_spec(folder.root / "spec_revised.json"))
@@ -135,8 +135,8 @@ def test_the_committed_family_decision_recomputes_bit_for_bit():
 
 def test_the_committed_single_run_decision_recomputes_bit_for_bit():
     """results/h200-gsm8k/run: the two-arm decision stage's record from its own eval files and plan."""
+    from design.plan import RunPlan
     from rl.stats import paired_decision
-    from schemas.plan import RunPlan
 
     run = ROOT / "results" / "h200-gsm8k" / "run"
     plan = RunPlan.model_validate_json((run / "spec" / "plan.json").read_text())
@@ -276,11 +276,11 @@ def _fake_units_folder(root: Path, spec: dict, n_items: int, rng_seed: int):
     """A made-up units folder (a fake, no training): every unit of the spec with random 0/1
     outcomes on n_items (the spec registering n_items) and a made-up training cost, each unit with its
     proof; returns the spec and its plan."""
+    from decision.units import prove_unit
+    from design.plan import plan_from_spec
+    from design.spec import anchored, parse_spec
     from schemas.artifacts import write_artifact
     from schemas.cost import ArmCost
-    from schemas.spec import anchored, parse_spec
-    from tasks.spec import plan_from_spec
-    from tasks.units import prove_unit
 
     spec["eval"]["n_examples"] = n_items  # the items the made-up units hold
     if (spec.get("feasibility") or {}).get("effective_config"):
@@ -306,9 +306,9 @@ def test_a_secondary_reading_is_labelled_and_never_the_decision(tmp_path, seeds)
     """`write_reading` under each rule the spec did not pre-register: a rule that reads one seed
     reads each seed apart; a seed-aware rule at two seeds reads nothing and says why; at three it
     reads the family. The reading's numbers are the rule's own on the same units."""
+    from decision.units import _readings_section, check_units, units_reading, write_reading
     from schemas.layout import UnitsLayout
-    from tasks.gates import family_record
-    from tasks.units import _readings_section, check_units, units_reading, write_reading
+    from decision.records import family_record
 
     raw = json.loads((ROOT / "specs" / "gsm8k_comparison.json").read_text())
     raw["decision_rule"]["seeds"] = seeds
@@ -341,12 +341,12 @@ def test_a_secondary_reading_is_labelled_and_never_the_decision(tmp_path, seeds)
 
 
 def test_no_module_outside_the_rules_names_a_rule():
-    """Every rule's name (and Hoeffding's) appears only in rl/rules/: the rest of gs1 asks the registry."""
+    """Every rule's name (and Hoeffding's) appears only in rules/: the rest of gs1 asks the registry."""
     names = [*RULES, "hoeffding", "tango"]
     offenders = []
     for path in ROOT.rglob("*.py"):
         rel = path.relative_to(ROOT)
-        if rel.parts[0] in ("tests", ".venv") or rel.parts[:2] == ("rl", "rules"):
+        if rel.parts[0] in ("tests", ".venv", "rules"):
             continue
         text = path.read_text().lower()
         offenders += [f"{rel}: {n}" for n in names if n.lower() in text]
@@ -357,8 +357,8 @@ def test_a_power_gate_reads_where_the_spec_says_and_only_there():
     """`PowerReading.gate_row`: no row without `min_power` (the numbers are recorded, nothing is
     stopped); with it, P(conclusive) at `power_difference` against the bound, passing exactly when
     the reading reaches it."""
-    from schemas.plan import DecisionPlan
-    from schemas.spec import parse_spec
+    from design.plan import DecisionPlan
+    from design.spec import parse_spec
 
     raw = json.loads((ROOT / "specs" / "gsm8k_gs1_vs_grpo_seeds.json").read_text())
     seeds = len(raw["decision_rule"]["seeds"])
@@ -378,8 +378,8 @@ def test_an_interim_folder_under_a_seed_aware_rule_shows_differences_without_bou
     in the table, the answers and the plot; once seed 2 is in, the decision is the rule's."""
     import shutil
 
+    from decision.units import check_units, units_standing, write_standing
     from schemas.layout import UnitsLayout
-    from tasks.units import check_units, units_standing, write_standing
 
     raw = json.loads((ROOT / "specs" / "gsm8k_gs1_vs_grpo_seeds.json").read_text())
     raw["decision_rule"]["seeds"] = [0, 1, 2]

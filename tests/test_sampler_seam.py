@@ -1,4 +1,4 @@
-"""The sampler seam (`rl.backends.local.sampler`): the engine reaches generation, scoring and
+"""The sampler seam (`engine.sampler`): the engine reaches generation, scoring and
 prompt embeddings through its `Sampler` alone, and the generator-backed sampler is one."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import torch
 from tinker import types
 
 from fixtures.tiny_model import tiny_model_dir, tiny_tokenizer  # noqa: F401
-from rl.backends.local import LocalServiceClient
-from rl.backends.local.sampler import GeneratorSampler, Sampler
-from rl.backends.local_sampler import Row, RowResult, row_key, splitmix64
+from engine import LocalServiceClient
+from engine.sampler import GeneratorSampler, Sampler
+from engine.generate import Row, RowResult, row_key, splitmix64
 
 
 class FakeSampler:

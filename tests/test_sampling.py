@@ -188,7 +188,17 @@ def test_eval_rows_bounds_requests_in_flight_and_keeps_item_order(max_in_flight)
     from rl.envs.base import Problem
     from rl.loop import eval_rows
 
-    client = FakeSamplingClient(latency_s=lambda pid: 0.05)
+    # no request is answered before the bound's worth are in flight at once (a fixed latency races a
+    # loaded machine's submissions); after that they answer at once
+    target, reached = min(max_in_flight, 23), threading.Event()
+
+    def latency(pid):
+        if client.in_flight >= target:
+            reached.set()
+        reached.wait(timeout=30)
+        return 0.0
+
+    client = FakeSamplingClient(latency_s=latency)
     problems = [Problem(id=str(i), question=f"q{i}", answer="0") for i in range(23)]
     rows = eval_rows(client, env=FakeEvalEnv(), renderer=FakeRenderer(), problems=problems, arm_name="a",
                      max_tokens=4, max_in_flight=max_in_flight)

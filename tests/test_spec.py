@@ -11,10 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gs1.cli import main
-from schemas.errors import UserError
-from schemas.kernel import KernelSpec
-from schemas.spec import (
+from design.spec import (
     ExperimentSpec,
     SpecError,
     baseline_arm,
@@ -27,6 +24,9 @@ from schemas.spec import (
     spec_hash,
     treatment_arm,
 )
+from gs1.cli import main
+from schemas.errors import UserError
+from schemas.kernel import KernelSpec
 
 REPO = Path(__file__).resolve().parents[1]
 USER_SPEC = REPO / "specs" / "gs1_vs_grpo_gsm8k.json"
@@ -224,7 +224,7 @@ def test_laplace_and_knn_kernels_validate(raw, kernel):
 
 
 def test_unknown_advantage_and_gate_metric_name_the_registries(raw):
-    from rl.estimators.registry import KINDS
+    from estimators.registry import KINDS
     from rl.gates import GATE_METRICS
 
     raw["arms"][0]["advantage"] = "vibes"
@@ -478,7 +478,7 @@ def test_the_preregistered_calibration_repilots_at_the_other_bandwidth_of_its_pa
 
 
 def test_bandwidth_override_reaches_the_kernel_arm_and_a_hill_climbed_one_too(raw, tmp_path):
-    from schemas.spec import SpecOverrides, apply_overrides
+    from design.spec import SpecOverrides, apply_overrides
 
     revised = apply_overrides(raw, SpecOverrides(bandwidth=1.0))
     grpo, pinned = revised["arms"]

@@ -46,7 +46,7 @@ def test_the_flow_names_its_task_runs_from_the_table():
     from tasks.gates import (activation_gate, audit_gate, family_decision_record, feasibility, offline_unit_checks,
                              paired_decision_record)
     from tasks.preflight import correctness_preflight
-    from tasks.report import run_report
+    from tasks.run_report import run_report
     from tasks.spec import calibrated_plan, validated_plan
 
     fixed = {validated_plan: "spec", correctness_preflight: "preflight", offline_unit_checks: "unit_checks",

@@ -1,6 +1,6 @@
 """benchmarks/stage_timings.py: a `gs1 run` terminal log read into one row per stage, with the
 engine's decode-graph compiles and model loads counted in the stage they happened in. The load
-lines come from rl/backends/models.py's own logger, in `gs1 run`'s console format, so the parser is
+lines come from engine/models.py's own logger, in `gs1 run`'s console format, so the parser is
 checked against what the engine writes."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rl.backends import models
+from engine import models
 
 _spec = importlib.util.spec_from_file_location(
     "stage_timings", Path(__file__).resolve().parents[1] / "benchmarks" / "stage_timings.py")
@@ -51,7 +51,7 @@ def _at(clock, lines):
 
 
 def _compile(clock, what):
-    """A decode-graph line as rl/backends/local_sampler.py logs it."""
+    """A decode-graph line as engine/generate.py logs it."""
     return (f"{clock} | INFO    | gs1.engine - decode graph 64 rows x 1024 positions on cuda:0: {what} "
             "(1 shapes compiled in this process)")
 

@@ -8,8 +8,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from rl.rules.paired_hoeffding import hoeffding_radius, noninferior_threshold, paired_hoeffding
 from rl.stats import mcnemar_exact, paired_bootstrap_ci
+from rules.paired_hoeffding import hoeffding_radius, noninferior_threshold, paired_hoeffding
 
 
 def _binary_pairs(seed, n, p_t=0.7, p_b=0.72):
@@ -188,7 +188,7 @@ def test_paired_decision_record_from_maps_and_files(tmp_path):
 def test_mean_diff_by_seed_pairs_items_within_each_seed():
     """SeededPairs.mean_diff_by_seed: per seed, treatment minus baseline on the same items, matched by
     id whatever their order; a seed whose item sets differ is an error, not a silent mean."""
-    from rl.rules import SeededPairs
+    from rules import SeededPairs
     from schemas.errors import EvalDataError
 
     treatment = {0: {"a": 1.0, "b": 0.0, "c": 1.0}, 1: {"c": 0.0, "a": 1.0, "b": 1.0}}

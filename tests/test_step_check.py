@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import rl.estimators
+import estimators
 import rl.loop
-from rl.estimators import KernelWindow, StepBatch, gs1_kernel_log
+from design.arm import ArmConfig
+from estimators import KernelWindow, StepBatch, gs1_kernel_log
 from rl.preflight import MIN_CHECK_STEPS, check_arm_steps, fixed_step_batches
-from schemas.arm import ArmConfig
 from schemas.kernel import KernelSpec
 
 # The sampled preflight batch's prompts: four prompts' lengths and mean logprobs.
@@ -64,7 +64,7 @@ def test_step_check_passes_on_the_arm_that_runs_and_covers_a_full_rolling_window
 def test_step_check_covers_every_other_estimator(arm):
     result = check_arm_steps(arm, batches_for(arm))
     assert result.passed, result
-    assert result.reference.startswith("tinker_cookbook" if arm.advantage == "group_mean" else "rl.reference")
+    assert result.reference.startswith("tinker_cookbook" if arm.advantage == "group_mean" else "estimators.reference")
 
 
 def _double_append(self, rewards_B, features_B_F):
@@ -83,11 +83,11 @@ def _self_included(rewards_B, features_B_F, history_rewards_H=(), history_featur
     """The kernel step with i counted among its own neighbours."""
     out = _STEP(rewards_B, features_B_F, history_rewards_H, history_features_H_F, kernel=kernel)
     baseline = (out.baseline * out.kernel_mass + np.asarray(rewards_B)) / (out.kernel_mass + 1.0)
-    return rl.estimators.KernelAdvantages(baseline, np.asarray(rewards_B) - baseline, out.kernel_mass + 1.0,
+    return estimators.KernelAdvantages(baseline, np.asarray(rewards_B) - baseline, out.kernel_mass + 1.0,
                                           out.effective_neighbors, out.fallback)
 
 
-_STEP = rl.estimators.gs1_kernel_step
+_STEP = estimators.gs1_kernel_step
 
 
 @pytest.mark.parametrize("groups_per_batch", [64, 32])  # the user's B=64 and the demo's B=32
@@ -99,7 +99,7 @@ def test_step_check_fails_when_the_window_is_broken(monkeypatch, breakage, group
     elif breakage == "off_by_one_history":
         monkeypatch.setattr(KernelWindow, "extended", _drop_latest)
     else:
-        monkeypatch.setattr(rl.estimators.kernel_cross_prompt_baseline, "gs1_kernel_step", _self_included)
+        monkeypatch.setattr(estimators.kernel_cross_prompt_baseline, "gs1_kernel_step", _self_included)
     result = check_arm_steps(arm, batches_for(arm))
     assert not result.passed
     first = result.mismatches[0]

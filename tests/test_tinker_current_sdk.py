@@ -74,9 +74,9 @@ def no_deprecations(capfd=None):
 @pytest.fixture
 def use_fake(monkeypatch):
     """Points the pipeline's tinker backend at a fresh fake (one service client per test)."""
-    import tasks.services
+    import pipeline.services
 
-    monkeypatch.setattr(tasks.services, "_SERVICES", {})
+    monkeypatch.setattr(pipeline.services, "_SERVICES", {})
 
     @contextlib.contextmanager
     def start(**options):
@@ -88,9 +88,9 @@ def use_fake(monkeypatch):
             finally:
                 # End the sessions before the server stops: a session left open keeps sending
                 # heartbeats, and logs each failure for the rest of the test run.
-                for service in tasks.services._SERVICES.values():
+                for service in pipeline.services._SERVICES.values():
                     service.close("success").result(timeout=30)
-                tasks.services._SERVICES.clear()
+                pipeline.services._SERVICES.clear()
 
     return start
 
@@ -133,9 +133,9 @@ def test_a_flow_run_on_a_capped_service_uses_current_sdk_calls_and_at_most_3_cli
 
 def test_a_resumed_arm_comes_back_from_its_state_through_the_current_call(tmp_path, tiny_model_dir, use_fake,  # noqa: F811
                                                                            capfd):
-    from schemas.arm import ArmConfig
+    from design.arm import ArmConfig
+    from design.plan import RunContext
     from schemas.layout import RunLayout
-    from schemas.plan import RunContext
     from tasks.arms import train_with_checkpoints
 
     arm = ArmConfig(name="gs1_kernel", advantage="kernel_cross_prompt_baseline", group_size=1, groups_per_batch=8,
@@ -159,8 +159,8 @@ def test_a_resumed_arm_comes_back_from_its_state_through_the_current_call(tmp_pa
 
 def test_an_adapter_limit_ends_the_run_with_one_line_naming_backend_call_and_expectation(
         tmp_path, tiny_model_dir, use_fake):  # noqa: F811
-    from schemas.arm import ArmConfig
-    from schemas.plan import RunContext
+    from design.arm import ArmConfig
+    from design.plan import RunContext
     from tasks.arms import arm_client
 
     arm = ArmConfig(name="grpo_gs8", advantage="group_mean", group_size=8, groups_per_batch=2, lr=1e-3, seed=0,

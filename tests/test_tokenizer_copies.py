@@ -6,7 +6,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 from fixtures.tiny_model import tiny_model_dir, tiny_tokenizer  # noqa: F401
-from rl.backends.models import own_tokenizer
+from engine.models import own_tokenizer
 
 TEXTS = ["question %d: %d plus %d?" % (i, 7 * i, 13 * i) * (1 + i % 4) for i in range(32)]
 

@@ -33,9 +33,9 @@ def _run_by_runner(flow, flow_run_id):
 def test_a_crash_in_a_judging_stage_keeps_its_traceback_a_gate_stop_has_none(prefect_harness):
     from prefect import flow
 
+    from pipeline.judging import judging_task
     from schemas.errors import GateFailed
     from schemas.gate_text import GateRow
-    from tasks.judging import judging_task
 
     row = GateRow(gate="toy", metric="toy_metric", value=0.25, op="min", bound="0.5", passed=False)
 
@@ -75,9 +75,9 @@ def test_deployment_run_stops_at_a_gate_and_a_retry_after_the_fix_reuses_the_pil
     from prefect.deployments import run_deployment
     from prefect.states import AwaitingRetry
 
+    from design.revision import experiment_hash
+    from design.spec import parse_spec
     from flows.deployment import gs1_run
-    from schemas.revision import experiment_hash
-    from schemas.spec import parse_spec
 
     from flows.memory import MALLOC_ENVIRONMENT
 
@@ -171,12 +171,12 @@ def test_deployment_run_stops_at_a_gate_and_a_retry_after_the_fix_reuses_the_pil
 def test_stages_before_training_do_not_key_on_the_training_length(repo_root):
     """Cache keys cover what a stage reads: the preflight and the pilot read every arm field but
     the number of training steps, so a `steps` edit keys only feasibility, training and later."""
-    from tasks.arms import pilot_rollouts, trained_arm
-    from tasks.cache import InputsRead
-    from tasks.preflight import correctness_preflight
-    from tasks.spec import plan_from_spec
+    from design.plan import plan_from_spec
+    from design.spec import load_spec
+    from pipeline.cache import InputsRead
     from schemas.layout import RunLayout
-    from schemas.spec import load_spec
+    from tasks.arms import pilot_rollouts, trained_arm
+    from tasks.preflight import correctness_preflight
 
     arms = plan_from_spec(load_spec(repo_root / "specs" / "demo_local.json")).arms
     longer = tuple(a.model_copy(update={"steps": a.steps + 10}) for a in arms)

@@ -212,7 +212,7 @@ def _write_fake_folder(root: Path, plan, missing, n_items: int, rng_seed: int, c
 
 def _with_items(spec: dict, n_items: int):
     """The spec dict parsed, registering n_items eval items (what the fake units hold)."""
-    from schemas.spec import parse_spec
+    from design.spec import parse_spec
 
     spec["eval"]["n_examples"] = n_items
     return parse_spec(spec)
@@ -220,10 +220,10 @@ def _with_items(spec: dict, n_items: int):
 
 def _fake_standing(spec, plan, root: Path):
     """The fake folder's standing as `gs1 decide --units` reads it: each made-up unit given its proof
-    (`tasks.units.prove_unit`, again at every call: a test edits the units), the folder checked, and
+    (`decision.units.prove_unit`, again at every call: a test edits the units), the folder checked, and
     the decision written once every unit is in."""
+    from decision.units import check_units, prove_unit, units_standing, write_units_decision
     from schemas.layout import UnitsLayout
-    from tasks.units import check_units, prove_unit, units_standing, write_units_decision
 
     folder = UnitsLayout(root)
     for unit in plan.units():
@@ -248,10 +248,10 @@ def test_the_table_reads_what_the_folder_holds(tmp_path, repo_root, tiny_model_d
     """Made-up unit files (a fake units folder, no training): accuracy, the paired difference over
     the common seeds, costs relative to the baseline over those same seeds, the critic's share of
     the model calls and the trust gate's admit rate at each step."""
+    from decision.units import standing_markdown
+    from design.plan import plan_from_spec
     from schemas.cost import ArmCost
     from schemas.layout import UnitsLayout
-    from tasks.spec import plan_from_spec
-    from tasks.units import standing_markdown
 
     spec = _with_items(five_arm_spec(repo_root, tiny_model_dir), 40)
     plan = plan_from_spec(spec)
@@ -315,10 +315,10 @@ def test_wall_time_compares_only_units_that_shared_the_gpu_alike(tmp_path, repo_
     GPU runs); at seed 1 batch_mean trains beside grpo_gs8 and gs1_kernel alone. A wall-time ratio to
     the baseline is taken over the seeds at which the two trained side by side, naming them, and is
     withheld where there is none; the GPU sharing table says who trained beside whom."""
+    from decision.units import standing_markdown
+    from design.plan import plan_from_spec
     from schemas.cost import ArmCost
     from schemas.layout import UnitsLayout
-    from tasks.spec import plan_from_spec
-    from tasks.units import standing_markdown
 
     spec = _with_items(three_arm_spec(repo_root, tiny_model_dir), 10)
     plan = plan_from_spec(spec)
@@ -365,10 +365,10 @@ def test_the_treatment_against_each_other_arm_and_the_plots(tmp_path, repo_root,
     outcomes, the Hoeffding radius from its formula), its costs over the other arm's, the rule's
     power line, and the three plots drawn beside the table (a plot whose data is gone is removed
     and said not drawn)."""
+    from decision.units import write_standing
+    from design.plan import plan_from_spec
     from schemas.cost import ArmCost
     from schemas.layout import UnitsLayout
-    from tasks.spec import plan_from_spec
-    from tasks.units import write_standing
 
     spec = _with_items(five_arm_spec(repo_root, tiny_model_dir), 60)
     plan = plan_from_spec(spec)
@@ -427,10 +427,10 @@ def test_the_answers_lead_the_readme(tmp_path, repo_root, tiny_model_dir, missin
     under the README's title and at the top of comparison.md, with the treatment's difference and
     Hoeffding bounds recomputed here in float64, the verdict once every unit is in, a critic's
     share of its trainer tokens; a second write replaces the block and keeps the hand-written text."""
+    from decision.units import ANSWERS_BEGIN, ANSWERS_END, README_BEGIN, write_standing
+    from design.plan import plan_from_spec
     from schemas.cost import ArmCost
     from schemas.layout import UnitsLayout
-    from tasks.spec import plan_from_spec
-    from tasks.units import ANSWERS_BEGIN, ANSWERS_END, README_BEGIN, write_standing
 
     spec = _with_items(five_arm_spec(repo_root, tiny_model_dir), 50)
     plan = plan_from_spec(spec)

@@ -77,8 +77,8 @@ def test_the_proof_names_what_collect_copied(collected):
     each copied file's sha256."""
     import hashlib
 
-    from schemas.revision import experiment_hash
-    from schemas.spec import load_spec
+    from design.revision import experiment_hash
+    from design.spec import load_spec
     from schemas.unit_proof import UnitProof
 
     spec, units = collected
@@ -128,9 +128,9 @@ def test_a_decision_replaces_the_old_one_whole(collected):
 
 def test_the_committed_units_folders_carry_their_proofs():
     """results/h200-comparison: every unit's proof verifies against the spec it was decided under."""
+    from decision.units import check_units
+    from design.spec import load_spec
     from schemas.layout import UnitsLayout
-    from schemas.spec import load_spec
-    from tasks.units import check_units
 
     root = Path(__file__).resolve().parents[1] / "results" / "h200-comparison"
     checked = check_units(load_spec(root / "spec_revised.json"), UnitsLayout(root))

@@ -2,7 +2,7 @@
 
     gs1 advantages --estimator KIND --rollouts IN.parquet --out OUT.parquet [--bandwidth H] [--window N]
 
-KIND: an arm kind that needs nothing but the log (rl.estimators.registry; the spec's `advantage`
+KIND: an arm kind that needs nothing but the log (estimators.registry; the spec's `advantage`
 names, or the short names the kinds still answer to here). Input columns: step, prompt_id, reward,
 prompt_num_tokens, prompt_mean_logprob; row order is rollout order. Output: the input columns
 plus float64 baseline and advantage (replacing any such columns in the input), and the kind's
@@ -27,8 +27,8 @@ REQUIRED_COLUMNS = ("step", "prompt_id", "reward", *PROMPT_FEATURE_COLUMNS)
 def offline_kinds() -> dict[str, str]:
     """Name -> kind, for the kinds whose advantages a rollout log alone determines (no learner
     forward, no critic), under their spec names and the short names this command took before."""
-    from rl.estimators import WINDOW
-    from rl.estimators.registry import ESTIMATORS
+    from estimators import WINDOW
+    from estimators.registry import ESTIMATORS
 
     kinds = [e for e in ESTIMATORS.values() if e.needs <= {WINDOW} and not e.input_columns]
     return {**{e.kind: e.kind for e in kinds}, **{alias: e.kind for e in kinds for alias in e.cli_aliases}}
@@ -69,7 +69,7 @@ def _numeric(table: pa.Table, name: str, path) -> np.ndarray:
 
 def recipe_for(kind: str, *, bandwidth: float | None = None, window: int | None = None):
     """The kind's default recipe, its kernel at the given bandwidth and window."""
-    from rl.estimators.registry import estimator_for
+    from estimators.registry import estimator_for
 
     estimator = estimator_for(offline_kinds().get(kind, kind))
     recipe = estimator.recipe_type()
@@ -87,8 +87,8 @@ def recipe_for(kind: str, *, bandwidth: float | None = None, window: int | None 
 
 def compute(table: pa.Table, estimator: str, *, bandwidth: float | None = None, window: int | None = None, path="rollouts") -> pa.Table:
     """The output table for the kind `estimator` over a checked rollout table (UserError on bad input)."""
-    from rl.estimators import StepBatch, step_batches  # lazy: start-up time
-    from rl.estimators.registry import own_columns
+    from estimators import StepBatch, step_batches  # lazy: start-up time
+    from estimators.registry import own_columns
 
     kind, recipe = recipe_for(estimator, bandwidth=bandwidth, window=window)
     if table.num_rows == 0:

@@ -4,7 +4,7 @@
                 [--base-model-path P] [--renderer R] [--question-model Q] --out LOG.parquet
 
 `--question-model` adds the `question_embedding` feature: each question embedded by a small model
-of its own, outside the policy (`rl.hillclimb.question_embedding`; `smollm2` names the packaged
+of its own, outside the policy (`hillclimb.question_embedding`; `smollm2` names the packaged
 SmolLM2-135M), which a Tinker client can compute too.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rl.backends import BACKENDS, DEFAULT_BACKEND
 from schemas.errors import UserError
 
 
@@ -22,7 +23,7 @@ def register(subparsers) -> None:
     p.add_argument("--env", required=True, help="env name (gsm8k, arithmetic, rg_basic_arithmetic, ...)")
     p.add_argument("--n-prompts", type=int, required=True)
     p.add_argument("--k", type=int, default=8, help="samples per prompt (>= 8)")
-    p.add_argument("--backend", default="local", choices=["local", "tinker"])
+    p.add_argument("--backend", default=DEFAULT_BACKEND, choices=list(BACKENDS))
     p.add_argument("--base-model", required=True, help="model name (hub id)")
     p.add_argument("--base-model-path", default=None, help="where its weights are (dir, .gguf, pkg:...)")
     p.add_argument("--renderer", default=None, help="tinker-cookbook renderer (default: the cookbook's pick)")
@@ -51,8 +52,8 @@ def default_renderer(base_model: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rl.hillclimb.collect import CollectSettings, run_collection, write_rollout_log  # lazy: start-up time
-    from rl.hillclimb.question_embedding import question_embedding_for
+    from hillclimb.collect import CollectSettings, run_collection, write_rollout_log  # lazy: start-up time
+    from hillclimb.question_embedding import question_embedding_for
 
     if args.out.suffix != ".parquet":
         raise UserError(f"--out must be a .parquet file, got {args.out}")

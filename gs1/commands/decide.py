@@ -76,7 +76,7 @@ def run(args) -> int:
 def _rule(method: str | None, seeds: int | None):
     """The settings of rule `method` (None: the user's pre-registered rule); a rule that cannot read
     `seeds` seeds (None: not known here) is a UserError naming it."""
-    from rl.rules import DEFAULT_METHOD, rule_for  # lazy: start-up time
+    from rules import DEFAULT_METHOD, rule_for  # lazy: start-up time
 
     try:
         rule = rule_for(method or DEFAULT_METHOD)
@@ -90,11 +90,11 @@ def _rule(method: str | None, seeds: int | None):
 def _decide_units(args) -> int:
     from pathlib import Path
 
+    from decision.units import (check_units, collect_units, units_reading, units_standing, write_reading,
+                                write_standing, write_units_decision)
+    from design.plan import plan_from_spec
+    from design.spec import load_spec
     from schemas.layout import RunLayout, UnitsLayout
-    from schemas.spec import load_spec
-    from tasks.spec import plan_from_spec
-    from tasks.units import (check_units, collect_units, units_reading, units_standing, write_reading,
-                             write_standing, write_units_decision)
 
     if args.rule:
         _rule(args.rule, seeds=None)  # an unknown rule: one line, before anything is read or written
@@ -122,7 +122,7 @@ def _decide_units(args) -> int:
         print(f"gs1: secondary reading under {args.rule} (not the decision) at {folder.reading_md(args.rule)}"
               + (f": no reading, {why_not}" if why_not else ""))
     table = write_standing(plan, standing, folder)
-    from rl.rules import rule_for  # lazy: start-up time
+    from rules import rule_for  # lazy: start-up time
 
     bounds_name = rule_for(plan.decision.method).bounds_name
     for arm in standing.arms:

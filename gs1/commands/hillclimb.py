@@ -36,7 +36,7 @@ def spec_settings(path: Path | None):
     """(batch_size, window, spec KernelRecipe) from a spec file, or the pinned defaults."""
     from pydantic import ValidationError  # lazy: start-up time
 
-    from rl.hillclimb.climb import KernelRecipe, spec_recipe
+    from hillclimb.climb import KernelRecipe, spec_recipe
     from schemas.kernel import KernelSpec
 
     if path is None:
@@ -71,15 +71,15 @@ def spec_settings(path: Path | None):
 
 
 def hc_families():
-    from rl.hillclimb.climb import FAMILIES  # lazy: start-up time
+    from hillclimb.climb import FAMILIES  # lazy: start-up time
 
     return FAMILIES
 
 
 def run(args: argparse.Namespace) -> int:
-    from rl.hillclimb import climb as hc  # lazy: start-up time
-    from rl.hillclimb import report
-    from rl.hillclimb.data import load_log
+    from hillclimb import climb as hc  # lazy: start-up time
+    from hillclimb import outputs
+    from hillclimb.data import load_log
 
     if args.budget < 1:
         raise UserError("--budget must be at least 1")
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         log = load_log(args.log)  # every check happens before anything is written
         out = args.out or Path("hillclimb") / log.name
         rep = hc.analyse(log, args.seed, batch, window, args.budget, spec_kernel)
-        paths = report.write_hillclimb(rep, out)
+        paths = outputs.write_hillclimb(rep, out)
         rows = {r["method"]: r for r in rep.summary_rows}
         print(f"arm winner (kernel.json) {rep.arm_winner.label()}: G_eff {rows['arm_winner']['eval_g_eff']:.3f} "
               f"on {rep.n_prompts['eval']} eval prompts ({len(rep.search.candidates)} candidates)")
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             lg.name = f"{lg.name}_{seen[lg.name]}"
     tr = hc.transfer(logs, args.seed, batch, window, args.budget, spec_kernel)
     out = args.out or Path("hillclimb") / "transfer"
-    paths = report.write_transfer(tr, out)
-    print(report.transfer_markdown(tr))
+    paths = outputs.write_transfer(tr, out)
+    print(outputs.transfer_markdown(tr))
     print(f"wrote {paths['markdown'].parent}/")
     return 0

@@ -40,9 +40,9 @@ def _items(text: str | None) -> tuple[int, ...]:
 
 
 def run(args) -> int:
-    from rl.rules import rule_for  # lazy: start-up time
-    from schemas.plan import DecisionPlan
-    from schemas.spec import load_spec
+    from design.plan import DecisionPlan
+    from design.spec import load_spec
+    from rules import rule_for  # lazy: start-up time
 
     items = _items(args.items)
     if args.rule:

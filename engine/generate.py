@@ -1,0 +1,964 @@
+"""Batched generation with a KV cache, counter-based sampling, and token scoring.
+
+`generate(model, rows, ...)` runs one left-padded batch: one prefill per distinct prompt (the
+rows of a `num_samples > 1` request, or any rows with equal prompts, share it: its KV cache and
+last logits are copied out to each of them), then one decode step per new token over the whole
+batch with the KV cache (`DynamicCache` on CPU; on CUDA a preallocated static KV cache whose
+decode step is captured once as a CUDA graph and replayed for every later token and batch of
+the same shape). Rows that ask for `prompt_logprobs` get them from the same prefill.
+
+`Generator._generate` in steps, after gpt-fast's generate.py: `_pack` (prompts to the device),
+`_prefill`, `_decoder` (one interface, `step(tok_B, pos_B, cur) -> logits_B`: `_EagerDecoder`
+on a DynamicCache, or `_GraphedDecoder` on a static cache, replaying its CUDA graph), the loop
+`_decode` (sample_step, `_Progress.record` -- the stop check --, decoder step), and
+`_Progress.results` (unpack). A static decoder whose rows still decoding fit in half of its rows
+hands them to a smaller one (`_compacted`): rows that stop early stop costing decode steps.
+
+Randomness is counter-based: row r draws its step-t uniform from splitmix64(key_r, t), so a
+row's tokens depend only on its own key and logits, never on which other requests shared its
+batch or on a global RNG. Sampling is inverse-CDF over softmax(logits / T) in float64.
+
+Logprobs returned for sampled tokens are those of the distribution the token was drawn from:
+log_softmax(logits / T) (after top-k / top-p truncation, when asked). At T = 1 that is exactly
+the learner's log-probability. At T = 0 (greedy) they are the untempered log_softmax(logits).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.lora_bank import tile_layout
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _signed(x: int) -> int:
+    x &= _MASK64
+    return x - (1 << 64) if x >= (1 << 63) else x
+
+
+def splitmix64(x: int) -> int:
+    """The splitmix64 finaliser on Python ints (uint64 semantics)."""
+    z = (x + _GOLDEN) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _srl(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 tensors (torch's >> is arithmetic)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def splitmix64_t(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64 on int64 tensors (two's-complement wraparound == uint64 arithmetic)."""
+    z = x + _signed(_GOLDEN)
+    z = (z ^ _srl(z, 30)) * _signed(0xBF58476D1CE4E5B9)
+    z = (z ^ _srl(z, 27)) * _signed(0x94D049BB133111EB)
+    return z ^ _srl(z, 31)
+
+
+def row_key(request_key: int, sample_idx: int) -> int:
+    return _signed(splitmix64(splitmix64(request_key & _MASK64) ^ sample_idx))
+
+
+def uniforms(keys_B: torch.Tensor, step: int) -> torch.Tensor:
+    """One U[0,1) float64 per row for decode step `step`."""
+    h = splitmix64_t(keys_B + _signed(step * _GOLDEN))
+    return _srl(h, 11).to(torch.float64) * (2.0**-53)
+
+
+@dataclass
+class Row:
+    prompt: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    stop_ids: tuple[int, ...] = ()
+    stop_strs: tuple[str, ...] = ()
+    key: int = 0
+    prompt_logprobs: bool = False  # also return the prompt's own logprobs (first entry None)
+    adapter: object = None  # its LoRA adapter's weights (`lora_bank.AdapterWeights`); None: the base
+
+
+@dataclass
+class RowResult:
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: str  # "stop" | "length"
+    prompt_logprobs: list[float | None] | None = None
+
+
+@dataclass
+class GenStats:
+    batches: int = 0
+    rows: int = 0
+    prefill_rows: int = 0  # distinct prompts prefilled
+    decode_steps: int = 0
+    sampled_tokens: int = 0
+    graphed_batches: int = 0
+    row_steps: int = 0  # decode steps x the decoder's rows (pads included): the decode's work
+    compactions: int = 0  # times a batch's live rows moved to a smaller static decoder
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+def _truncate(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask logits outside each row's top-k / nucleus (top_k <= 0 and top_p >= 1 keep all)."""
+    V = scaled.shape[-1]
+    sorted_l, idx = scaled.sort(dim=-1, descending=True)
+    rank = torch.arange(V, device=scaled.device)[None, :]
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, V))
+    drop = rank >= k[:, None]
+    probs = sorted_l.softmax(-1)
+    before = probs.cumsum(-1) - probs  # mass strictly above this token
+    drop |= before >= top_p[:, None]
+    drop[:, 0] = False
+    sorted_l = sorted_l.masked_fill(drop, float("-inf"))
+    return torch.empty_like(scaled).scatter_(-1, idx, sorted_l)
+
+
+# The deterministic mode's draw (engine/determinism.py): probabilities in units of 2^-50, so
+# the cumulative sum is an integer one (exact, any order; torch's float cumsum on CUDA has no
+# deterministic form). It draws what the float64 scan draws unless u falls within ~V * 2^-50 of a
+# token's boundary; a token below 2^-50 is never drawn.
+FIXED_POINT_BITS = 50
+
+
+def _draw_fixed_point(lp_all: torch.Tensor, u_B: torch.Tensor) -> torch.Tensor:
+    mass = (lp_all.exp().to(torch.float64) * 2.0**FIXED_POINT_BITS).floor().to(torch.int64)
+    cdf = mass.cumsum(-1)
+    target = (u_B * cdf[:, -1].to(torch.float64)).floor().to(torch.int64)
+    return torch.searchsorted(cdf, target[:, None], right=True).squeeze(1).clamp_max(lp_all.shape[-1] - 1)
+
+
+def sample_step(
+    logits: torch.Tensor,  # [B, V] float32
+    temps: torch.Tensor,  # [B] float32, 0 = greedy
+    keys: torch.Tensor,  # [B] int64
+    step: int,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+    any_greedy: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`any_greedy` (known on the host) saves a device sync per step."""
+    greedy = temps <= 0
+    scaled = logits / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
+    if top_k is not None:
+        scaled = _truncate(scaled, top_k, top_p)
+    lp_all = torch.log_softmax(scaled, dim=-1)
+    if torch.are_deterministic_algorithms_enabled():
+        tok = _draw_fixed_point(lp_all, uniforms(keys, step))
+    else:
+        cdf = lp_all.exp().to(torch.float64).cumsum(-1)
+        u = uniforms(keys, step) * cdf[:, -1]
+        tok = torch.searchsorted(cdf, u[:, None], right=True).squeeze(1).clamp_max(logits.shape[-1] - 1)
+    tok = torch.where(greedy, logits.argmax(-1), tok)
+    lp = lp_all.gather(1, tok[:, None]).squeeze(1)
+    if any_greedy if any_greedy is not None else bool(greedy.any()):
+        lp_raw = torch.log_softmax(logits, dim=-1).gather(1, tok[:, None]).squeeze(1)
+        lp = torch.where(greedy, lp_raw, lp)
+    return tok, lp
+
+
+def _prefill_mask(prompt_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """[B,1,Lp,kv_len] bool: causal, real keys only; pad queries see themselves (no NaN)."""
+    B, Lp = prompt_mask.shape
+    dev = prompt_mask.device
+    causal = torch.ones(Lp, Lp, dtype=torch.bool, device=dev).tril()
+    m = causal[None] & prompt_mask[:, None, :].bool()
+    m |= torch.eye(Lp, dtype=torch.bool, device=dev)[None]
+    full = torch.zeros(B, 1, Lp, kv_len, dtype=torch.bool, device=dev)
+    full[:, 0, :, :Lp] = m
+    return full
+
+
+GQA_DECODE_ATTN = "gs1_gqa_sdpa"
+
+
+def _gqa_decode_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                     is_causal=None, **kwargs):
+    """transformers' sdpa attention, except one-token decode steps with grouped KV heads:
+    with a mask, the stock path copies K and V out to every query head (`repeat_kv`: two
+    full-cache copies per layer per step, measured at over half of an H200 decode step).
+    Instead the query heads of each KV group are laid along the query axis, so SDPA reads
+    the cache as it is. Same math, per query row."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    if query.shape[2] != 1 or groups == 1 or (attention_mask is not None and attention_mask.dim() != 4):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    B, H, _, D = query.shape
+    kvh = key.shape[1]
+    q = query.reshape(B, kvh, groups, D)
+    mask = attention_mask
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(q.dtype)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, key, value, attn_mask=mask, dropout_p=0.0, scale=scaling)
+    return out.reshape(B, H, 1, D).transpose(1, 2).contiguous(), None
+
+
+def install_gqa_decode_attention(model) -> bool:
+    """Switch `model` to `_gqa_decode_sdpa` when it uses sdpa; returns whether it did."""
+    try:
+        from transformers import AttentionInterface, AttentionMaskInterface
+        from transformers.masking_utils import sdpa_mask
+    except ImportError:  # pragma: no cover - older transformers
+        return False
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return False
+    AttentionInterface.register(GQA_DECODE_ATTN, _gqa_decode_sdpa)
+    AttentionMaskInterface.register(GQA_DECODE_ATTN, sdpa_mask)
+    try:
+        model.set_attn_implementation(GQA_DECODE_ATTN)
+    except Exception:
+        for m in model.modules():
+            cfg = getattr(m, "config", None)
+            if cfg is not None and hasattr(cfg, "_attn_implementation"):
+                cfg._attn_implementation = GQA_DECODE_ATTN
+    return True
+
+
+class _StaticKV:
+    """A preallocated KV cache with the one method the attention layers call, `update`.
+
+    transformers' own StaticCache (5.17) clones the whole cache on every update, which costs
+    more than the rest of a decode step at 64 x 768 slots; this one returns views. The write
+    position lives on the device and advances inside the (captured) step, after the last layer.
+    """
+
+    def __init__(self, n_layers: int, B: int, kv_heads: int, max_len: int, head_dim: int, dtype, device):
+        self.k = [torch.zeros(B, kv_heads, max_len, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros_like(t) for t in self.k]
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)
+        self.n_layers = n_layers
+
+    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
+        q = key_states.shape[-2]
+        idx = self.pos + torch.arange(q, device=self.pos.device)
+        self.k[layer_idx].index_copy_(2, idx, key_states.to(self.k[layer_idx].dtype))
+        self.v[layer_idx].index_copy_(2, idx, value_states.to(self.v[layer_idx].dtype))
+        if layer_idx == self.n_layers - 1:
+            self.pos.add_(q)
+        return self.k[layer_idx], self.v[layer_idx]
+
+    def get_seq_length(self, layer_idx: int = 0):
+        return self.pos
+
+    def reset(self) -> None:
+        self.pos.zero_()
+
+    def set_length(self, n: int) -> None:
+        self.pos.fill_(n)
+
+
+class _EagerDecoder:
+    """Decode steps on transformers' DynamicCache, one plain model call each (CPU, or
+    `static_cache=False`). Takes over the prefill's cache, its rows copied out to the batch's."""
+
+    graphed = False
+
+    def __init__(self, model, cache, b: "_Packed"):
+        if b.src != list(range(b.B)):
+            cache.batch_select_indices(b.src_B)
+        self.model, self.cache, self.B = model, cache, b.B
+        self.mask = torch.zeros(b.B, 1, 1, b.Lp + b.max_new, dtype=torch.bool, device=b.src_B.device)
+        self.mask[:, 0, 0, : b.Lp] = b.pmask_B
+
+    def step(self, tok_B: torch.Tensor, pos_B: torch.Tensor, cur: int) -> torch.Tensor:
+        """Feed the token just sampled (cache slot `cur`); the next logits [B, V] float32."""
+        self.mask[:, 0, 0, cur] = True
+        out = self.model(input_ids=tok_B[:, None], position_ids=pos_B,
+                         attention_mask=self.mask[:, :, :, : cur + 1],
+                         past_key_values=self.cache, use_cache=True)
+        return out.logits[:, -1].float()
+
+
+class _GraphedDecoder:
+    """Decode steps on a static KV cache for one (batch, max_len): captured once as a CUDA graph
+    and replayed for every later step and batch of that shape (`capture`, set per batch by the
+    Generator, captures it on the first step; without it the step runs eagerly on the static
+    cache, as on CPU). Same interface as `_EagerDecoder`: `step(tok_B, pos_B, cur)`."""
+
+    def __init__(self, model, B: int, max_len: int, compile_step: bool = False):
+        self.model, self.B, self.max_len = model, B, max_len
+        self.compiled = compile_step
+        p = next(model.parameters())
+        dev = p.device
+        cfg = model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        dtype = model.get_input_embeddings().weight.dtype
+        self.cache = _StaticKV(cfg.num_hidden_layers, B, kv_heads, max_len, head_dim, dtype, dev)
+        self.ids = torch.zeros(B, 1, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(B, 1, dtype=torch.long, device=dev)
+        self.mask = torch.zeros(B, 1, 1, max_len, dtype=torch.bool, device=dev)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+        self.capture_with = None  # Generator._capture, or None: run the step eagerly
+
+    @property
+    def graphed(self) -> bool:
+        return self.graph is not None
+
+    def reset(self) -> None:
+        self.cache.reset()
+
+    def set_length(self, n: int) -> None:
+        self.cache.set_length(n)
+
+    def start(self, cache, b: "_Packed") -> None:
+        """Copy a prefilled DynamicCache of the distinct prompts into every row (row b gets
+        prompt src_B[b]'s keys and values) and its prompt mask. In place, so a captured graph
+        stays valid."""
+        n = b.Lp
+        assert len(cache.layers) == len(self.cache.k)
+        for layer, k, v in zip(cache.layers, self.cache.k, self.cache.v):
+            if layer.keys.shape[2] != n:  # e.g. a sliding-window layer that dropped keys
+                raise RuntimeError(f"prefill cache holds {layer.keys.shape[2]} positions, expected {n}")
+            k[:, :, :n].copy_(layer.keys.index_select(0, b.src_B))
+            v[:, :, :n].copy_(layer.values.index_select(0, b.src_B))
+        self.set_length(n)
+        self.mask.zero_()
+        self.mask[:, 0, 0, :n] = b.pmask_B
+
+    def step(self, tok_B: torch.Tensor, pos_B: torch.Tensor, cur: int) -> torch.Tensor:
+        self.ids.copy_(tok_B[:, None])
+        self.pos.copy_(pos_B)
+        self.mask[:, 0, 0, cur] = True
+        if self.graph is None and self.capture_with is not None:
+            capture, self.capture_with = self.capture_with, None  # one try per batch
+            capture(self, cur)
+        return self.replay() if self.graph is not None else self._step()
+
+    def _step(self):
+        forward = compiled_decode_step() if self.compiled else decode_step
+        return forward(self.model, self.ids, self.pos, self.mask, self.cache)
+
+    def use_eager(self) -> None:
+        self.compiled = False
+
+    def capture(self, cur_len: int) -> None:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                self._step()
+                self.set_length(cur_len)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        # On this engine's GPU: torch.cuda.graph's default capture stream is one per process, made
+        # on whichever GPU captured first. thread_local: other engines keep working meanwhile.
+        with torch.cuda.graph(g, stream=s, capture_error_mode="thread_local"):
+            self.logits = self._step()
+        self.set_length(cur_len)
+        self.graph = g
+
+    def adopt(self, old: "_GraphedDecoder", src_K: torch.Tensor, cur: int) -> None:
+        """Take over rows src_K of `old` (same positions) at write slot `cur`: their keys, values
+        and mask, in place (a captured graph stays valid)."""
+        for k, v, k_old, v_old in zip(self.cache.k, self.cache.v, old.cache.k, old.cache.v):
+            k[:, :, :cur].copy_(k_old[:, :, :cur].index_select(0, src_K))
+            v[:, :, :cur].copy_(v_old[:, :, :cur].index_select(0, src_K))
+        self.mask.copy_(old.mask.index_select(0, src_K))
+        self.set_length(cur)
+
+    def replay(self) -> torch.Tensor:
+        assert self.graph is not None and self.logits is not None
+        self.graph.replay()
+        return self.logits
+
+
+def decode_step(model, ids_B, pos_B, mask_B, cache) -> torch.Tensor:
+    """One decode step on a static KV cache: the next logits [B, V] float32."""
+    out = model(input_ids=ids_B, position_ids=pos_B, attention_mask=mask_B,
+                past_key_values=cache, use_cache=True)
+    return out.logits[:, -1].float()
+
+
+# One compiled decode step per process. The model is an argument, not a closure or `self`:
+# dynamo then guards on its type and shapes, not its identity, so every client of the process
+# (preflight, pilot, each arm, eval) reuses the graph of a shape compiled once by any of them.
+# Shapes are bucketed so that a run makes few graphs: GSM8K's prompts plus 512 new tokens fit
+# 1024 positions; a run's batches (the preflight's 16 rows, two arms' 128 rows of a step, six
+# arms' 384, the 1024-row held-out and eval batches) take a multiple of 128 rows; the adapter
+# bank's decode buffers follow the row count and a width that only grows (`lora_bank`), so a
+# run compiles about one shape per row count. A lone arm's 64 rows decode as 128.
+_COMPILED_DECODE = None
+DECODE_LENGTH_BUCKET = 1024  # static caches hold a multiple of this many positions
+MIN_GRAPHED_ROWS = 128  # graphed batches hold a multiple of this many rows
+# A decode shape is compiled on its 8th batch. Measured on the H200 (results/h200-multi-adapter):
+# a compile costs 53-79 s cold (~20 s on a warm cache) and saves ~4 ms of a step at 128 rows
+# (8.7 against 12.6 ms eager): 2 s a batch of 512 steps, so it pays back after ~40 batches cold
+# (~10 warm). An eval's few batches never do, nor do the fixed stages: with a calibration they
+# make 7 batches of the 128-row shape (the preflight's 1; the pilot's baseline step, treatment
+# step 2 and eval timing; the calibration pilot's same three -- a treatment's first step rides
+# with its held-out samples in a larger shape). On its 6th batch,
+# the user's spec compiled in its calibration pilot, 78.5 s before feasibility
+# (results/h200-multi-adapter/session5). On the 8th, a training loop's first step compiles it.
+COMPILE_AFTER_BATCHES = 8
+
+
+def compiled_decode_step():
+    global _COMPILED_DECODE
+    if _COMPILED_DECODE is None:
+        import torch._dynamo
+
+        # every shape of a run must stay compiled: past the limit dynamo silently runs eager
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        torch._dynamo.config.accumulated_recompile_limit = max(
+            torch._dynamo.config.accumulated_recompile_limit, 512)
+        dynamic = os.environ.get("GS1_COMPILE_DYNAMIC", "0") == "1"  # one graph for every shape
+        _COMPILED_DECODE = torch.compile(decode_step, dynamic=dynamic)
+    return _COMPILED_DECODE
+
+
+@dataclass(frozen=True)
+class CompileEvent:
+    """One decode graph made ready: a shape compiled (or found compiled) and captured."""
+
+    rows: int
+    positions: int
+    seconds: float
+    compiled: bool  # dynamo compiled a new graph (False: an existing one, only captured)
+    device: str
+
+
+COMPILE_EVENTS: list[CompileEvent] = []  # this process's, in order
+_log = logging.getLogger("gs1.engine")
+
+
+def dynamo_graphs() -> int:
+    """The graphs dynamo has compiled in this process so far (decode steps and the learner's)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def guard_failures() -> int:
+    """The guard failures dynamo has recorded in this process so far (each made a recompile)."""
+    from torch._dynamo.utils import guard_failures as failures
+
+    return sum(len(reasons) for reasons in failures.values())
+
+
+def guard_failures_since(n: int) -> list[str]:
+    """The guard failures recorded after the first `n` (`guard_failures()`), oldest first: what
+    changed between a graph and the call that recompiled it."""
+    from torch._dynamo.utils import guard_failures as failures
+
+    return [str(r) for reasons in failures.values() for r in reasons][n:]
+
+
+def _bucket(n: int, q: int) -> int:
+    return ((n + q - 1) // q) * q
+
+
+def graphed_rows(n: int) -> int:
+    """Rows of the graphed batch that holds n rows: n rounded up to a multiple of
+    MIN_GRAPHED_ROWS, so a run's batches of 128, 39 and 100 rows replay one graph, not one per
+    size, and six arms' 384 rows decode as 384, not 512 (the step's cost grows with its rows: the
+    KV cache and the adapter bank). The padding rows decode one token, then idle."""
+    return max(MIN_GRAPHED_ROWS, _bucket(n, MIN_GRAPHED_ROWS))
+
+
+@dataclass
+class _Packed:
+    """One batch on the device. Rows with equal prompts (a request's samples) share one prefill
+    row: prompt u of prompts_U is prefilled once, left-padded to Lp, and src[b] names row b's."""
+
+    rows: list[Row]
+    src: list[int]
+    prompts_U: list[list[int]]
+    adapters_U: list  # each prompt's adapter (`Row.adapter`)
+    want_lp_U: list[bool]  # prompt logprobs asked for by any of the prompt's rows
+    ids_U: torch.Tensor  # [U, Lp]
+    pmask_U: torch.Tensor  # [U, Lp] bool, real tokens
+    pos_U: torch.Tensor  # [U, Lp]
+    src_B: torch.Tensor
+    pmask_B: torch.Tensor  # [B, Lp]
+    next_pos_B: torch.Tensor  # [B, 1] position of each row's first new token
+    temps_B: torch.Tensor
+    keys_B: torch.Tensor
+    top_k_B: torch.Tensor | None
+    top_p_B: torch.Tensor | None
+    any_greedy: bool
+    stop_tab_B_S: torch.Tensor  # stop token ids, -1 padded
+    max_tok_B: torch.Tensor
+    str_rows: list[int]  # rows with stop strings (checked on the host)
+    max_new: int  # decode steps at most: the longest max_tokens
+
+    @property
+    def B(self) -> int:
+        return len(self.rows)
+
+    @property
+    def Lp(self) -> int:
+        return self.ids_U.shape[1]
+
+
+def _pack(rows: list[Row], pad_id: int, share_prefill: bool, dev) -> _Packed:
+    B = len(rows)
+    if share_prefill:
+        # equal prompts share a prefill only under the same adapter
+        first: dict[tuple, int] = {}
+        src = [first.setdefault((id(r.adapter), tuple(r.prompt)), len(first)) for r in rows]
+        prompts_U = [list(p) for _, p in first]
+    else:
+        src = list(range(B))
+        prompts_U = [r.prompt for r in rows]
+    u_rows = {u: i for i, u in reversed(list(enumerate(src)))}  # each prompt's first row
+    want_lp_U = [False] * len(prompts_U)
+    for r, u in zip(rows, src):
+        want_lp_U[u] |= r.prompt_logprobs
+    Lp = max(len(p) for p in prompts_U)
+    ids = torch.full((len(prompts_U), Lp), pad_id, dtype=torch.long)
+    pmask = torch.zeros(len(prompts_U), Lp, dtype=torch.bool)
+    for u, p in enumerate(prompts_U):
+        ids[u, Lp - len(p) :] = torch.tensor(p, dtype=torch.long)
+        pmask[u, Lp - len(p) :] = True
+    ids, pmask = ids.to(dev), pmask.to(dev)
+    pos = (pmask.long().cumsum(1) - 1).clamp_min(0)
+    src_B = torch.tensor(src, dtype=torch.long, device=dev)
+    top_k = top_p = None
+    if any(r.top_k > 0 or r.top_p < 1.0 for r in rows):
+        top_k = torch.tensor([r.top_k for r in rows], dtype=torch.long, device=dev)
+        top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=dev)
+    S = max(1, max(len(r.stop_ids) for r in rows))
+    stop_tab = torch.full((B, S), -1, dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r.stop_ids:
+            stop_tab[i, : len(r.stop_ids)] = torch.tensor(r.stop_ids, dtype=torch.long)
+    return _Packed(
+        rows=rows, src=src, prompts_U=prompts_U, adapters_U=[rows[u_rows[u]].adapter for u in range(len(prompts_U))], want_lp_U=want_lp_U, ids_U=ids, pmask_U=pmask,
+        pos_U=pos, src_B=src_B, pmask_B=pmask.index_select(0, src_B),
+        next_pos_B=pos[:, -1:].index_select(0, src_B) + 1,
+        temps_B=torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=dev),
+        keys_B=torch.tensor([r.key for r in rows], dtype=torch.long, device=dev),
+        top_k_B=top_k, top_p_B=top_p, any_greedy=any(r.temperature <= 0 for r in rows),
+        stop_tab_B_S=stop_tab.to(dev),
+        max_tok_B=torch.tensor([r.max_tokens for r in rows], dtype=torch.long, device=dev),
+        str_rows=[i for i, r in enumerate(rows) if r.stop_strs],
+        max_new=max(r.max_tokens for r in rows))
+
+
+@dataclass(frozen=True)
+class _Live:
+    """The rows of a compacted static decoder (`Generator._compacted`): its row k decodes the
+    batch's row rows_K[k]. A pad (filling a tile or the graphed row count) copies its neighbour's
+    row and writes nowhere; write_K are the real rows, write_B the batch rows they write to. The
+    rows' sampling settings, gathered once."""
+
+    rows_K: torch.Tensor
+    write_K: torch.Tensor
+    write_B: torch.Tensor
+    temps_K: torch.Tensor
+    keys_K: torch.Tensor
+    top_k_K: torch.Tensor | None
+    top_p_K: torch.Tensor | None
+
+
+class _Progress:
+    """Each row's tokens and logprobs so far, and the stop check after every sampled token: a
+    row stops at a stop token, a stop string (decoded on the host), or its max_tokens."""
+
+    def __init__(self, b: _Packed, tokenizer):
+        dev, T = b.src_B.device, max(b.max_new, 1)
+        self.b, self.tokenizer = b, tokenizer
+        self.tokens_B_T = torch.zeros(b.B, T, dtype=torch.long, device=dev)
+        self.lps_B_T = torch.zeros(b.B, T, dtype=torch.float32, device=dev)
+        self.n_out_B = torch.zeros(b.B, dtype=torch.long, device=dev)  # tokens kept per row
+        self.done_B = b.max_tok_B <= 0
+        self.by_stop_B = torch.zeros(b.B, dtype=torch.bool, device=dev)
+
+    def record(self, step: int, tok_B: torch.Tensor, lp_B: torch.Tensor, live: "_Live | None" = None) -> None:
+        """Record a step's tokens; with `live` (a compacted decoder's rows), `tok_B` and `lp_B`
+        are that decoder's and go to the rows they decode (the others are done: zeros)."""
+        b = self.b
+        if live is not None:
+            tok_B = torch.zeros_like(self.n_out_B).index_copy_(0, live.write_B, tok_B.index_select(0, live.write_K))
+            lp_B = torch.zeros_like(self.lps_B_T[:, 0]).index_copy_(0, live.write_B, lp_B.index_select(0, live.write_K))
+        active = ~self.done_B
+        self.tokens_B_T[:, step] = tok_B
+        self.lps_B_T[:, step] = lp_B
+        self.n_out_B += active.long()
+        hit = (tok_B[:, None] == b.stop_tab_B_S).any(1) & active
+        if b.str_rows:
+            hit = self._stop_strings(hit, active)
+        self.by_stop_B |= hit
+        self.done_B = self.done_B | hit | (self.n_out_B >= b.max_tok_B)
+
+    def _stop_strings(self, hit: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        hit_cpu, n_cpu = hit.cpu(), self.n_out_B.cpu()
+        for i in self.b.str_rows:
+            if not active[i]:
+                continue
+            r = self.b.rows[i]
+            n = int(n_cpu[i])
+            tail_n = max(len(s) for s in r.stop_strs) + 4
+            tail = self.tokenizer.decode(self.tokens_B_T[i, max(0, n - tail_n) : n].tolist())
+            if any(s in tail for s in r.stop_strs):
+                hit_cpu[i] = True
+        return hit_cpu.to(hit.device)
+
+    def all_done(self) -> bool:
+        return bool(self.done_B.all())
+
+    def results(self, prompt_lps_U) -> list[RowResult]:
+        n_list = self.n_out_B.tolist()
+        stop_list, tok_list, lp_list = self.by_stop_B.tolist(), self.tokens_B_T.tolist(), self.lps_B_T.tolist()
+        return [RowResult(tok_list[i][:n], lp_list[i][:n], "stop" if stop_list[i] else "length",
+                          prompt_lps_U[self.b.src[i]] if r.prompt_logprobs else None)
+                for i, (r, n) in enumerate(zip(self.b.rows, n_list))]
+
+
+class Generator:
+    """Runs batches of rows on one model; keeps captured CUDA graphs between batches.
+
+    `compile_decode` (CUDA only) runs the decode step through `torch.compile` before its CUDA
+    graph is captured: the elementwise work around each matmul (norms, rotary, the adapters'
+    casts and scaled adds) fuses into a few kernels; compile time is paid once per batch shape,
+    on the shape's `compile_after`-th batch.
+    `bank` (`lora_bank.AdapterBank`): rows carry their own adapter (`Row.adapter`) and a batch
+    may mix adapters; the caller holds `bank.serving()` around `generate`. Without a bank the
+    model runs as it is."""
+
+    def __init__(self, model, pad_id: int, tokenizer=None, use_cuda_graphs: bool | None = None,
+                 static_cache: bool | None = None, share_prefill: bool = True,
+                 max_logit_elems: int | None = None, compile_decode: bool = False, bank=None,
+                 compile_after: int = COMPILE_AFTER_BATCHES, compact: bool | None = None):
+        self.model = model
+        self.share_prefill = share_prefill  # False: one prefill row per row (for comparisons)
+        self.pad_id = pad_id
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        cuda = self.device.type == "cuda"
+        # bounds a chunk of full-vocabulary fp32 logits (prompt logprobs here, the learner's loss in
+        # `local`): 512 MB on CUDA, 64 MB on CPU
+        self.max_logit_elems = max_logit_elems or (1 << 27 if cuda else 1 << 24)
+        self.use_cuda_graphs = cuda if use_cuda_graphs is None else (use_cuda_graphs and cuda)
+        self.static_cache = (self.use_cuda_graphs or cuda) if static_cache is None else static_cache
+        self._graphs: dict[tuple[int, int, int], _GraphedDecoder] = {}
+        self._batches_of: Counter[tuple[int, int]] = Counter()  # batches per (rows, positions)
+        self.bank = bank
+        self.compile_decode = compile_decode and cuda  # only the captured CUDA step is compiled
+        self.compile_after = max(1, compile_after)  # batches of a shape before it is compiled
+        # a static decoder's rows still decoding move to a smaller one (`_compacted`); GS1_COMPACT_DECODE=0: never
+        self.compact = os.environ.get("GS1_COMPACT_DECODE", "1") != "0" if compact is None else compact
+        self.stats = GenStats()
+
+    def generate(self, rows: list[Row]) -> list[RowResult]:
+        return self._generate(rows)
+
+    def _use_rows(self, adapters: list, decode: bool = False) -> None:
+        if self.bank is not None:
+            slots = self.bank.load(adapters)
+            self.bank.use_decode_rows(slots) if decode else self.bank.use_rows(slots)
+
+    def _layout(self, rows: list[Row]) -> list[int | None]:
+        """The batch's row order (None: a pad row). On the static-cache decode with the bank's tiled
+        form, rows in tiles of one adapter each (`lora_bank.tile_layout`); graphed, padded to
+        `graphed_rows`.
+        Rows are independent (their own keys and KV), so the order changes none of their tokens."""
+        order: list[int | None] = list(range(len(rows)))
+        if self.static_cache and self.bank is not None and self.bank.tiled:
+            ids: dict[int, int] = {}
+            slots = [-1 if r.adapter is None else ids.setdefault(r.adapter.id, len(ids)) for r in rows]
+            order = tile_layout(slots, self.bank.tile_rows)
+        if self.static_cache and self.use_cuda_graphs:
+            order += [None] * (graphed_rows(len(order)) - len(order))
+        return order
+
+    @torch.no_grad()
+    def _generate(self, rows: list[Row]) -> list[RowResult]:
+        """pack -> prefill -> decode (sample, stop check, one decoder step) -> unpack."""
+        from transformers import DynamicCache
+
+        t_start = time.perf_counter()
+        n_rows = len(rows)
+        order = self._layout(rows)
+        rows = [rows[n] if n is not None else None for n in order]
+        # Pads (a tile's or the graphed batch size's) copy a neighbouring row's prompt and
+        # adapter, so they share its prefill and its tile; they decode one token, then idle.
+        for k in range(len(rows)):
+            if rows[k] is None:
+                src = rows[k - 1]
+                rows[k] = Row(prompt=src.prompt, max_tokens=1, temperature=src.temperature, key=src.key,
+                              adapter=src.adapter)
+        b = _pack(rows, self.pad_id, self.share_prefill, self.device)
+        cache = DynamicCache(config=self.model.config)
+        self._use_rows(b.adapters_U)
+        logits_U, prompt_lps_U = self._prefill(b, cache)
+        if self.static_cache:  # the decode step reads the bank's decode buffers (a captured graph: by address)
+            self._use_rows([r.adapter for r in rows], decode=True)
+        else:
+            self._use_rows([r.adapter for r in rows])
+        dec = self._decoder(b, cache)
+        del cache
+        self._sync()
+        t_decode = time.perf_counter()
+        self.stats.prefill_s += t_decode - t_start
+        progress = _Progress(b, self.tokenizer)
+        steps = self._decode(b, dec, logits_U.index_select(0, b.src_B), progress)
+        self._sync()
+        self.stats.decode_s += time.perf_counter() - t_decode
+        laid_out = progress.results(prompt_lps_U)
+        results: list[RowResult] = [None] * n_rows  # type: ignore[list-item]
+        for n, res in zip(order, laid_out):
+            if n is not None:
+                results[n] = res
+        self.stats.batches += 1
+        self.stats.graphed_batches += int(dec.graphed)
+        self.stats.rows += n_rows
+        self.stats.prefill_rows += len(b.prompts_U)
+        self.stats.decode_steps += steps
+        self.stats.sampled_tokens += sum(len(r.tokens) for r in results)
+        return results
+
+    def _sync(self) -> None:
+        # this engine's stream only: another arm's engine works on its own stream meanwhile
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def _decode(self, b: _Packed, dec, logits_B: torch.Tensor, progress: _Progress) -> int:
+        """The decode loop: sample a token per row, record it (stop check), step the decoder.
+        Returns the steps run. Without stop strings on CUDA, whether every row is done is read
+        back every 16 steps only (a device sync); there a static decoder also moves the rows
+        still decoding to a smaller one when they fit in half its rows (`_compacted`)."""
+        sync_every = 1 if (self.device.type != "cuda" or b.str_rows) else 16
+        pos_B = b.next_pos_B
+        live: _Live | None = None
+        for step in range(b.max_new):
+            if live is None:
+                tok_B, lp_B = sample_step(logits_B, b.temps_B, b.keys_B, step, b.top_k_B, b.top_p_B, b.any_greedy)
+            else:
+                tok_B, lp_B = sample_step(logits_B, live.temps_K, live.keys_K, step, live.top_k_K, live.top_p_K,
+                                          b.any_greedy)
+            progress.record(step, tok_B, lp_B, live)
+            if step + 1 == b.max_new or ((step + 1) % sync_every == 0 and progress.all_done()):
+                return step + 1
+            if (step + 1) % sync_every == 0:
+                shrunk = self._compacted(b, dec, live, progress, b.Lp + step)
+                if shrunk is not None:
+                    dec, live, src_K = shrunk
+                    tok_B, pos_B = tok_B.index_select(0, src_K), pos_B.index_select(0, src_K)
+            self.stats.row_steps += dec.B
+            logits_B = dec.step(tok_B, pos_B, b.Lp + step)  # b.Lp + step: the new token's slot
+            pos_B = pos_B + 1
+        return 0
+
+    def _compacted(self, b: _Packed, dec, live: _Live | None, progress: _Progress, cur: int):
+        """When the rows still decoding fit in at most half of a static decoder's rows (laid out
+        by `_layout`, as a batch is), a decoder of that many rows holding their keys and values
+        from here on: a greedy eval's 1,024 rows run 512 steps while half of them stop by ~270
+        (GSM8K). Each row keeps its own key, KV and adapter, so its tokens are those the full
+        batch gives. Returns (decoder, its rows, each one's row in `dec`), or None: keep `dec`."""
+        if not (self.compact and isinstance(dec, _GraphedDecoder)) or len(self._layout([b.rows[0]])) > dec.B // 2:
+            return None  # a static decoder at its smallest layout (a training step's 128 rows): no read-back
+        rows_K = live.rows_K if live is not None else torch.arange(b.B, device=b.src_B.device)
+        decoding_K = (~progress.done_B).index_select(0, rows_K)
+        if live is not None:  # a pad copies a live row: only real rows count
+            decoding_K &= torch.zeros_like(decoding_K).index_fill_(0, live.write_K, True)
+        keep = decoding_K.nonzero().squeeze(1).tolist()
+        rows_host = rows_K.tolist()
+        order = self._layout([b.rows[rows_host[k]] for k in keep])
+        if not keep or len(order) > dec.B // 2:
+            return None
+        src: list[int] = []  # each new row's row in `dec`; a pad copies the row before it
+        for j, o in enumerate(order):
+            src.append(keep[o] if o is not None else src[j - 1])
+        dev = rows_K.device
+        src_K = torch.tensor(src, dtype=torch.long, device=dev)
+        write_K = torch.tensor([j for j, o in enumerate(order) if o is not None], dtype=torch.long, device=dev)
+        new_rows_K = rows_K.index_select(0, src_K)
+        self._use_rows([b.rows[rows_host[k]].adapter for k in src], decode=True)
+        new = self._static_decoder(len(order), dec.max_len, keep=dec)
+        new.adopt(dec, src_K, cur)
+        self._graphs = {k: d for k, d in self._graphs.items() if d is new}  # the old one's cache goes
+        new.capture_with = self._capture if self.use_cuda_graphs else None
+        pick = (lambda t: None if t is None else t.index_select(0, new_rows_K))
+        self.stats.compactions += 1
+        return new, _Live(new_rows_K, write_K, new_rows_K.index_select(0, write_K), pick(b.temps_B),
+                          pick(b.keys_B), pick(b.top_k_B), pick(b.top_p_B)), src_K
+
+    def _decoder(self, b: _Packed, cache) -> "_EagerDecoder | _GraphedDecoder":
+        """The batch's decoder, holding the prefill's keys and values: static-KV (graphed on
+        CUDA, one per shape kept between batches) or eager on the DynamicCache."""
+        if not self.static_cache:
+            return _EagerDecoder(self.model, cache, b)
+        total = _bucket(b.Lp + b.max_new, DECODE_LENGTH_BUCKET)
+        self._batches_of[(b.B, total)] += 1
+        dec = self._static_decoder(b.B, total)
+        dec.start(cache, b)
+        dec.capture_with = self._capture if self.use_cuda_graphs else None
+        return dec
+
+    def _static_decoder(self, rows: int, total: int, keep: "_GraphedDecoder | None" = None) -> "_GraphedDecoder":
+        """The static decoder of `rows` x `total` positions on the bank's decode buffers (read by
+        address in a captured graph, so part of its shape), kept between batches and compiled
+        from the shape's `compile_after`-th batch. A new one drops every other static cache but
+        `keep` (the one a compaction copies from): one live cache at a time bounds memory."""
+        shape = (rows, total, self.bank.version if self.bank is not None else 0)
+        compile_now = self._compile_now((rows, total))
+        dec = self._graphs.get(shape)
+        if dec is None or (compile_now and not dec.compiled):
+            self._graphs = {k: d for k, d in self._graphs.items() if d is keep}
+            dec = self._graphs[shape] = _GraphedDecoder(self.model, rows, total, compile_now)
+        return dec
+
+    def _compile_now(self, rows_positions: tuple[int, int]) -> bool:
+        """Compile a decode shape on its `compile_after`-th batch (`COMPILE_AFTER_BATCHES`);
+        until then it decodes on the eager step's CUDA graph."""
+        return self.compile_decode and self._batches_of[rows_positions] >= self.compile_after
+
+    def _capture(self, dec: "_GraphedDecoder", cur: int) -> None:
+        """Capture `dec`'s step as a CUDA graph. A compiled step that fails to compile or capture
+        falls back to the eager step (and later decoders are not compiled); an eager step that
+        cannot be captured leaves decoding eager. The errors are kept in `stats.extra`."""
+        import traceback
+
+        for kind in ("compiled", "eager") if dec.compiled else ("eager",):
+            if kind == "eager" and dec.compiled:
+                dec.use_eager()
+                self.compile_decode = False
+            try:
+                graphs, t0 = dynamo_graphs(), time.perf_counter()
+                dec.capture(cur)
+                event = CompileEvent(dec.B, dec.max_len, time.perf_counter() - t0,
+                                     dynamo_graphs() > graphs, str(self.device))
+                COMPILE_EVENTS.append(event)
+                _log.info(f"decode graph {dec.B} rows x {dec.max_len} positions on {event.device}: "
+                          f"{'compiled and ' if event.compiled else ''}captured in {event.seconds:.1f} s "
+                          f"({sum(e.compiled for e in COMPILE_EVENTS)} shapes compiled in this process)")
+                return
+            except Exception:
+                self.stats.extra[f"{kind}_capture_error"] = traceback.format_exc()[-1500:]
+                dec.graph = None
+                dec.set_length(cur)
+        self.use_cuda_graphs = False
+
+    def _prefill(self, b: _Packed, cache):
+        """One forward over the distinct prompts into `cache`: the last position's logits [U, V]
+        and, for prompts in want_lp_U, their own logprobs from the same forward's hidden states
+        (the final-norm output the LM head reads) -- the values `score_tokens` gives."""
+        ids, pos, pmask, prompts_U, want_lp_U = b.ids_U, b.pos_U, b.pmask_U, b.prompts_U, b.want_lp_U
+        Lp = ids.shape[1]
+        hidden: list[torch.Tensor] = []
+        hook = None
+        if any(want_lp_U):
+            def keep(_module, _args, out):
+                hidden.append(out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0])
+
+            hook = self.model.get_decoder().register_forward_hook(keep)
+        try:
+            out = self.model(
+                input_ids=ids, position_ids=pos, attention_mask=_prefill_mask(pmask, Lp),
+                past_key_values=cache, use_cache=True, logits_to_keep=1,
+            )
+        finally:
+            if hook is not None:
+                hook.remove()
+        logits_U = out.logits[:, -1].float()
+        prompt_lps_U: list[list[float | None] | None] = [None] * len(prompts_U)
+        if not hidden:
+            return logits_U, prompt_lps_U
+        head = self.model.get_output_embeddings()
+        h_U = hidden[0]
+        # The head alone must reproduce the model's own last logits (up to matmul rounding); a
+        # model that does more (logit soft-capping, scaling) is scored with a separate forward.
+        cfg = self.model.config
+        plain = (head is not None and getattr(cfg, "final_logit_softcapping", None) is None
+                 and getattr(cfg, "logit_scale", None) in (None, 1, 1.0))
+        if plain:
+            tol = max(4 * torch.finfo(h_U.dtype).eps, 1e-4) * (1.0 + float(logits_U.abs().max()))
+            plain = float((head(h_U[:, -1]).float() - logits_U).abs().max()) <= tol
+        if not plain:
+            self.stats.extra["prompt_logprobs_by_separate_forward"] = (
+                self.stats.extra.get("prompt_logprobs_by_separate_forward", 0) + 1)
+            wanted = [u for u, w in enumerate(want_lp_U) if w]
+            for u, lp in zip(wanted, score_tokens(self.model, [prompts_U[u] for u in wanted], self.pad_id,
+                                                  bank=self.bank, adapters=[b.adapters_U[u] for u in wanted])):
+                prompt_lps_U[u] = lp
+            return logits_U, prompt_lps_U
+        # Left-padded: prompt u of length n sits at Lp-n..Lp-1; positions Lp-n..Lp-2 predict it.
+        h_N, tgt_N, spans = [], [], []
+        for u, w in enumerate(want_lp_U):
+            if w:
+                n = len(prompts_U[u])
+                h_N.append(h_U[u, Lp - n : Lp - 1])
+                tgt_N.append(ids[u, Lp - n + 1 :])
+                spans.append((u, n - 1))
+        h_cat, tgt_cat = torch.cat(h_N), torch.cat(tgt_N)
+        V = logits_U.shape[-1]
+        step = max(1, self.max_logit_elems // V)
+        lp_chunks = []
+        for a in range(0, h_cat.shape[0], step):
+            lg = head(h_cat[a : a + step]).float()
+            lp_chunks.append(torch.log_softmax(lg, -1).gather(1, tgt_cat[a : a + step, None]).squeeze(1))
+        lp_list = (torch.cat(lp_chunks) if lp_chunks else tgt_cat.float()).tolist()
+        k = 0
+        for u, m in spans:
+            prompt_lps_U[u] = [None] + lp_list[k : k + m]
+            k += m
+        return logits_U, prompt_lps_U
+
+
+@torch.no_grad()
+def score_tokens(model, seqs: list[list[int]], pad_id: int, max_elems: int = 1 << 27,
+                 bank=None, adapters: list | None = None) -> list[list[float | None]]:
+    """Per-position logprobs of each sequence's own tokens (first entry None); with a `bank`
+    (held serving), sequence k under adapter `adapters[k]`."""
+    dev = next(model.parameters()).device
+    V = model.config.vocab_size
+    out: list[list[float | None]] = [[] for _ in seqs]
+    order = list(range(len(seqs)))
+    i = 0
+    while i < len(order):
+        L = len(seqs[order[i]])
+        j = i + 1
+        while j < len(order) and (j - i + 1) * max(L, len(seqs[order[j]])) * V <= max_elems:
+            L = max(L, len(seqs[order[j]]))
+            j += 1
+        chunk = order[i:j]
+        L = max(len(seqs[k]) for k in chunk)
+        ids = torch.full((len(chunk), L), pad_id, dtype=torch.long)
+        mask = torch.zeros(len(chunk), L, dtype=torch.long)
+        for b, k in enumerate(chunk):
+            ids[b, : len(seqs[k])] = torch.tensor(seqs[k])
+            mask[b, : len(seqs[k])] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        if bank is not None:
+            bank.use_rows(bank.load([adapters[k] for k in chunk] if adapters else [None] * len(chunk)))
+        logits = model(input_ids=ids, attention_mask=mask).logits.float()
+        lp = torch.log_softmax(logits[:, :-1], -1).gather(2, ids[:, 1:, None]).squeeze(2)
+        lp_list = lp.tolist()
+        for b, k in enumerate(chunk):
+            out[k] = [None] + lp_list[b][: len(seqs[k]) - 1]
+        i = j
+    return out
+
+
+@torch.no_grad()
+def mean_hidden_states(model, seqs: list[list[int]], bank=None, adapter=None) -> torch.Tensor:
+    """Each sequence's last hidden state averaged over its own tokens, (len(seqs), d) float32 on
+    the CPU: a prompt embedding. One sequence a forward, so padding never enters a mean; with a
+    `bank` (held serving), every sequence under `adapter` (None: the bare base), loaded once."""
+    dev = next(model.parameters()).device
+    if bank is not None:
+        bank.use_rows(bank.load([adapter]))
+    means = []
+    for seq in seqs:
+        h = model(input_ids=torch.tensor([seq], device=dev), output_hidden_states=True).hidden_states[-1][0]
+        means.append(h.float().mean(dim=0))
+    return torch.stack(means).cpu()

@@ -1,0 +1,195 @@
+"""How a local engine is set up: its settings (`EngineSettings`), a LoRA's shape (`LoraSpec`), the
+learner's constants and rules (checkpointing, TF32, the compiled learner's lengths), the device and
+dtype a service picks, and where torch.compile keeps its kernels between processes."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.generate import COMPILE_AFTER_BATCHES
+from engine.lora_bank import DEFAULT_DECODE_FORM
+from schemas.errors import UserError
+
+ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+UNEMBED_MODULES = ("lm_head",)
+LORA_ALPHA = 32
+
+
+def compile_cache_dir() -> Path:
+    """Where torch.compile keeps compiled graphs and kernels between processes:
+    `$GS1_COMPILE_CACHE`, else `~/.cache/gs1/torch-compile`."""
+    return Path(os.environ.get("GS1_COMPILE_CACHE") or Path.home() / ".cache" / "gs1" / "torch-compile")
+
+
+# The engine's worker thread dispatches thousands of small torch ops a step, releasing the GIL in
+# each: while another thread of the process runs Python (an arm grading its rollouts, a preflight's
+# reference), every release costs up to the switch interval (5 ms by default) before the worker
+# gets it back. On the 2-core demo machine a busy thread beside it made a GS1 step 44x slower
+# (648 s against 14.7 s), 8.5x at 0.5 ms (benchmarks/busy_thread.py); the flow's other threads are
+# mostly waiting, so the interval bounds the worst case.
+GIL_SWITCH_INTERVAL_S = 0.0005
+
+
+def quick_gil_handoff() -> None:
+    """Shorten the interpreter's switch interval to GIL_SWITCH_INTERVAL_S (never lengthen it):
+    process-wide, as the interval is."""
+    if sys.getswitchinterval() > GIL_SWITCH_INTERVAL_S:
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+
+
+def pin_compile_cache() -> Path:
+    """Point inductor's on-disk caches at `compile_cache_dir()`, unless `$TORCHINDUCTOR_CACHE_DIR`
+    names another folder outright; returns the folder inductor uses. A plain `setdefault` is not
+    enough: torch's first cache lookup (an import does one) writes its own default,
+    `/tmp/torchinductor_<user>`, into that variable, and the engine's folder would never reach
+    inductor. That default is taken as unset (a user who names it outright gets the engine's)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    named = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if named is None or os.path.abspath(named) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir())
+    return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+
+
+def pick_device(device) -> torch.device:
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device)
+
+
+def pick_dtype(dtype, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, str):
+        try:
+            return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                    "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+        except KeyError:
+            raise UserError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16") from None
+    return dtype
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    rank: int = 32
+    train_mlp: bool = True
+    train_attn: bool = True
+    train_unembed: bool = False
+
+    def target_modules(self) -> list[str]:
+        mods: list[str] = []
+        if self.train_attn:
+            mods += ATTN_MODULES
+        if self.train_mlp:
+            mods += MLP_MODULES
+        if self.train_unembed:
+            mods += UNEMBED_MODULES
+        if not mods:
+            raise UserError("LoRA needs at least one of train_mlp, train_attn, train_unembed")
+        return mods
+
+
+# A client's first two forward_backward calls run eagerly: the preflight's checks (one call per
+# fresh client) and a two-step pilot never pay the learner's compile; a training run's arms
+# compile on their third step (once per process: the layers share one graph).
+COMPILE_LEARNER_AFTER = 3
+# The compiled learner's microbatches are padded to a multiple of this many positions
+# (`Learner.microbatches`): inductor guards on a length's alignment, so one graph serves every
+# length only if they all align (on the H200 a graph compiled at 722 positions recompiled at 640,
+# `not (L % 8 == 0 ...)`, 11 s). The pads follow every real token: exact under causal attention.
+LEARNER_LENGTH_MULTIPLE = 16
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How a base's engine batches and trains (one per service; `LocalServiceClient` owns the defaults)."""
+    max_batch_rows: int
+    batch_window_s: float
+    tokens_per_microbatch: int
+    use_cuda_graphs: bool | None
+    compile_decode: bool
+    # None: decided per base by `checkpoint_learner` (the model, the device's memory)
+    gradient_checkpointing: bool | None
+    learner_attention_mask: bool
+    # one batch takes the queued requests of every client (else each sampling client's alone)
+    batch_across_clients: bool
+    # a flush waits for the other sampling clients still in their step (`_Base._gather`) at most
+    # this long; one that did not queue its next samples by then is not waited for again until it does
+    gather_busy_s: float = 60.0
+    # the adapter bank's form in the static-cache decode step (`lora_bank.DECODE_FORMS`)
+    bank_decode: str = DEFAULT_DECODE_FORM
+    # batches of a decode shape before it is compiled (`generate.COMPILE_AFTER_BATCHES`)
+    compile_after_batches: int = COMPILE_AFTER_BATCHES
+    # how the learner adds the trained adapter: "fused" (`lora_bank.LoraAddon`) or "peft" (peft's own path)
+    learner_lora: str = "fused"
+    # the learner's decoder layers run through torch.compile (`Learner.compiled_layers`), from a
+    # client's `compile_learner_after`-th forward_backward on
+    compile_learner: bool = False
+    compile_learner_after: int = COMPILE_LEARNER_AFTER
+    # float32 matmuls (the LoRA's in the learner, the bank's in decode) on TF32 tensor cores
+    # (`use_tf32`): set process-wide by a CUDA base; no effect on the CPU
+    tf32: bool = False
+    # runs that reproduce (engine/determinism.py): set process-wide when the service is made
+    deterministic: bool = False
+
+
+LEARNER_LORA = ("fused", "peft")
+# Without checkpointing a microbatch keeps, per decoder layer and token, about 8 hidden-sized and 4
+# intermediate-sized tensors in the model's dtype (a Qwen2-style layer through `LoraAddon`: the
+# norms' inputs and outputs, q, k, v, the attention output, the MLP's gate, up, activation and
+# product). Checkpointing is left off when that estimate is at most this share of the GPU's memory.
+LEARNER_MEMORY_SHARE = 0.35
+# On the CPU, the share of the machine's physical memory. The demo's SmolLM2-135M at the CPU's
+# 1024-token microbatches is estimated at 1.3 GB in float32; unchecked, its learner ran a GS1 step's
+# forward_backward in 5.7 s against 7.8 s checkpointed on the 2-core machine (issue 47), so a
+# machine of 13 GB or more trains it unchecked. A 1.5B model's 1024 tokens (5.5 GB) stay checkpointed
+# below 55 GB.
+LEARNER_CPU_MEMORY_SHARE = 0.1
+
+
+def use_tf32(device: torch.device, tf32: bool | None) -> bool:
+    """Whether a base on `device` runs float32 matmuls as TF32: on CUDA with `GS1_TF32=1` (or
+    `tf32=True`); never on the CPU. The adapters' float32 matmuls are thin (rank 32) and read
+    [tokens x width] float32 operands; in IEEE float32 they run without tensor cores (session3's
+    learner profile: 0.42 s of its 2.4 s of CUDA time). TF32 rounds only the LoRA addon's
+    products (10-bit mantissa, float32 accumulation); the base's matmuls are bf16 either way.
+    Off by default: on the H200 the learner's compile took 81.5 s with it (in a full run) against
+    57.8-59.4 s without (observed, not isolated), and what it saves a step is not measured yet
+    (results/h200-multi-adapter/session7)."""
+    if device.type != "cuda":
+        return False
+    return os.environ.get("GS1_TF32", "0") == "1" if tf32 is None else bool(tf32)
+
+
+def learner_activation_bytes(config, tokens: int, dtype: torch.dtype) -> int:
+    """The estimate above: what a microbatch of `tokens` tokens keeps for backward, unchecked."""
+    per_layer = 8 * config.hidden_size + 4 * getattr(config, "intermediate_size", 4 * config.hidden_size)
+    return int(tokens) * config.num_hidden_layers * per_layer * dtype.itemsize
+
+
+def cpu_memory_bytes() -> int:
+    """The machine's physical memory (0 where the platform does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return 0
+
+
+def checkpoint_learner(config, device: torch.device, dtype: torch.dtype, tokens: int) -> bool:
+    """Whether the learner checkpoints its decoder layers: when a microbatch's activations
+    (`learner_activation_bytes`) would take more than `LEARNER_MEMORY_SHARE` of the GPU's memory,
+    or `LEARNER_CPU_MEMORY_SHARE` of the machine's on the CPU (where the share is smaller: the
+    memory is the process's and everyone else's). Checkpointing changes no number (the recompute
+    runs the same ops: the demo's forward_backward gave bit-identical logprobs and gradients
+    either way on the CPU), only time and memory."""
+    if device.type != "cuda":
+        total = cpu_memory_bytes()
+        return not total or learner_activation_bytes(config, tokens, dtype) > LEARNER_CPU_MEMORY_SHARE * total
+    total = torch.cuda.get_device_properties(device).total_memory
+    return learner_activation_bytes(config, tokens, dtype) > LEARNER_MEMORY_SHARE * total
