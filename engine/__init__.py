@@ -57,8 +57,8 @@ trained adapter's LoRA through `lora_bank.LoraAddon` (peft's float32 arithmetic,
 `learner_lora="peft"` runs peft's own path). On CUDA those float32 matmuls, and the adapter
 bank's in decode, run as TF32 with `GS1_TF32=1` (`use_tf32`; IEEE float32 by default).
 The decoder layers are gradient-checkpointed
-(`gradient_checkpointing=True`: one more decoder forward, one hidden state per layer kept) on
-the CPU, and on a GPU whose memory a microbatch's activations would crowd
+(`gradient_checkpointing=True`: one more decoder forward, one hidden state per layer kept) where
+a microbatch's activations would crowd the GPU's memory, or the machine's on the CPU
 (`checkpoint_learner`); otherwise they keep their activations, and on CUDA they run through
 torch.compile (`compile_learner`, from a client's third forward_backward: one graph for every
 layer and shape; a failed compile falls back to the eager layers).

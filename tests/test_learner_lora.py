@@ -18,6 +18,7 @@ from tinker import types
 
 from fixtures.tiny_model import tiny_model_dir, tiny_tokenizer  # noqa: F401
 from engine import LocalServiceClient, checkpoint_learner, learner_activation_bytes, use_tf32
+from engine import settings
 from engine.learner import Learner
 from engine.settings import COMPILE_LEARNER_AFTER, LEARNER_LENGTH_MULTIPLE
 from engine.lora_bank import LoraAddon
@@ -120,11 +121,22 @@ def test_an_unknown_learner_lora_path_is_refused(tmp_path):
 QWEN25_15B = SimpleNamespace(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28)
 
 
-def test_checkpointing_is_on_for_the_cpu_and_a_small_gpu_and_off_where_activations_fit(monkeypatch):
+def test_checkpointing_is_on_where_activations_would_crowd_the_memory_and_off_where_they_fit(monkeypatch):
     # the estimate: 16k tokens of the 1.5B model in bf16, 8 x 1536 + 4 x 8960 values per layer and token
     est = learner_activation_bytes(QWEN25_15B, 16384, torch.bfloat16)
     assert est == 16384 * 28 * (8 * 1536 + 4 * 8960) * 2
     assert checkpoint_learner(QWEN25_15B, torch.device("cpu"), torch.bfloat16, 16384)
+    # the CPU: by the machine's memory; the demo's SmolLM2-135M at the CPU's 1024 tokens (1.3 GB in
+    # float32) trains unchecked on a machine of 16 GiB, checkpointed on one of 8
+    smollm2 = SimpleNamespace(hidden_size=576, intermediate_size=1536, num_hidden_layers=30)
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(settings, "cpu_memory_bytes", lambda: 16 * 2**30)
+    assert not checkpoint_learner(smollm2, cpu, torch.float32, 1024)
+    assert checkpoint_learner(QWEN25_15B, cpu, torch.float32, 1024)  # 5.5 GB
+    monkeypatch.setattr(settings, "cpu_memory_bytes", lambda: 8 * 2**30)
+    assert checkpoint_learner(smollm2, cpu, torch.float32, 1024)
+    monkeypatch.setattr(settings, "cpu_memory_bytes", lambda: 0)  # a platform that does not say: checkpointed
+    assert checkpoint_learner(smollm2, cpu, torch.float32, 1024)
 
     def gpu_of(gib):
         monkeypatch.setattr(torch.cuda, "get_device_properties",

@@ -192,4 +192,4 @@ def test_the_gate_and_the_other_specs_are_as_before():
     assert estimator_for("ridge").needs == {"window"}
     # adding a kind moved no spec's experiment (the run directory's name)
     assert experiment_hash(load_spec(REPO / "specs" / "gs1_vs_grpo_gsm8k.json")) == "ef4eb84a"
-    assert experiment_hash(load_spec(REPO / "specs" / "demo_local.json")) == "2c79a2f9"
+    assert experiment_hash(load_spec(REPO / "specs" / "demo_local.json")) == "2ba871d5"  # bandwidth 1.0 since issue 47

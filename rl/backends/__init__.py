@@ -7,7 +7,7 @@ the loop uses (see docs/contracts.md, "Backend surface"):
   compile_decode=None, gradient_checkpointing=None, batch_across_clients=None, gather_busy_s=None,
   bank_decode=None, compile_after_batches=None, learner_lora="fused")`;
   compile_decode None: on unless GS1_COMPILE_DECODE=0 (CUDA only); gradient_checkpointing None: on
-  the CPU, and on a GPU when a microbatch's activations would crowd it (`local.settings.checkpoint_learner`);
+  when a microbatch's activations would crowd the GPU, or the machine's memory on the CPU (`local.settings.checkpoint_learner`);
   batch_across_clients None: on CUDA only (one decode batch across every client's queued requests;
   a flush waits for the arms still in their step at most gather_busy_s, 60 s by default);
   bank_decode None: GS1_BANK_DECODE, else `lora_bank.DEFAULT_DECODE_FORM`.
@@ -107,9 +107,11 @@ class LocalBackend(Backend):
         resolve_model(model)  # a local path that does not exist: one line
 
     def check_before_run(self, model: str) -> None:
-        from engine.models import check_model_cached  # lazy: start-up time
+        from engine.models import check_model_cached, default_model_cache_dir  # lazy: start-up time
 
         check_model_cached(model)  # not cached: one line, exit 2, now
+        # a GGUF base is dequantised once per machine, not once per run (GS1_MODEL_CACHE= keeps nothing)
+        os.environ.setdefault("GS1_MODEL_CACHE", str(default_model_cache_dir()))
 
 
 class TinkerBackend(Backend):
