@@ -307,6 +307,31 @@ def test_device_checkout_names_a_damaged_policy_piece_and_fails(tmp_path):
     assert "policy pieces: do not check out" in done.stdout and "q.01: FAILED" in done.stdout
 
 
+def test_the_engine_poll_brings_back_the_speed_table_as_far_as_it_got(tmp_path):
+    """The speed part's table comes back in every call while it runs (a session may end first),
+    then once, whole, with the engine's log."""
+    work, out = _folders(tmp_path)
+    (work / "speed").mkdir()
+    (work / "speed" / "adapters.txt").write_text("[80 s] 1 adapters: {'step_s': 6.0}\n")
+    (work / "parts").write_text("units-done\nrepro-done\n")
+    (work / "units.packed").touch(), (work / "repro.packed").touch()
+    (work / "status").write_text("running speed\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        _poll(work, out, wait=20, script=ENGINE_POLL)
+    assert sorted(p.name for p in out.iterdir()) == ["speed-so-far.txt"]
+    assert "1 adapters" in (out / "speed-so-far.txt").read_text()
+    for f in out.iterdir():
+        f.unlink()
+    (work / "speed" / "engine.log").write_text("gs1.engine: compiled\n")
+    (work / "parts").write_text("units-done\nrepro-done\nspeed-done\n")
+    (work / "status").write_text("all-done\n")
+    done = _poll(work, out, wait=240, script=ENGINE_POLL)
+    assert done.returncode == 0 and "1 adapters" in done.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["logs.tgz", "speed.tgz.00"]
+    with tarfile.open(out / "speed.tgz.00") as speed:
+        assert {"speed/adapters.txt", "speed/engine.log"} <= set(speed.getnames())
+
+
 def test_the_engine_poll_packs_each_part_once_and_ends_with_the_run(tmp_path):
     """engine_device_run.sh's parts come back in the call that first sees them done (weights left
     out), once; the logs and inductor's cache once the run has ended."""

@@ -2,7 +2,9 @@
 # Waits up to ${WAIT:-560} s for engine_device_run.sh and prints where it is. A part is packed into
 # $OUT in the call that first sees it done (W/parts), once: units.tgz.NN (the 24-unit run directory
 # without weights: gates, train and eval logs, decision, .stage-results) and repro.tgz.NN (the
-# reproduction's run folders without weights, their logs and comparisons). Once the run has ended,
+# reproduction's run folders without weights, their logs and comparisons) and speed.tgz.NN (the
+# multi-adapter table and the engine's log); until the speed part is done, every call brings back
+# its table as far as it got (speed-so-far.txt). Once the run has ended,
 # logs.tgz (status, times, logs, GPU samples, versions) and inductor's cache in pieces
 # (compile.tgz.NN) when they fit. A run that stopped short (e.g. "model checksum failed") ends the
 # wait at once and brings back what it wrote of its start (tests/test_device_scripts.py).
@@ -22,6 +24,9 @@ pack_parts() {
   [ -n "${OUT:-}" ] || return 0
   grep -qx units-done "$W/parts" 2>/dev/null && pack units
   grep -qx repro-done "$W/parts" 2>/dev/null && pack repro
+  grep -qx speed-done "$W/parts" 2>/dev/null && pack speed && rm -f "$OUT/speed-so-far.txt"
+  # the speed table as far as it got (a few kB), kept fresh while it runs: a session may end first
+  if [ -s "$W/speed/adapters.txt" ] && ! [ -f "$W/speed.packed" ]; then cp "$W/speed/adapters.txt" "$OUT/speed-so-far.txt"; fi
 }
 
 end=$(( $(date +%s) + ${WAIT:-560} ))
@@ -35,6 +40,7 @@ echo "status: $(cat "$W/status" 2>/dev/null)"
 cat "$W/times.txt" 2>/dev/null
 grep -hE "Finished in state|failed|Error|error:|gs1:|step [0-9]+/" "$W/units.log" 2>/dev/null | tail -8
 tail -3 "$W"/repro/*.log 2>/dev/null
+grep -h "adapters:" "$W/speed/adapters.txt" 2>/dev/null
 [ -n "${OUT:-}" ] || exit 0
 if run_ended "$W" "$BUSY"; then
   tar czf "$OUT/logs.tgz" -C "$W" --ignore-failed-read status times.txt parts model_sha.txt gpu.txt gpu_samples.csv \

@@ -6,8 +6,12 @@
 #   part "reproduce": the user's spec's two arms (results/h200-gsm8k/spec_revised.json) for 7 steps,
 #                     three runs in one process as they run by default, then one run in each of two
 #                     processes in the deterministic mode (GS1_DETERMINISTIC=1), each set compared
-#                     (benchmarks/reproduce.py).
-#   PARTS=units,reproduce [COMPILE_FROM=.compile] setsid nohup bash scripts/h200/engine_device_run.sh &
+#                     (benchmarks/reproduce.py);
+#   part "speed":     benchmarks/engine_speed.py's multi-adapter table at the shape (Qwen2.5-1.5B's
+#                     config, 64 rows an arm, 160 prompt + 512 new tokens, rank 32), adapters
+#                     ${SPEED_ADAPTERS:-1,8,16,24}, into W/speed/adapters.txt a row at a time (the poll
+#                     brings back what it holds even when the session ends before the table does).
+#   PARTS=units,reproduce,speed [COMPILE_FROM=.compile] setsid nohup bash scripts/h200/engine_device_run.sh &
 #   WAIT=560 bash scripts/h200/engine_device_poll.sh      # in the same call, then again
 # Everything is written under /root/work; `status` there says how far it got, times.txt when each
 # part started and ended.
@@ -47,6 +51,13 @@ if [[ ",$PARTS," == *",reproduce,"* ]]; then
   $PY benchmarks/reproduce.py --compare "$R"/default-* --json "$R/compare-default.json" > "$R/compare-default.txt" 2>&1
   $PY benchmarks/reproduce.py --compare "$R"/det-a-0 "$R"/det-b-0 --json "$R/compare-det.json" > "$R/compare-det.txt" 2>&1
   echo repro-done >> "$W/parts"
+fi
+if [[ ",$PARTS," == *",speed,"* ]]; then
+  echo "running speed" > "$W/status"; stamp speed-start; mkdir -p "$W/speed"
+  $PY benchmarks/engine_speed.py --config qwen2.5-1.5b --device cuda --batch 64 --new-tokens 512 --prompt-tokens 160 \
+    --rank 32 --adapters "${SPEED_ADAPTERS:-1,8,16,24}" --repeats 1 > "$W/speed/adapters.txt" 2> "$W/speed/engine.log"
+  echo "speed-rc $?" >> "$W/times.txt"; stamp speed-end
+  echo speed-done >> "$W/parts"
 fi
 kill $SMI 2>/dev/null
 echo "all-done" > "$W/status"
