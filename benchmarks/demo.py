@@ -1,6 +1,6 @@
 """The README's main job, timed: `gs1 run specs/demo_local.json` in a fresh run directory, its
 stages (benchmarks/stage_timings.py) and one line against the goal (issue 47: under 6 minutes on
-2 quiet cores; it took 549 s at 28b1b68, 340 s at 2fafe1e and 527 s at de04e4e). The model
+2 quiet cores; it took 549 s at 28b1b68, 340 s at 2fafe1e, 527 s at de04e4e, 231 s at b4b9599: results/demo/README.md). The model
 cache is the user's (`~/.cache/gs1/models`, warm after a first run); `--cold` gives the run an
 empty one. The last line gives the run's CPU seconds too: on a shared machine they move less
 than its wall time.
