@@ -332,6 +332,21 @@ def test_the_engine_poll_brings_back_the_speed_table_as_far_as_it_got(tmp_path):
         assert {"speed/adapters.txt", "speed/engine.log"} <= set(speed.getnames())
 
 
+def test_the_engine_polls_last_call_brings_back_a_part_still_running(tmp_path):
+    """FINAL=1, the session's last call: the units as they stand and the logs come back."""
+    work, out = _folders(tmp_path)
+    (work / "units" / "train").mkdir(parents=True)
+    (work / "units" / "train" / "step_metrics.parquet").write_bytes(b"PAR1")
+    (work / "units.log").write_text("step 3/4\n")
+    (work / "status").write_text("running units\n")
+    env = {**BASE_ENV, "GS1_DEVICE_WORK": str(work), "OUT": str(out), "WAIT": "1", "FINAL": "1"}
+    done = subprocess.run(["bash", str(ENGINE_POLL)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "status: running units" in done.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["logs.tgz", "units.tgz.00"]
+    with tarfile.open(out / "units.tgz.00") as units:
+        assert "units/train/step_metrics.parquet" in units.getnames()
+
+
 def test_the_engine_poll_packs_each_part_once_and_ends_with_the_run(tmp_path):
     """engine_device_run.sh's parts come back in the call that first sees them done (weights left
     out), once; the logs and inductor's cache once the run has ended."""

@@ -6,7 +6,8 @@
 # multi-adapter table and the engine's log); until the speed part is done, every call brings back
 # its table as far as it got (speed-so-far.txt). Once the run has ended,
 # logs.tgz (status, times, logs, GPU samples, versions) and inductor's cache in pieces
-# (compile.tgz.NN) when they fit. A run that stopped short (e.g. "model checksum failed") ends the
+# (compile.tgz.NN) when they fit; FINAL=1 (a session's last call) packs the parts and logs as they
+# stand even though the run goes on. A run that stopped short (e.g. "model checksum failed") ends the
 # wait at once and brings back what it wrote of its start (tests/test_device_scripts.py).
 W=${GS1_DEVICE_WORK:-/root/work}  # the device run's folder (a test points it elsewhere)
 BUSY="assembling|running"
@@ -42,7 +43,11 @@ grep -hE "Finished in state|failed|Error|error:|gs1:|step [0-9]+/" "$W/units.log
 tail -3 "$W"/repro/*.log 2>/dev/null
 grep -h "adapters:" "$W/speed/adapters.txt" 2>/dev/null
 [ -n "${OUT:-}" ] || exit 0
-if run_ended "$W" "$BUSY"; then
+# FINAL=1 (the session's last call): what the parts wrote so far comes back even though the run goes on
+if [ -n "${FINAL:-}" ] && ! run_ended "$W" "$BUSY"; then
+  for part in units repro; do [ -d "$W/$part" ] && pack "$part"; done
+fi
+if run_ended "$W" "$BUSY" || [ -n "${FINAL:-}" ]; then
   tar czf "$OUT/logs.tgz" -C "$W" --ignore-failed-read status times.txt parts model_sha.txt gpu.txt gpu_samples.csv \
     compile_from.txt units.log 2>/dev/null
   grep -q all-done "$W/status" && pack_compile_cache "$W" "$OUT"
