@@ -88,17 +88,23 @@ class Learner:
         return [p for p in self.lm.get_output_embeddings().parameters() if p.requires_grad]
 
     def microbatches(self, data: Sequence[types.Datum], multiple: int = 1) -> list[Microbatch]:
-        """Consecutive datums, each microbatch's padded length x size within the token budget;
-        padded lengths rounded up to a multiple of `multiple` (the compiled learner's
-        `LEARNER_LENGTH_MULTIPLE`: the length it runs is the one logged, dumped and replayed)."""
+        """The datums longest first, cut into microbatches whose padded length x size fits the
+        token budget; padded lengths rounded up to a multiple of `multiple` (the compiled learner's
+        `LEARNER_LENGTH_MULTIPLE`: the length it runs is the one logged, dumped and replayed).
+        Longest first because a microbatch is padded to its longest datum: in arrival order a
+        step's rollouts of 160-670 tokens left 27-33 % of the learner's positions padding on the
+        H200 (issue 46); sorted, each microbatch holds datums of about one length. The loss is a
+        sum over datums, so the order changes only the gradient's float summation order. Ties keep
+        arrival order: the layout is a function of the lengths alone."""
         def padded(length: int) -> int:
             return -(-length // multiple) * multiple
 
+        order = sorted(range(len(data)), key=lambda i: -data[i].model_input.length)
         mbs: list[Microbatch] = []
         mb: list[int] = []
-        longest = 0  # mb's longest datum
-        for i, d in enumerate(data):
-            L = d.model_input.length
+        longest = 0  # mb's longest datum (its first)
+        for i in order:
+            L = data[i].model_input.length
             if mb and (len(mb) + 1) * padded(max(longest, L)) > self.tokens_per_microbatch:
                 mbs.append(Microbatch.of(data, mb, padded(longest)))
                 mb, longest = [], 0

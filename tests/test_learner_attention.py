@@ -112,3 +112,43 @@ def test_the_defect_probe_is_finite_here_and_a_non_finite_one_refuses_to_train(m
     text = str(refused.value)
     assert "not finite on cpu in torch.float32" in text and "L=704" in text and "torch " in text
     assert text.endswith("refusing to train")
+
+
+def test_longest_first_microbatches_pad_less_and_train_the_same(tiny_model_dir, tmp_path):
+    """The user's step, B = 64 rollouts of mixed lengths over several microbatches: the default
+    layout (longest first, `Learner.microbatches`) pads fewer positions than arrival order and
+    gives the same per-datum logprobs, loss and LoRA gradient (float32 rounding: only the
+    gradient's summation order differs). Both go through the client's own forward_backward
+    (`forward_backward_layout`: the layout given, as `gs1 replay` gives it)."""
+    from engine.learner import Microbatch
+
+    data = [random_datum(n, seed) for seed, n in enumerate(USER_B64)]
+    tc = client(tiny_model_dir, tmp_path, torch.float32, False, 2048)
+    sorted_mbs = tc._engine.microbatches(data)
+    arrival, mb, longest = [], [], 0  # the layout before: consecutive datums within the same budget
+    for i, n in enumerate(USER_B64):
+        if mb and (len(mb) + 1) * max(longest, n) > 2048:
+            arrival.append(Microbatch.of(data, mb))
+            mb, longest = [], 0
+        mb, longest = [*mb, i], max(longest, n)
+    arrival.append(Microbatch.of(data, mb))
+    assert sorted(i for m in sorted_mbs for i in m.datums) == list(range(64))
+    assert all(m.size * m.padded_length <= 2048 for m in sorted_mbs)
+    positions = {name: sum(m.size * m.padded_length for m in mbs) for name, mbs in
+                 (("sorted", sorted_mbs), ("arrival", arrival))}
+    assert positions["sorted"] < 0.85 * positions["arrival"], positions
+    assert len(sorted_mbs) > 1
+
+    runs = {}
+    for name, out in (("sorted", lambda: tc.forward_backward(data, "importance_sampling")),
+                      ("arrival", lambda: tc.forward_backward_layout(data, "importance_sampling", arrival))):
+        out = out().result()
+        runs[name] = (out.metrics["loss:sum"], [np.asarray(o["logprobs"].tolist()) for o in out.loss_fn_outputs],
+                      tc.lora_gradient())
+        tc.discard_gradients()
+    (loss, lps, grad), (loss_a, lps_a, grad_a) = runs["sorted"], runs["arrival"]
+    assert loss == pytest.approx(loss_a, rel=1e-5)
+    for a, b in zip(lps, lps_a, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert np.abs(grad).max() > 0
+    np.testing.assert_allclose(grad, grad_a, rtol=1e-4, atol=1e-5 * np.abs(grad_a).max())

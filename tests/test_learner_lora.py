@@ -157,9 +157,11 @@ def test_microbatches_round_their_length_up_within_the_token_budget():
             for n in (13, 17, 30, 5, 40)]
     as_they_are = Learner.microbatches(learner, data)
     rounded = Learner.microbatches(learner, data, 16)
-    assert [(mb.datums, mb.padded_length) for mb in as_they_are] == [((0, 1, 2), 30), ((3, 4), 40)]
-    # three rows of 30 fit the 90 positions, three of 32 would not: the rounded length decides the split
-    assert [(mb.datums, mb.padded_length) for mb in rounded] == [((0, 1), 32), ((2, 3), 32), ((4,), 48)]
+    # longest first: 40 and 30 pad to 40 (80 positions), then 17, 13 and 5 to 17 (51): 131
+    # positions, where arrival order (13 17 30 | 5 40) padded 90 + 80 = 170
+    assert [(mb.datums, mb.padded_length) for mb in as_they_are] == [((4, 2), 40), ((1, 0, 3), 17)]
+    # two rows of 48 would not fit the 90 positions, two of 32 do: the rounded length decides the split
+    assert [(mb.datums, mb.padded_length) for mb in rounded] == [((4,), 48), ((2, 1), 32), ((0, 3), 16)]
     for mb in rounded:
         assert mb.padded_length % 16 == 0 and mb.size * mb.padded_length <= 90
         assert mb.padded_length >= max(mb.lengths) and mb.tokens == sum(mb.lengths)

@@ -75,7 +75,8 @@ def test_a_nan_advantage_reads_as_bad_data(tiny_model_dir, tmp_path):
         optim.result()
     assert all(torch.equal(a, b) for a, b in zip(before, tc._engine.params))  # nothing applied
     layout = json.loads((tmp_path / e.dump / "layout.json").read_text())
-    assert layout["microbatches"] == [{"datums": [0, 1, 2], "lengths": [150, 90, 120], "padded_length": 150,
+    # longest first (`Learner.microbatches`): the dump's layout is the one that ran
+    assert layout["microbatches"] == [{"datums": [0, 2, 1], "lengths": [150, 120, 90], "padded_length": 150,
                                        "tokens": 360}]
     settings = json.loads((tmp_path / e.dump / "settings.json").read_text())
     assert settings["dtype"] == "float32" and settings["learner_attention_mask"] is False
@@ -150,7 +151,10 @@ def test_the_loops_step_leaves_the_reproducer_in_the_run_directory(tiny_service_
     assert text.startswith("train grpo_gs8 failed at step 1/3: NonFiniteStep: the gradient is not finite in "
                            "microbatch 1/"), text
     assert f", token {NAN_POSITION}; nothing was applied; replay: gs1 replay {dump}" in text
-    assert ", datum 0 (rollout " in text and ", prompt " in text
+    # the fake's row of microbatch 1 is the step's longest rollout (microbatches run longest first)
+    first = json.loads((dump / "layout.json").read_text())["microbatches"][0]
+    assert first["lengths"][NAN_ROW] == max(first["lengths"])
+    assert f", datum {first['datums'][NAN_ROW]} (rollout " in text and ", prompt " in text
     assert logs == []  # the failed step is not logged as done: a resume runs it again
     rollouts = pq.read_table(dump / "rollouts.parquet")
     assert rollouts.num_rows == arm.batch_size and set(rollouts.column("step").to_pylist()) == {0}
