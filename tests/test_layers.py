@@ -165,3 +165,29 @@ def test_no_script_shadows_a_room():
     rooms = {room for layer in LAYERS for room in layer}
     beside_scripts = [p for folder in ("benchmarks", "scripts", "flows") for p in (ROOT / folder).rglob("*.py")]
     assert not [p.relative_to(ROOT).as_posix() for p in beside_scripts if p.stem in rooms]
+
+
+# Rooms whose code is not part of what a cached stage computed (pipeline/cache.py's LIBRARY): the
+# report draws from records every time it runs, and the pipeline is the Prefect wiring (its cache
+# policies among it). Every other room below the stages is in LIBRARY.
+NOT_IN_THE_STAGE_CACHE_KEY = {"report", "pipeline"}
+PACKAGED_BESIDE_THE_ROOMS = {"deployments"}  # Prefect's deployment files (YAML), no Python room
+
+
+def test_the_package_list_and_the_stage_cache_follow_the_floor_table():
+    """The rooms are listed twice outside this table: pyproject's packages (what `pip install`
+    ships) and the stage cache's LIBRARY (a change there reruns the stages). A room added to
+    LAYERS and missed in either would install without its code, or leave stale cached stages."""
+    import tomllib
+
+    from pipeline.cache import LIBRARY
+
+    rooms = {room for layer in LAYERS for room in layer}
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packaged = {name.rstrip("*") for name in include}
+    assert packaged == rooms | PACKAGED_BESIDE_THE_ROOMS, packaged ^ (rooms | PACKAGED_BESIDE_THE_ROOMS)
+    stages = LAYERS.index(("tasks",))
+    below_the_stages = {room for layer in LAYERS[:stages] for room in layer}
+    assert set(LIBRARY) == below_the_stages - NOT_IN_THE_STAGE_CACHE_KEY
+    # the digest's order is the table's, floor by floor: a reordering alone does not rerun stages
+    assert list(LIBRARY) == [room for layer in LAYERS[:stages] for room in layer if room in LIBRARY]
