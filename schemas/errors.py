@@ -9,7 +9,6 @@ Each is picklable: Prefect ships exceptions across processes and stores them in 
 - `UnitProofError` (a UserError): a unit of a units folder fails its proof, holds fewer or other
   items than the spec registers, or lacks a file the decision reads; nothing is written.
 - `EvalDataError`: eval files that cannot be paired (the `decide` command turns it into a UserError).
-- `SampleRequestError`: a sample request that still failed after its retries.
 - `BackendError`: a backend call that failed or answered other than the SDK documents (the run
   ends on its one line, exit 1). `KeyRefused` is the one for a key the service refused mid-run (exit 2).
 - `FieldProblems`: a pydantic model check's several `field: reason` problems (spec, kernel).
@@ -81,29 +80,6 @@ class EvalDataError(Gs1Error, ValueError):
     The message is one line naming the file and what is wrong."""
 
 
-class SampleRequestError(Gs1Error, RuntimeError):
-    """Raised when a sample request still failed after its retries; `index` is its position in the input."""
-
-    def __init__(self, index: int, attempts: int, cause: BaseException) -> None:
-        super().__init__(
-            f"sample request {index} failed after {attempts} attempt(s): "
-            f"{type(cause).__name__}: {cause}"
-        )
-        self.index = index
-        self.attempts = attempts
-
-    def __reduce__(self):
-        # Picklable across processes (Prefect results) without the unpicklable cause.
-        return (_rebuild_sample_request_error, (self.index, self.attempts, str(self)))
-
-
-def _rebuild_sample_request_error(index: int, attempts: int, message: str) -> SampleRequestError:
-    err = SampleRequestError.__new__(SampleRequestError)
-    RuntimeError.__init__(err, message)
-    err.index, err.attempts = index, attempts
-    return err
-
-
 class BackendError(Gs1Error, RuntimeError):
     """Raised on a backend call that failed, or whose answer deviates from the shape the tinker SDK documents
     and cannot be read exactly. One line: the backend, the call, what was expected, what came."""
@@ -113,7 +89,7 @@ class BackendError(Gs1Error, RuntimeError):
         self.backend, self.call, self.expected, self.got = backend, call, expected, got
 
     def __reduce__(self):
-        # Picklable across processes (Prefect results), the cause left behind like SampleRequestError's.
+        # Picklable across processes (Prefect results), the cause left behind (it may not pickle).
         return (BackendError, (self.backend, self.call, self.expected, self.got))
 
 

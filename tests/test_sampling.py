@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
-import pickle
 import threading
 import time
 
@@ -12,53 +10,38 @@ import numpy as np
 import pytest
 from tinker import types
 
-from rl.sampling import params_per_prompt, sample_bounded, submit_all
-from schemas.errors import SampleRequestError
+from rl.sampling import params_per_prompt, submit_all
 
 
 class FakeSamplingClient:
     """`sample()` returns a concurrent future that resolves after `latency_s(prompt_id)`.
 
     The prompt id is the prompt's last token. The response's sample j is `[prompt_id, j]`.
-    `failures[prompt_id]` is how many attempts at that prompt fail before one succeeds
-    (a large number: always fails); `raise_on_submit` makes those failures raise from
-    `sample()` itself rather than from the future. With `held` (an Event) no request is
-    answered until it is set.
+    With `held` (an Event) no request is answered until it is set.
     """
 
-    def __init__(self, latency_s=lambda pid: 0.05, failures=None, raise_on_submit=False, held=None):
+    def __init__(self, latency_s=lambda pid: 0.05, held=None):
         self.latency_s = latency_s
         self.held = held
-        self.failures = collections.Counter(failures or {})
-        self.raise_on_submit = raise_on_submit
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=128)
         self.lock = threading.Lock()
         self.in_flight = 0
         self.max_in_flight = 0
-        self.attempts = collections.Counter()
         self.params_seen: dict[int, types.SamplingParams] = {}
 
     def sample(self, prompt, num_samples, sampling_params, include_prompt_logprobs=False):
         pid = prompt.to_ints()[-1]
         with self.lock:
-            self.attempts[pid] += 1
             self.params_seen[pid] = sampling_params
-            fail = self.failures[pid] > 0
-            if fail:
-                self.failures[pid] -= 1
-            if fail and self.raise_on_submit:
-                raise ConnectionError(f"submit of {pid} refused")
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        return self.pool.submit(self._run, pid, num_samples, fail)
+        return self.pool.submit(self._run, pid, num_samples)
 
-    def _run(self, pid, num_samples, fail):
+    def _run(self, pid, num_samples):
         try:
             if self.held is not None:
                 self.held.wait()
             time.sleep(self.latency_s(pid))
-            if fail:
-                raise RuntimeError(f"request for prompt {pid} failed")
             return types.SampleResponse(
                 sequences=[
                     types.SampledSequence(
@@ -107,59 +90,6 @@ def test_submit_all_takes_one_params_per_prompt():
 
 def test_params_per_prompt_repeats_a_single_params():
     assert params_per_prompt(PARAMS, 3) == [PARAMS] * 3
-
-
-def test_sample_bounded_keeps_input_order_when_later_requests_finish_first():
-    # Latency falls with the index, so completion order is roughly the reverse of input order.
-    client = FakeSamplingClient(latency_s=lambda pid: 0.01 * (20 - pid))
-    seen: list[int] = []
-    responses_P = sample_bounded(
-        client, _prompts(20), 1, PARAMS, max_in_flight=20,
-        on_result=lambda i, r: seen.append((i, r.sequences[0].tokens[0])),
-    )
-    assert [r.sequences[0].tokens[0] for r in responses_P] == list(range(20))
-    assert sorted(seen) == [(i, i) for i in range(20)]  # each once, with its own response
-    assert [i for i, _ in seen] != list(range(20))  # callbacks came in completion order
-
-
-@pytest.mark.parametrize("max_in_flight", [1, 3, 8])
-def test_sample_bounded_never_exceeds_max_in_flight(max_in_flight):
-    client = FakeSamplingClient(latency_s=lambda pid: 0.02)
-    responses_P = sample_bounded(client, _prompts(24), 1, PARAMS, max_in_flight=max_in_flight)
-    assert len(responses_P) == 24
-    assert client.max_in_flight == max_in_flight
-
-
-@pytest.mark.parametrize("raise_on_submit", [False, True])
-def test_sample_bounded_retries_a_failed_request(raise_on_submit):
-    client = FakeSamplingClient(failures={5: 2, 9: 1}, raise_on_submit=raise_on_submit)
-    responses_P = sample_bounded(
-        client, _prompts(12), 1, PARAMS, max_in_flight=4, max_attempts=3, retry_backoff_s=0.01
-    )
-    assert [r.sequences[0].tokens[0] for r in responses_P] == list(range(12))
-    assert client.attempts[5] == 3 and client.attempts[9] == 2 and client.attempts[0] == 1
-
-
-def test_sample_bounded_raises_with_the_item_index_after_bounded_retries():
-    client = FakeSamplingClient(failures={7: 10**6})
-    with pytest.raises(SampleRequestError, match=r"sample request 7 failed after 3 attempt") as e:
-        sample_bounded(
-            client, _prompts(12), 1, PARAMS, max_in_flight=4, max_attempts=3, retry_backoff_s=0.01
-        )
-    assert e.value.index == 7 and e.value.attempts == 3
-    assert client.attempts[7] == 3
-    assert isinstance(e.value.__cause__, RuntimeError)
-    clone = pickle.loads(pickle.dumps(e.value))
-    assert (clone.index, clone.attempts, str(clone)) == (7, 3, str(e.value))
-
-
-def test_sample_bounded_rejects_bad_arguments_and_handles_no_prompts():
-    client = FakeSamplingClient()
-    assert sample_bounded(client, [], 1, PARAMS) == []
-    with pytest.raises(ValueError):
-        sample_bounded(client, _prompts(2), 1, PARAMS, max_in_flight=0)
-    with pytest.raises(ValueError):
-        sample_bounded(client, _prompts(2), 1, PARAMS, max_attempts=0)
 
 
 class FakeEvalEnv:

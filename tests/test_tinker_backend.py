@@ -19,7 +19,7 @@ from tinker import types
 from fakes.fake_tinker_server import FakeTinkerServer
 from schemas.errors import UserError
 from rl.backends.tinker_backend import make_tinker_service_client, probe_service
-from rl.sampling import sample_bounded, submit_all
+from rl.sampling import submit_all
 
 LATENCY_S = 0.3
 SECRET_KEY = "tml-test-SECRET-4f1c9a"
@@ -181,16 +181,43 @@ def test_a_step_of_64_requests_takes_about_one_latency(fake_tinker, clients):
     assert [r.sequences[0].tokens[0] for r in responses_P] == list(range(64))
 
 
-def test_bounded_eval_sampling_really_bounds(fake_tinker, clients):
+class _EvalEnv:
+    """Eval problem i is the prompt [500, i] (as `_prompts`); the fake service answers [i, 0, ...]."""
+
+    def build_prompt(self, renderer, problem):
+        return types.ModelInput.from_ints([500, int(problem.id)])
+
+    def stop_sequences(self, renderer):
+        return []
+
+    def grade(self, renderer, problem, tokens_T):
+        return tokens_T[0] % 2 == 0, str(tokens_T[0])
+
+
+class _Renderer:
+    def parse_response(self, tokens):
+        return {"role": "assistant", "content": " ".join(map(str, tokens))}, True
+
+
+def _eval(sampler, n: int, max_in_flight: int) -> list[dict]:
+    from rl.envs.base import Problem
+    from rl.loop import eval_rows
+
+    problems = [Problem(id=str(i), question=f"q{i}", answer="0") for i in range(n)]
+    return eval_rows(sampler, env=_EvalEnv(), renderer=_Renderer(), problems=problems, arm_name="a",
+                     max_tokens=4, max_in_flight=max_in_flight)
+
+
+def test_eval_sampling_really_bounds(fake_tinker, clients):
     _, _, sampler = clients
     fake_tinker.reset_counters()
     start = time.monotonic()
-    responses_P = sample_bounded(sampler, _prompts(64), 1, PARAMS, max_in_flight=8)
+    rows = _eval(sampler, 64, max_in_flight=8)  # the eval's own path: chunks of 8, each awaited whole
     elapsed = time.monotonic() - start
     # 64 / 8 = 8 waves of one latency each: at least 8 latencies, far from 64.
     assert 2 <= fake_tinker.max_samples_in_flight <= 8
     assert 8 * LATENCY_S <= elapsed < 32 * LATENCY_S
-    assert [r.sequences[0].tokens[0] for r in responses_P] == list(range(64))
+    assert [r["item_id"] for r in rows] == [str(i) for i in range(64)]
 
 
 # ---- (c) transient errors ------------------------------------------------------------
@@ -210,18 +237,21 @@ def test_transient_error_on_first_try_is_retried(fake_tinker, clients, path, sta
     assert fake_tinker.calls[path] == 2  # the failed try and the retry
 
 
-def test_failed_sample_request_is_retried_by_sample_bounded(fake_tinker, clients):
+def test_a_sample_request_the_service_failed_ends_the_eval_on_one_line(fake_tinker, clients):
+    """The SDK does not retry a request the service reports as failed: the eval ends there, on
+    `resolved`'s one line naming the call and the cause, not on the SDK's traceback."""
+    from schemas.errors import BackendError
+
     _, _, sampler = clients
     fake_tinker.fail_next_samples(1)
     with pytest.raises(tinker.RequestFailedError):  # the SDK itself does not retry these
         sampler.sample(types.ModelInput.from_ints([7, 1]), 1, PARAMS).result()
-    fake_tinker.reset_counters()
     fake_tinker.fail_next_samples(1)
-    responses_P = sample_bounded(
-        sampler, _prompts(4), 1, PARAMS, max_in_flight=1, retry_backoff_s=0.01
-    )
-    assert [r.sequences[0].tokens[0] for r in responses_P] == [0, 1, 2, 3]
-    assert fake_tinker.sample_requests == 5
+    with pytest.raises(BackendError) as failed:
+        _eval(sampler, 4, max_in_flight=4)
+    text = str(failed.value)
+    assert text.startswith("tinker backend: sample (eval, greedy): expected a SampleResponse; got ")
+    assert "RequestFailedError" in text and "\n" not in text
 
 
 def test_training_calls_round_trip_and_survive_a_503(fake_tinker, clients):

@@ -25,7 +25,7 @@ Retries after start-up are the SDK's own, and they already cover what the RL loo
   exposed so a caller can pass a tighter one to `create_sampling_client(retry_config=...)`
   or `save_weights_and_get_sampling_client(retry_config=...)`.
 What the SDK does not retry is a request the service reports as failed
-(`RequestFailedError`); `rl.sampling.sample_bounded` retries those a bounded number of times.
+(`RequestFailedError`): the call ends there, on `await_result`'s one line naming it.
 
 Bounded calls (issue 47). The SDK bounds a submission by its retry window (5 min) but not a
 result's polling (connection errors there back off forever), nor a sample the service keeps
