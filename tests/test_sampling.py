@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from tinker import types
 
+from fakes.eval_env import FakeEvalEnv, FakeRenderer
 from rl.sampling import params_per_prompt, submit_all
 
 
@@ -90,27 +91,6 @@ def test_submit_all_takes_one_params_per_prompt():
 
 def test_params_per_prompt_repeats_a_single_params():
     assert params_per_prompt(PARAMS, 3) == [PARAMS] * 3
-
-
-class FakeEvalEnv:
-    """A stand-in env for eval_rows: prompt i is [1000, i]; a response is correct when its first
-    token is even (the FakeSamplingClient answers [prompt_id, 0])."""
-
-    name = "fake"
-
-    def build_prompt(self, renderer, problem):
-        return types.ModelInput.from_ints([1000, int(problem.id)])
-
-    def stop_sequences(self, renderer):
-        return []
-
-    def grade(self, renderer, problem, tokens_T):
-        return tokens_T[0] % 2 == 0, str(tokens_T[0])
-
-
-class FakeRenderer:
-    def parse_response(self, tokens):
-        return {"role": "assistant", "content": " ".join(map(str, tokens))}, True
 
 
 @pytest.mark.parametrize("max_in_flight", [1, 5, 64])

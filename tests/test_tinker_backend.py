@@ -16,6 +16,7 @@ import pytest
 import tinker
 from tinker import types
 
+from fakes.eval_env import FakeEvalEnv, FakeRenderer
 from fakes.fake_tinker_server import FakeTinkerServer
 from schemas.errors import UserError
 from rl.backends.tinker_backend import make_tinker_service_client, probe_service
@@ -181,30 +182,12 @@ def test_a_step_of_64_requests_takes_about_one_latency(fake_tinker, clients):
     assert [r.sequences[0].tokens[0] for r in responses_P] == list(range(64))
 
 
-class _EvalEnv:
-    """Eval problem i is the prompt [500, i] (as `_prompts`); the fake service answers [i, 0, ...]."""
-
-    def build_prompt(self, renderer, problem):
-        return types.ModelInput.from_ints([500, int(problem.id)])
-
-    def stop_sequences(self, renderer):
-        return []
-
-    def grade(self, renderer, problem, tokens_T):
-        return tokens_T[0] % 2 == 0, str(tokens_T[0])
-
-
-class _Renderer:
-    def parse_response(self, tokens):
-        return {"role": "assistant", "content": " ".join(map(str, tokens))}, True
-
-
 def _eval(sampler, n: int, max_in_flight: int) -> list[dict]:
     from rl.envs.base import Problem
     from rl.loop import eval_rows
 
     problems = [Problem(id=str(i), question=f"q{i}", answer="0") for i in range(n)]
-    return eval_rows(sampler, env=_EvalEnv(), renderer=_Renderer(), problems=problems, arm_name="a",
+    return eval_rows(sampler, env=FakeEvalEnv(prefix=500), renderer=FakeRenderer(), problems=problems, arm_name="a",
                      max_tokens=4, max_in_flight=max_in_flight)
 
 
