@@ -93,19 +93,23 @@ def _reference_forward_backward(model, data, loss_fn, acc):
     return float(loss.detach()), [lp[b, : d.model_input.length].detach() for b, d in enumerate(data)]
 
 
-@pytest.mark.parametrize("dtype,loss_fn,train_unembed", [
-    (torch.float32, "importance_sampling", False),
-    (torch.float64, "importance_sampling", False),
-    (torch.float32, "cross_entropy", False),
-    (torch.float64, "importance_sampling", True),  # LoRA on the LM head: the head's own grads
+# The decoder layers checkpointed (as on a GPU short of memory, or a CPU whose activations would
+# crowd it) and not (the CPU's default at this size: `engine.settings.checkpoint_learner`)
+@pytest.mark.parametrize("dtype,loss_fn,train_unembed,checkpointed", [
+    (torch.float32, "importance_sampling", False, True),
+    (torch.float64, "importance_sampling", False, True),
+    (torch.float32, "cross_entropy", False, True),
+    (torch.float64, "importance_sampling", True, True),  # LoRA on the LM head: the head's own grads
+    (torch.float32, "importance_sampling", False, False),
 ])
 def test_forward_backward_matches_the_full_logits_path(tiny_model_dir, tmp_path, dtype, loss_fn,  # noqa: F811
-                                                       train_unembed):
-    svc = make_service_client("local", device="cpu", dtype=dtype, cache_dir=tmp_path)
+                                                       train_unembed, checkpointed):
+    svc = make_service_client("local", device="cpu", dtype=dtype, cache_dir=tmp_path,
+                              gradient_checkpointing=checkpointed)
     tc = svc.create_lora_training_client(str(tiny_model_dir), rank=4, seed=7,
                                          train_unembed=train_unembed).result()
     eng = tc._engine
-    assert eng.learner.checkpointed_layers, "decoder layers are checkpointed in training"
+    assert bool(eng.learner.checkpointed_layers) is checkpointed, "decoder layers checkpointed as asked"
     with torch.no_grad():  # non-zero B: every LoRA matrix gets a gradient
         g = torch.Generator().manual_seed(0)
         for n, p in eng.model.named_parameters():
