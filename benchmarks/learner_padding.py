@@ -1,6 +1,7 @@
 """The learner's padding on logged steps: each step's datums (prompt + response - 1 tokens, in the
-order the loop built them) cut into microbatches as `Learner.microbatches` cuts them now (longest
-first) and as it did before issue 46's change (arrival order), at the H200's token budget.
+order the loop built them) cut into microbatches by `engine.learner.cut_microbatches` longest
+first (`Learner.microbatches` now) and in arrival order (before issue 46's change), at the
+H200's token budget.
 
     python benchmarks/learner_padding.py results/h200-comparison/*/rollouts.parquet
     python benchmarks/learner_padding.py --tokens 16384 --multiple 16 PATH...
@@ -14,38 +15,26 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def arrival_layout(lengths: list[int], budget: int, multiple: int) -> int:
-    """Padded positions of consecutive datums within the budget (the layout before the change)."""
-    def padded(n: int) -> int:
-        return -(-n // multiple) * multiple
-
-    positions, size, longest = 0, 0, 0
-    for n in lengths:
-        if size and (size + 1) * padded(max(longest, n)) > budget:
-            positions += size * padded(longest)
-            size, longest = 0, 0
-        size, longest = size + 1, max(longest, n)
-    return positions + size * padded(longest)
+def positions(mbs) -> int:
+    return sum(mb.size * mb.padded_length for mb in mbs)
 
 
 def main(argv=None) -> int:
     import pyarrow.parquet as pq
     from tinker import types
 
-    from engine.learner import Learner
+    from engine.learner import cut_microbatches, longest_first
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("rollouts", nargs="+", type=Path)
     ap.add_argument("--tokens", type=int, default=16384, help="tokens per microbatch (the engine's CUDA default)")
     ap.add_argument("--multiple", type=int, default=16, help="padded-length multiple (LEARNER_LENGTH_MULTIPLE)")
     args = ap.parse_args(argv)
-    learner = SimpleNamespace(tokens_per_microbatch=args.tokens)  # `microbatches` reads only the budget
     print(f"token budget {args.tokens} a microbatch, lengths rounded up to a multiple of {args.multiple}")
     print("| rollouts | steps | real tokens | padded positions, arrival order | padding | "
           "padded positions, longest first | padding |")
@@ -60,8 +49,8 @@ def main(argv=None) -> int:
         for lengths in steps.values():
             data = [types.Datum(model_input=types.ModelInput.from_ints([0] * n), loss_fn_inputs={}) for n in lengths]
             real += sum(lengths)
-            before += arrival_layout(lengths, args.tokens, args.multiple)
-            after += sum(mb.size * mb.padded_length for mb in Learner.microbatches(learner, data, args.multiple))
+            before += positions(cut_microbatches(data, range(len(data)), args.tokens, args.multiple))
+            after += positions(cut_microbatches(data, longest_first(data), args.tokens, args.multiple))
         totals = [totals[0] + real, totals[1] + before, totals[2] + after]
         print(f"| {path.parent.name or path} | {len(steps)} | {real} | {before} | {1 - real / before:.1%} "
               f"| {after} | {1 - real / after:.1%} |")

@@ -88,31 +88,14 @@ class Learner:
         return [p for p in self.lm.get_output_embeddings().parameters() if p.requires_grad]
 
     def microbatches(self, data: Sequence[types.Datum], multiple: int = 1) -> list[Microbatch]:
-        """The datums longest first, cut into microbatches whose padded length x size fits the
-        token budget; padded lengths rounded up to a multiple of `multiple` (the compiled learner's
+        """The datums longest first, cut within the token budget (`cut_microbatches`); padded
+        lengths rounded up to a multiple of `multiple` (the compiled learner's
         `LEARNER_LENGTH_MULTIPLE`: the length it runs is the one logged, dumped and replayed).
-        Longest first because a microbatch is padded to its longest datum: in arrival order a
-        step's rollouts of 160-670 tokens left 27-33 % of the learner's positions padding on the
-        H200 (issue 46); sorted, each microbatch holds datums of about one length. The loss is a
-        sum over datums, so the order changes only the gradient's float summation order. Ties keep
-        arrival order: the layout is a function of the lengths alone."""
-        def padded(length: int) -> int:
-            return -(-length // multiple) * multiple
-
-        order = sorted(range(len(data)), key=lambda i: -data[i].model_input.length)
-        mbs: list[Microbatch] = []
-        mb: list[int] = []
-        longest = 0  # mb's longest datum (its first)
-        for i in order:
-            L = data[i].model_input.length
-            if mb and (len(mb) + 1) * padded(max(longest, L)) > self.tokens_per_microbatch:
-                mbs.append(Microbatch.of(data, mb, padded(longest)))
-                mb, longest = [], 0
-            mb.append(i)
-            longest = max(longest, L)
-        if mb:
-            mbs.append(Microbatch.of(data, mb, padded(longest)))
-        return mbs
+        Longest first because a microbatch is padded to its longest datum: in arrival order the
+        H200 comparison's logged steps left 33.8 % of the learner's positions padding, longest
+        first 18.1 % (benchmarks/learner_padding.py). The loss is a sum over datums, so the order
+        changes only the gradient's float summation order. Ties keep arrival order."""
+        return cut_microbatches(data, longest_first(data), self.tokens_per_microbatch, multiple)
 
     def forward_backward(self, adapter: TrainedAdapter, data: Sequence[types.Datum], loss_fn: str,
                          forward_only: bool, layout: Sequence[Microbatch] | None = None
@@ -285,6 +268,33 @@ class Learner:
         for i, lp_n in zip(mb.datums, lp_cpu.split(mb.lengths)):
             outputs[i] = {"logprobs": types.TensorData.from_torch(lp_n.clone())}
         return float(loss.detach())
+
+
+def longest_first(data: Sequence[types.Datum]) -> list[int]:
+    """The datums' indices, longest first; ties in arrival order."""
+    return sorted(range(len(data)), key=lambda i: -data[i].model_input.length)
+
+
+def cut_microbatches(data: Sequence[types.Datum], order: Sequence[int], budget: int,
+                     multiple: int = 1) -> list[Microbatch]:
+    """The datums in `order`, cut greedily into microbatches whose padded length x size fits
+    `budget` tokens, each padded to its longest datum rounded up to a multiple of `multiple`."""
+    def padded(length: int) -> int:
+        return -(-length // multiple) * multiple
+
+    mbs: list[Microbatch] = []
+    mb: list[int] = []
+    longest = 0  # mb's longest datum
+    for i in order:
+        L = data[i].model_input.length
+        if mb and (len(mb) + 1) * padded(max(longest, L)) > budget:
+            mbs.append(Microbatch.of(data, mb, padded(longest)))
+            mb, longest = [], 0
+        mb.append(i)
+        longest = max(longest, L)
+    if mb:
+        mbs.append(Microbatch.of(data, mb, padded(longest)))
+    return mbs
 
 
 def _symbolic_trainable(module, args, embeds: torch.Tensor) -> torch.Tensor:

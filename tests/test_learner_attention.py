@@ -120,18 +120,12 @@ def test_longest_first_microbatches_pad_less_and_train_the_same(tiny_model_dir, 
     gives the same per-datum logprobs, loss and LoRA gradient (float32 rounding: only the
     gradient's summation order differs). Both go through the client's own forward_backward
     (`forward_backward_layout`: the layout given, as `gs1 replay` gives it)."""
-    from engine.learner import Microbatch
+    from engine.learner import cut_microbatches
 
     data = [random_datum(n, seed) for seed, n in enumerate(USER_B64)]
     tc = client(tiny_model_dir, tmp_path, torch.float32, False, 2048)
     sorted_mbs = tc._engine.microbatches(data)
-    arrival, mb, longest = [], [], 0  # the layout before: consecutive datums within the same budget
-    for i, n in enumerate(USER_B64):
-        if mb and (len(mb) + 1) * max(longest, n) > 2048:
-            arrival.append(Microbatch.of(data, mb))
-            mb, longest = [], 0
-        mb, longest = [*mb, i], max(longest, n)
-    arrival.append(Microbatch.of(data, mb))
+    arrival = cut_microbatches(data, range(len(data)), 2048)  # the layout before: datums as they came
     assert sorted(i for m in sorted_mbs for i in m.datums) == list(range(64))
     assert all(m.size * m.padded_length <= 2048 for m in sorted_mbs)
     positions = {name: sum(m.size * m.padded_length for m in mbs) for name, mbs in
