@@ -23,6 +23,7 @@ from pipeline.services import engine_usage, log_engine_usage
 from rl.backends import DEFAULT_BACKEND
 from schemas.errors import CalibrationStopped, GateFailed
 from schemas.kernel import CALIBRATION
+from schemas.names import env_data_dir
 from schemas.layout import RunLayout
 from tasks.arms import eval_items, pilot_rollouts, trained_arm
 from tasks.gates import (activation_gate, audit_gate, family_decision_record, feasibility, offline_unit_checks,
@@ -72,6 +73,7 @@ def _stages(spec_path: str, layout: RunLayout, backend: str, data_dir: str | Non
             only: list[str] | None) -> dict:
     plan = validated_plan(spec_path, layout)
     run = plan.run
+    data_dir = env_data_dir(run.env, data_dir)  # none for an env that generates its problems: nor in its stages' keys
     piloted = (plan.treatment, plan.baseline)  # the arms a pilot runs, in its logs' order
     correctness_preflight(plan.arms, run, plan.preflight, layout, backend, data_dir)
     offline_unit_checks(layout)

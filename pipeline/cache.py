@@ -62,7 +62,8 @@ LIBRARY = ("schemas", "estimators", "rules", "design", "engine", "rl", "hillclim
 def _library_digest() -> str:
     h = hashlib.sha256()
     for package in LIBRARY:
-        root = Path(importlib.util.find_spec(package).origin).parent
+        # its folder, not its __init__'s: an editable install made before a package had one finds a namespace
+        root = Path(next(iter(importlib.util.find_spec(package).submodule_search_locations)))
         for f in sorted(root.rglob("*.py")):
             h.update(str(f.relative_to(root.parent)).encode())
             h.update(f.read_bytes())

@@ -24,7 +24,7 @@ GATE_METRICS = (
 
 # reasoning-gym generators (rl/envs/reasoning_gym_env.py holds their configs)
 REASONING_GYM_ENV_NAMES = ("rg_basic_arithmetic", "rg_chain_sum", "rg_gsm_symbolic", "rg_countdown", "rg_lcm")
-_REASONING_GYM_OPTIONS = ("seed", "n_train", "n_test", "config")
+_REASONING_GYM_OPTIONS = ("seed", "n_train", "n_test", "config", "system_prompt", "fewshot")
 
 # name -> the keyword options its constructor takes (None: any); tests/test_envs.py checks these
 # against the constructors' signatures
@@ -38,6 +38,20 @@ ENV_NAMES = tuple(_ENV_OPTIONS)  # the built-in benchmarks
 # test items an env holds when its options do not say (`n_test`): GSM8K's test split
 _ENV_TEST_ITEMS = {"gsm8k": 1319}
 
+# the envs that read a data directory (`gs1 run --data-dir`, GS1_GSM8K_DIR); the others generate
+# their problems and are handed none, so a data directory neither reaches them nor keys their stages
+_ENVS_READING_DATA = {"gsm8k"}
+
+
+def env_reads_data(name: str) -> bool:
+    """Whether env `name` reads a data directory (a registered env is taken to, unless declared not)."""
+    return name in _ENVS_READING_DATA
+
+
+def env_data_dir(name: str, data_dir: str | None) -> str | None:
+    """The data directory env `name` is handed: `data_dir` if it reads one, else None."""
+    return data_dir if env_reads_data(name) else None
+
 
 def env_test_items(name: str, options: Mapping) -> int | None:
     """How many test items env `name` with these options has (its `n_test` option, else a fixed
@@ -47,9 +61,13 @@ def env_test_items(name: str, options: Mapping) -> int | None:
     return _ENV_TEST_ITEMS.get(name)
 
 
-def declare_env(name: str, options: tuple[str, ...] | None) -> None:
+def declare_env(name: str, options: tuple[str, ...] | None, reads_data: bool = True) -> None:
     """Let a spec name env `name` with these keyword options (None: any); `rl.envs.register_env` calls it."""
     _ENV_OPTIONS[name] = None if options is None else tuple(options)
+    if reads_data:
+        _ENVS_READING_DATA.add(name)
+    else:
+        _ENVS_READING_DATA.discard(name)
 
 
 def env_names() -> tuple[str, ...]:

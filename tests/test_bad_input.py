@@ -196,3 +196,37 @@ def test_a_hub_model_not_cached_is_one_line_before_the_run(tmp_path, capsys, mon
     assert rc == 2 and len(err.splitlines()) == 1, err
     assert "'Qwen/Qwen3.5-2B' is not in the local Hugging Face cache" in err
     assert not run_dir.exists()
+
+
+def test_a_reasoning_gym_spec_without_reasoning_gym_is_one_line(tmp_path, capsys, monkeypatch):
+    """reasoning-gym is a run dependency only where a spec names one of its families: without the
+    package, `gs1 run` says which dataset needs it and how to install it, exit 2, before any run
+    directory or flow."""
+    monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # `import reasoning_gym` fails as when not installed
+    monkeypatch.delitem(sys.modules, "rl.envs.reasoning_gym_env", raising=False)
+    run_dir = tmp_path / "run"
+    rc = main(["run", str(ROOT / "specs" / "basic_arithmetic_demo_local.json"), "--run-dir", str(run_dir)])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "dataset rg_basic_arithmetic: needs the reasoning-gym package" in err and "gs1[reasoning-gym]" in err
+    assert not run_dir.exists()
+
+
+def test_a_data_dir_reaches_only_an_env_that_reads_one(tmp_path, capsys, monkeypatch):
+    """GS1_GSM8K_DIR and --data-dir are GSM8K's: an env that generates its problems is handed none
+    (a stale GS1_GSM8K_DIR is no error there, and an explicit --data-dir says it is not used), while
+    for GSM8K a missing directory is still one line."""
+    from gs1.commands.run import _data_dir
+    from schemas.errors import UserError
+    from schemas.names import env_data_dir, env_reads_data
+
+    monkeypatch.setenv("GS1_GSM8K_DIR", str(tmp_path / "nowhere"))
+    assert _data_dir("rg_basic_arithmetic", None) is None and capsys.readouterr().err == ""
+    assert _data_dir("arithmetic", str(tmp_path)) is None
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and f"--data-dir {tmp_path} not used: dataset arithmetic generates its problems" in err
+    with pytest.raises(UserError, match="no such directory"):
+        _data_dir("gsm8k", None)
+    assert _data_dir("gsm8k", str(tmp_path)) == str(tmp_path)
+    assert env_reads_data("gsm8k") and not env_reads_data("rg_countdown") and not env_reads_data("arithmetic")
+    assert env_data_dir("rg_lcm", "/data") is None and env_data_dir("gsm8k", "/data") == "/data"

@@ -384,3 +384,71 @@ def test_demo_renderer_speaks_smollm2_chatml(repo_root):
     assert ours == tok.apply_chat_template(convo, tokenize=False, add_generation_prompt=True)
     message, _ = renderer.parse_response(tok.encode("19<|im_end|>", add_special_tokens=False))
     assert message["content"] == "19"
+
+
+# a config with few distinct questions (1-digit a ± b: 200), so that train, the few-shot turns and
+# the test candidates collide and the filter has work to do
+_SMALL = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"],
+          "allow_negation": False, "allow_parentheses": False}
+
+
+def test_reasoning_gym_test_items_are_distinct_and_disjoint_from_train_and_the_fewshot_turns():
+    from rl.envs.reasoning_gym_env import TEST_SEED_OFFSET
+
+    env = get_env("rg_basic_arithmetic", seed=5, n_train=60, n_test=20, config=_SMALL, fewshot=3)
+    train = {p.question for p in env.train_problems()}
+    shots = {t["content"] for t in env.convo_prefix() if t["role"] == "user"}
+    test = [p.question for p in env.test_problems()]
+    assert len(test) == 20 and len(set(test)) == 20 and len(shots) == 3
+    assert not set(test) & train and not set(test) & shots
+    # the generator at the test seed does repeat train questions and itself: the filter is what keeps them apart
+    import reasoning_gym
+
+    raw = [e["question"] for e in reasoning_gym.create_dataset("basic_arithmetic", size=104, seed=5 + TEST_SEED_OFFSET, **_SMALL)]
+    assert set(raw) & train and len(set(raw)) < len(raw)
+    assert [p.question for p in get_env("rg_basic_arithmetic", seed=5, n_train=60, n_test=20, config=_SMALL,
+                                        fewshot=3).test_problems()] == test  # fixed by the seed
+
+
+def test_reasoning_gym_says_when_the_generator_cannot_give_the_test_items_asked():
+    env = get_env("rg_basic_arithmetic", seed=5, n_train=400, n_test=150, config=_SMALL)
+    with pytest.raises(UserError, match=r"n_test 150: the generator gave only \d+ test items"):
+        env.test_problems()
+
+
+def test_reasoning_gym_prompt_turns_and_fewshot_answers():
+    """The chosen reasoning-gym system prompt opens the conversation; each few-shot turn is a solved
+    item whose `<answer>` the generator scores 1; an unknown prompt name is one line naming the known ones."""
+    from reasoning_gym.utils import SYSTEM_PROMPTS
+
+    from rl.envs.reasoning_gym_env import extract
+
+    env = get_env("rg_basic_arithmetic", seed=1, n_train=8, n_test=4, system_prompt="direct", fewshot=2)
+    turns = env.convo_prefix()
+    assert [t["role"] for t in turns] == ["system", "user", "assistant", "user", "assistant"]
+    assert turns[0]["content"] == SYSTEM_PROMPTS["direct"]
+    entries = env._fewshot_entries()
+    for entry, answer in zip(entries, turns[2::2]):
+        assert env._dataset("fewshot").score_answer(extract(answer["content"]), entry) == 1.0
+    assert get_env("rg_basic_arithmetic", n_train=8, n_test=4).convo_prefix() == [
+        {"role": "system", "content": SYSTEM_PROMPTS["default"]}]
+    with pytest.raises(UserError, match="system_prompt 'chatty' is not one of reasoning-gym's"):
+        get_env("rg_basic_arithmetic", system_prompt="chatty")
+
+
+def test_a_data_dir_is_not_handed_to_an_env_that_generates_its_problems(tmp_path):
+    seen = {}
+
+    def counting(data_dir=None, **kw):
+        seen["data_dir"] = data_dir
+        return get_env("arithmetic", **kw)
+
+    from rl.envs import register_env
+
+    register_env("generating_test_env", counting, reads_data=False)
+    register_env("reading_test_env", counting)
+    get_env("generating_test_env", data_dir=tmp_path, n_train=4, n_test=2)
+    assert seen["data_dir"] is None
+    get_env("reading_test_env", data_dir=tmp_path, n_train=4, n_test=2)
+    assert seen["data_dir"] == tmp_path
+    assert isinstance(get_env("rg_chain_sum", data_dir=tmp_path / "nowhere", n_train=4, n_test=2), Env)

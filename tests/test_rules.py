@@ -220,21 +220,40 @@ def test_gs1_power_of_the_users_spec_names_its_threshold():
     assert re.search(r"\| 8 \| 1319 \| -0\.0\d+ \|", text.stdout)
 
 
-def test_the_seeds_spec_is_sized_by_its_power_table():
-    """specs/gsm8k_gs1_vs_grpo_seeds.json: paired_seed_t concludes at the -0.03 margin with >= 80 %
-    power at a true -0.01 (at Holm's first level over its two compared arms), one seed fewer would
-    not; its committed power table is what `gs1 power` prints now."""
-    spec = ROOT / "specs" / "gsm8k_gs1_vs_grpo_seeds.json"
+@pytest.mark.parametrize("name,items", [("gsm8k_gs1_vs_grpo_seeds", ()), ("basic_arithmetic_gs1_vs_grpo", (1319, 2000, 4000, 8000))])
+def test_the_seeds_specs_are_sized_by_their_power_tables(name, items):
+    """specs/gsm8k_gs1_vs_grpo_seeds.json and specs/basic_arithmetic_gs1_vs_grpo.json: paired_seed_t
+    concludes at the -0.03 margin with >= 80 % power at a true -0.01 (at Holm's first level over the
+    two compared arms), one seed fewer would not; each committed power table is what `gs1 power`
+    prints now."""
+    from design.plan import DecisionPlan
+    from design.spec import load_spec
+
+    spec = ROOT / "specs" / f"{name}.json"
     reading = json.loads(_gs1("power", spec, "--json").stdout)
     assert reading["method"] == "paired_seed_t" and reading["compared"] == 2
     at = {p["true_diff"]: p for p in reading["power"]}
     assert at[-0.01]["p_conclusive"] >= 0.8 and reading["gate_passed"] is True
     rule = rule_for("paired_seed_t")
-    fewer, _ = rule.power(PowerDesign(n_eval=1319), -0.01, 1319, reading["seeds"] - 1, reading["level"], -0.03, (0, 1),
+    design = DecisionPlan.of_spec(load_spec(spec)).power
+    fewer, _ = rule.power(design, -0.01, reading["n"], reading["seeds"] - 1, reading["level"], -0.03, (0, 1),
                           rule.settings())
     assert fewer < 0.8
-    committed = (ROOT / "specs" / "gsm8k_gs1_vs_grpo_seeds.power.md").read_text()
-    assert _gs1("power", spec).stdout.split("\n", 1)[1] in committed
+    committed = (ROOT / "specs" / f"{name}.power.md").read_text()
+    args = ("--items", ",".join(map(str, items))) if items else ()
+    assert _gs1("power", spec, *args).stdout.split("\n", 1)[1] in committed
+
+
+def test_the_basic_arithmetic_spread_keeps_the_gsm8k_run_level_part():
+    """The basic_arithmetic spec restates GSM8K's measured spread (0.02 at 1,319 items) at its own
+    4,000 items: the same run-level part, so at 1,319 items its design table reads 0.02 again."""
+    from design.plan import DecisionPlan
+    from design.spec import load_spec
+
+    design = DecisionPlan.of_spec(load_spec(ROOT / "specs" / "basic_arithmetic_gs1_vs_grpo.json")).power
+    measured = PowerDesign(n_eval=1319)
+    assert design.n_eval == 4000 and design.run_sd() == pytest.approx(measured.run_sd(), abs=2e-4)
+    assert design.seed_sd(1319) == pytest.approx(0.02, abs=2e-4)
 
 
 @pytest.mark.parametrize("change,line", [

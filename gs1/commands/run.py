@@ -27,7 +27,8 @@ def register(subparsers) -> None:
     p.add_argument("spec", nargs="?", help=f"spec JSON (default: {DEMO_SPEC})")
     p.add_argument("--backend", choices=list(BACKENDS), default=DEFAULT_BACKEND)
     p.add_argument("--run-dir", help="run directory (default: runs/<title-slug>-<experiment-hash>; gate bounds are not part of it)")
-    p.add_argument("--data-dir", help="directory with GSM8K train.jsonl/test.jsonl (default: the hub; env GS1_GSM8K_DIR)")
+    p.add_argument("--data-dir", help="directory with GSM8K train.jsonl/test.jsonl, for a spec on gsm8k (default: the hub; "
+                                      "env GS1_GSM8K_DIR); an env that generates its problems reads none")
     p.add_argument("--dispatch", metavar="DEPLOYMENT",
                    help="run each arm x seed as a flow run of this deployment of gs1-arm-unit "
                         "(e.g. gs1-arm-unit/train-and-eval) on its work pool's workers; needs PREFECT_API_URL and a run directory the workers share")
@@ -68,9 +69,7 @@ def _run(args: argparse.Namespace, server) -> int:
         from design.plan import plan_from_spec  # lazy: start-up time
 
         plan_from_spec(spec).selected_units(units)  # an unknown unit: one line naming the spec's, exit 2
-    data_dir = args.data_dir or os.environ.get("GS1_GSM8K_DIR")
-    if data_dir and not Path(data_dir).is_dir():
-        raise UserError(f"--data-dir {data_dir}: no such directory")
+    data_dir = _data_dir(spec.dataset.name, args.data_dir)
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from gs1.run_control import check_prefect_api, run_dir_lock
@@ -104,6 +103,22 @@ def _run(args: argparse.Namespace, server) -> int:
                 return _run_flow(spec_path, run_dir, args.backend, data_dir, dispatch, units)
             finally:
                 _send_pending_logs()  # while the server is still up: it stops when the run ends
+
+
+def _data_dir(env: str, given: str | None) -> str | None:
+    """The data directory the spec's env reads (`--data-dir`, else GS1_GSM8K_DIR), or None for an
+    env that generates its problems: it is not handed one, and `--data-dir` there says so."""
+    from schemas.names import env_reads_data
+
+    if not env_reads_data(env):
+        if given:
+            print(f"gs1: --data-dir {given} not used: dataset {env} generates its problems and reads no data directory",
+                  file=sys.stderr, flush=True)
+        return None
+    data_dir = given or os.environ.get("GS1_GSM8K_DIR")
+    if data_dir and not Path(data_dir).is_dir():
+        raise UserError(f"--data-dir {data_dir}: no such directory")
+    return data_dir
 
 
 def _send_pending_logs(timeout: float = 5.0) -> None:

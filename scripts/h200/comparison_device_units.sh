@@ -1,5 +1,6 @@
 #!/bin/bash
-# The card's comparison on the H200, some units at a time (issues 24, 25): started by the device
+# Units of a spec on the H200, some at a time (issues 24, 25; SPEC= another units spec, e.g. issue 50's
+# results/h200-basic-arithmetic/spec_revised.json, default the card's comparison): started by the device
 # command with `setsid nohup` from the device checkout's root once the wheels are in /tmp/site and
 # the model pieces (q.00..q.18) in /root/m (results/h200-gsm8k/README.md, "Device call sequence";
 # carry [".data", ".tree_commit"]). Usage:
