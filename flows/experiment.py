@@ -23,8 +23,8 @@ from pipeline.services import engine_usage, log_engine_usage
 from rl.backends import DEFAULT_BACKEND
 from schemas.errors import CalibrationStopped, GateFailed
 from schemas.kernel import CALIBRATION
-from schemas.names import env_data_dir
 from schemas.layout import RunLayout
+from schemas.names import env_data_dir
 from tasks.arms import eval_items, pilot_rollouts, trained_arm
 from tasks.gates import (activation_gate, audit_gate, family_decision_record, feasibility, offline_unit_checks,
                          paired_decision_record)
