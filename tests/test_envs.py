@@ -386,8 +386,8 @@ def test_demo_renderer_speaks_smollm2_chatml(repo_root):
     assert message["content"] == "19"
 
 
-# a config with few distinct questions (1-digit a ± b: 200), so that train, the few-shot turns and
-# the test candidates collide and the filter has work to do
+# a config with few distinct questions (1-digit a ± b: about 240 texts), so that train, the few-shot
+# turns and the test candidates collide and the filter has work to do
 _SMALL = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"],
           "allow_negation": False, "allow_parentheses": False}
 
@@ -452,3 +452,18 @@ def test_a_data_dir_is_not_handed_to_an_env_that_generates_its_problems(tmp_path
     get_env("reading_test_env", data_dir=tmp_path, n_train=4, n_test=2)
     assert seen["data_dir"] == tmp_path
     assert isinstance(get_env("rg_chain_sum", data_dir=tmp_path / "nowhere", n_train=4, n_test=2), Env)
+
+
+def test_the_basic_arithmetic_specs_test_set_is_there_at_its_own_shape(repo_root):
+    """specs/basic_arithmetic_gs1_vs_grpo.json as the H200 loads it: its 2,560 train items and all
+    4,000 eval items its power table asks for, each test question distinct and in no train prompt
+    (a shortfall would stop the device run at its first stage)."""
+    from design.spec import eval_items, load_spec
+
+    spec = load_spec(repo_root / "specs" / "basic_arithmetic_gs1_vs_grpo.json")
+    env = get_env(spec.dataset.name, **dict(spec.dataset.options))
+    train = {p.question for p in env.train_problems()}
+    test = [p.question for p in env.test_problems()]
+    assert len(env.train_problems()) == spec.dataset.n_examples == 2560
+    assert len(test) == len(set(test)) == eval_items(spec) == 4000
+    assert not set(test) & train
