@@ -208,7 +208,7 @@ def test_a_reasoning_gym_spec_without_reasoning_gym_is_one_line(tmp_path, capsys
     rc = main(["run", str(ROOT / "specs" / "basic_arithmetic_demo_local.json"), "--run-dir", str(run_dir)])
     err = capsys.readouterr().err
     assert rc == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert "dataset rg_basic_arithmetic: needs the reasoning-gym package" in err and "gs1[reasoning-gym]" in err
+    assert "dataset rg_basic_arithmetic: needs the reasoning-gym package" in err and "pip install -e '.[reasoning-gym]'" in err
     assert not run_dir.exists()
 
 

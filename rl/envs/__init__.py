@@ -33,7 +33,7 @@ def _reasoning_gym_factory(name: str) -> Callable[..., Env]:
             if e.name != "reasoning_gym":
                 raise
             raise UserError(f"dataset {name}: needs the reasoning-gym package, which is not installed here "
-                            f"(pip install 'gs1[reasoning-gym]')") from None
+                            f"(in the gs1 checkout: pip install -e '.[reasoning-gym]')") from None
         return make_reasoning_gym_env(name, data_dir, seed=seed, n_train=n_train, n_test=n_test, config=config,
                                       system_prompt=system_prompt, fewshot=fewshot)
 
