@@ -12,6 +12,11 @@ reproduction across processes too. `--compare` reads each run's step logs and fi
 prints, per arm and step, the mean reward and loss of every run and whether each matches the first
 run bit for bit (rollouts included), then each run's final-adapter difference from the first
 (largest |difference| and relative L2 over every LoRA tensor); `--json` writes it all too.
+
+A run's folder may be compared where it was moved to (a device run's logs brought back into
+`results/`): the step logs are read from the run folder itself, and where the adapters' folders
+did not come along, the content digests each run recorded in its `reproduce.json` say whether the
+final adapters are the same tensors (runs recorded before session 23 have none: unchecked, and said so).
 """
 
 from __future__ import annotations
@@ -63,7 +68,8 @@ def train_runs(spec: str, steps: int, runs: int, out: Path, label: str, data_dir
         if errors:
             raise errors[0]
         record = {"spec": spec, "steps": steps, "label": label, "run": k, "arm_seconds": seconds,
-                  "deterministic_requested": requested(), "numerics": engine_numerics("local")}
+                  "deterministic_requested": requested(), "numerics": engine_numerics("local"),
+                  "adapter_digests": {a.name: adapter_content_digest(_trained(layout, a.name).sampler_path) for a in arms}}
         (layout.root / "reproduce.json").write_text(json.dumps(record, indent=2))
         print(f"{layout.root.name}: " + ", ".join(f"{a} {s:.1f} s" for a, s in seconds.items()), flush=True)
 
@@ -74,8 +80,34 @@ def _rollout_digest(table) -> str:
     return hashlib.sha256(json.dumps(table.select(keep).to_pylist(), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _trained(layout, arm: str):
+    from design.plan import TrainedArm
+
+    return TrainedArm.model_validate_json((layout.root / "train" / arm / "final.json").read_text())
+
+
+def adapter_content_digest(folder: str) -> str:
+    """sha256 over every tensor of an adapter folder (name, dtype, shape, bytes): the same tensors give
+    the same digest wherever the folder lies (pipeline.cache.digest_paths hashes the path too)."""
+    import torch
+    from safetensors.torch import load_file
+
+    h = hashlib.sha256()
+    for name, x in sorted(load_file(str(Path(folder) / "adapter_model.safetensors")).items()):
+        h.update(f"{name}|{x.dtype}|{tuple(x.shape)}|".encode())
+        h.update(x.contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _here(recorded: str, arm_dir: Path) -> Path:
+    """A log the run recorded by its absolute path, or the file of that name in the arm's folder
+    where the run was moved (the device's /root/work/... is not here)."""
+    path = Path(recorded)
+    return path if path.exists() else arm_dir / path.name
+
+
 def run_logs(run_dir: Path) -> dict:
-    """{arm: {"steps": {step: {field: value, "rollouts": digest}}, "adapter": path, "seconds": [...]}}."""
+    """{arm: {"steps": {step: {field: value, "rollouts": digest}}, "adapter": path, "adapter_digest": str | None}}."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -83,11 +115,13 @@ def run_logs(run_dir: Path) -> dict:
     from schemas.layout import RunLayout
 
     layout = RunLayout(run_dir)
+    record = json.loads((run_dir / "reproduce.json").read_text()) if (run_dir / "reproduce.json").is_file() else {}
+    digests = record.get("adapter_digests", {})
     logs = {}
     for final_json in sorted((run_dir / "train").glob("*/final.json")):
         trained = TrainedArm.model_validate_json(final_json.read_text())
-        metrics = pq.read_table(trained.metrics)
-        rollouts = pq.read_table(trained.rollouts)
+        metrics = pq.read_table(_here(trained.metrics, final_json.parent))
+        rollouts = pq.read_table(_here(trained.rollouts, final_json.parent))
         steps = {}
         for row in metrics.to_pylist():
             s = row["step"]
@@ -95,7 +129,8 @@ def run_logs(run_dir: Path) -> dict:
             steps[s]["step_seconds"] = row.get("step_seconds")
             steps[s]["train_seconds"] = row.get("train_seconds")
             steps[s]["rollouts"] = _rollout_digest(rollouts.filter(pc.equal(rollouts["step"], s)))
-        logs[trained.arm] = {"steps": steps, "adapter": trained.sampler_path, "numerics": trained.numerics}
+        logs[trained.arm] = {"steps": steps, "adapter": trained.sampler_path, "numerics": trained.numerics,
+                             "adapter_digest": digests.get(trained.arm)}
     if not logs:
         raise SystemExit(f"{layout.root}: no trained arm (train/<arm>/final.json)")
     return logs
@@ -122,7 +157,7 @@ def compare(dirs: list[Path], as_json: Path | None) -> bool:
     runs = {d.name: run_logs(d) for d in dirs}
     names = list(runs)
     first = runs[names[0]]
-    out = {"runs": names, "arms": {}, "identical": True}
+    out = {"runs": names, "arms": {}, "identical": True, "adapters_unchecked": []}
     print(f"runs: {', '.join(names)} (first: {names[0]})")
     for arm, ref in first.items():
         print(f"\n{arm}: per step, each run's mean reward / loss; '=' matches {names[0]} bit for bit "
@@ -148,10 +183,20 @@ def compare(dirs: list[Path], as_json: Path | None) -> bool:
         for n in names[1:]:
             if arm not in runs[n]:
                 continue
-            worst, rel = adapter_difference(ref["adapter"], runs[n][arm]["adapter"])
-            arm_out["adapters"][n] = {"max_abs": worst, "rel_l2": rel}
-            out["identical"] &= worst == 0.0
-            print(f"  {n}: {worst:.3e}, {rel:.3e}")
+            other = runs[n][arm]
+            if Path(ref["adapter"]).is_dir() and Path(other["adapter"]).is_dir():
+                worst, rel = adapter_difference(ref["adapter"], other["adapter"])
+                arm_out["adapters"][n] = {"max_abs": worst, "rel_l2": rel}
+                out["identical"] &= worst == 0.0
+                print(f"  {n}: {worst:.3e}, {rel:.3e}")
+            elif ref["adapter_digest"] and other["adapter_digest"]:
+                same = ref["adapter_digest"] == other["adapter_digest"]
+                arm_out["adapters"][n] = {"same_tensors": same}
+                out["identical"] &= same
+                print(f"  {n}: {'the same tensors' if same else 'different tensors'} (content digests; the folders are not here)")
+            else:  # neither the folders nor digests: the step logs alone are compared
+                out["adapters_unchecked"].append(f"{arm}/{n}")
+                print(f"  {n}: unchecked (the adapters' folders are not here and the run recorded no digest)")
         seconds = {n: [s["step_seconds"] for _, s in sorted(runs[n].get(arm, {}).get("steps", {}).items())] for n in names}
         arm_out["step_seconds"] = seconds
         # the first two steps run the learner eagerly (it compiles on the third): the rest are the cost
@@ -159,7 +204,8 @@ def compare(dirs: list[Path], as_json: Path | None) -> bool:
         print(f"\n{arm}: mean step seconds{' from step 2' if len(ref['steps']) > 2 else ''}: " + ", ".join(
             f"{n} {sum(later(v)) / max(len(later(v)), 1):.2f}" for n, v in seconds.items()))
         out["arms"][arm] = arm_out
-    print(f"\nidentical: {out['identical']}")
+    unchecked = f" (final adapters unchecked: {', '.join(out['adapters_unchecked'])})" if out["adapters_unchecked"] else ""
+    print(f"\nidentical: {out['identical']}{unchecked}")
     if as_json is not None:
         as_json.write_text(json.dumps(out, indent=2, default=str))
     return out["identical"]

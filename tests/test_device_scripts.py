@@ -274,8 +274,11 @@ def _made_up_checkout(tmp_path) -> dict:
     fetch_rg_wheels.write_text("mkdir -p .whl/c && touch .whl/c/z.whl\n")
     fetch_model = tmp_path / "model.sh"
     fetch_model.write_text(f"mkdir -p .models && cp {parts}/q.* .models/\n")
+    build_tokenizer = tmp_path / "tokenizer.sh"  # stands in for the real builder (it needs transformers)
+    build_tokenizer.write_text('mkdir -p "$1" && echo \'{"model": "made up"}\' > "$1/tokenizer.json"\n')
     return {"FETCH_WHEELS": f"bash {fetch_wheels}", "FETCH_RG_WHEELS": f"bash {fetch_rg_wheels}", "FETCH_MODEL": f"bash {fetch_model}", "MODEL_SUMS": str(sums),
-            "QUESTION_GGUF": str(gguf), "QUESTION_MODEL_SUMS": str(qsums), "SHARED_DATA": str(data)}
+            "QUESTION_GGUF": str(gguf), "QUESTION_MODEL_SUMS": str(qsums), "SHARED_DATA": str(data),
+            "BUILD_TOKENIZER": f"bash {build_tokenizer}"}
 
 
 def test_device_checkout_lays_out_a_new_checkout_then_only_checks(tmp_path):
@@ -288,13 +291,16 @@ def test_device_checkout_lays_out_a_new_checkout_then_only_checks(tmp_path):
     assert "policy pieces: 2 OK" in done.stdout and "question model pieces: 1 OK" in done.stdout
     assert (co / ".models" / "s.00").read_bytes() == b"GGUF a small question model"
     assert (co / ".data" / "gsm8k" / "train.jsonl").is_file()
+    assert "tokenizer: built" in done.stdout and (co / ".data" / "qwen-tokenizer" / "tokenizer.json").is_file()
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=co, capture_output=True, text=True).stdout.strip()
     assert (co / ".tree_commit").read_text().strip() == head
     assert "compile cache: none" in done.stdout
     assert subprocess.run(["git", "status", "--porcelain"], cwd=co, capture_output=True, text=True).stdout == ""
     assert (co / ".whl" / "c" / "z.whl").is_file()
-    again = _checkout(tmp_path, **{**env, "FETCH_WHEELS": "false", "FETCH_RG_WHEELS": "false", "FETCH_MODEL": "false"})
+    again = _checkout(tmp_path, **{**env, "FETCH_WHEELS": "false", "FETCH_RG_WHEELS": "false", "FETCH_MODEL": "false",
+                                    "BUILD_TOKENIZER": "false"})
     assert again.returncode == 0 and "wheels: there (2 wheels)" in again.stdout, again.stdout
+    assert "tokenizer: there" in again.stdout
     assert "reasoning-gym wheels: there (1 wheels)" in again.stdout
 
 
@@ -305,6 +311,49 @@ def test_device_checkout_names_a_damaged_policy_piece_and_fails(tmp_path):
     done = _checkout(tmp_path, **{**env, "FETCH_MODEL": "true"})  # a fetch that mends nothing
     assert done.returncode == 1
     assert "policy pieces: do not check out" in done.stdout and "q.01: FAILED" in done.stdout
+
+
+def test_device_checkout_fails_on_a_tokenizer_it_cannot_build(tmp_path):
+    env = _made_up_checkout(tmp_path)
+    done = _checkout(tmp_path, **{**env, "BUILD_TOKENIZER": "bash -c 'echo no module named qwen_tokenizer; exit 1'"})
+    assert done.returncode == 1 and "tokenizer: failed (no module named qwen_tokenizer)" in done.stdout
+
+
+def _engine_speed_only(tmp_path, tokenizer: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """engine_device_run.sh with PARTS=speed, no model pieces at all, and a Python that stands in for
+    the benchmark (it prints the arguments it was given)."""
+    work = tmp_path / "work"
+    fake_py = tmp_path / "python.sh"
+    fake_py.write_text('echo "args: $*"\n')
+    env = {**BASE_ENV, "PARTS": "speed", "SPEED_ADAPTERS": "1,8", "GS1_DEVICE_WORK": str(work),
+           "GS1_DEVICE_MODELS": str(tmp_path / "no-pieces"), "GS1_DEVICE_DATA": str(tmp_path / "data"),
+           "GS1_DEVICE_PYTHON": f"bash {fake_py}", "GS1_DEVICE_TOKENIZER": str(tokenizer)}
+    done = subprocess.run(["bash", str(H200 / "engine_device_run.sh")], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    return done, work
+
+
+def test_the_engine_runs_speed_part_alone_needs_no_model_pieces(tmp_path):
+    """Session 23: PARTS=speed is the short-budget run, so it must not wait on the 19 piece calls;
+    it hands the benchmark the tokenizer device_checkout.sh saved (the image cannot build one)."""
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_text("{}")
+    done, work = _engine_speed_only(tmp_path, tokenizer)
+    assert done.returncode == 0, done.stderr
+    assert (work / "status").read_text().strip() == "all-done"
+    assert not (work / "model_sha.txt").exists()  # no assembly was tried
+    args = (work / "speed" / "adapters.txt").read_text()
+    assert "benchmarks/engine_speed.py" in args and "--adapters 1,8" in args and f"--tokenizer-dir {tokenizer}" in args
+    assert "speed-rc 0" in (work / "times.txt").read_text()
+
+
+def test_the_engine_runs_speed_part_names_a_missing_tokenizer(tmp_path):
+    done, work = _engine_speed_only(tmp_path, tmp_path / "no-tokenizer")
+    assert done.returncode == 0
+    log = (work / "speed" / "engine.log").read_text()
+    assert log.startswith("speed: no tokenizer at ") and "device_checkout.sh" in log
+    assert "speed-rc 2" in (work / "times.txt").read_text() and "speed-done" in (work / "parts").read_text()
 
 
 def test_the_engine_poll_brings_back_the_speed_table_as_far_as_it_got(tmp_path):

