@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import sys
 import threading
 import time
@@ -46,7 +47,12 @@ def train_runs(spec: str, steps: int, runs: int, out: Path, label: str, data_dir
 
     plan = plan_from_spec(load_spec(spec))
     arms = [a.model_copy(update={"steps": steps}) for a in plan.arms]
+    # the engine's compile lines on stderr: session 23's runs kept none, and a long step then
+    # could only be read as a compile from its timing
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("gs1.engine").setLevel(logging.INFO)
     for k in range(runs):
+        compiles_before = len(_decode_compiles())
         layout = RunLayout(out / f"{label}-{k}")
         layout.root.mkdir(parents=True, exist_ok=True)
         errors: list[BaseException] = []
@@ -69,7 +75,8 @@ def train_runs(spec: str, steps: int, runs: int, out: Path, label: str, data_dir
             raise errors[0]
         record = {"spec": spec, "steps": steps, "label": label, "run": k, "arm_seconds": seconds,
                   "deterministic_requested": requested(), "numerics": engine_numerics("local"),
-                  "adapter_digests": {a.name: adapter_content_digest(_trained(layout, a.name).sampler_path) for a in arms}}
+                  "adapter_digests": {a.name: adapter_content_digest(_trained(layout, a.name).sampler_path) for a in arms},
+                  "decode_compiles": _decode_compiles()[compiles_before:]}
         (layout.root / "reproduce.json").write_text(json.dumps(record, indent=2))
         print(f"{layout.root.name}: " + ", ".join(f"{a} {s:.1f} s" for a, s in seconds.items()), flush=True)
 
@@ -78,6 +85,16 @@ def _rollout_digest(table) -> str:
     """The step's rollouts, every column but the clocks, as one digest."""
     keep = [c for c in table.column_names if c not in TIME_COLUMNS]
     return hashlib.sha256(json.dumps(table.select(keep).to_pylist(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _decode_compiles() -> list[dict]:
+    """This process's decode graphs made ready so far (rows, positions, seconds, compiled or only
+    captured), in order: a run's own are the ones added while it ran."""
+    from dataclasses import asdict
+
+    from engine.generate import COMPILE_EVENTS
+
+    return [asdict(e) for e in COMPILE_EVENTS]
 
 
 def _trained(layout, arm: str):
