@@ -104,23 +104,18 @@ def _trained(layout, arm: str):
 
 
 def adapter_content_digest(folder: str) -> str:
-    """sha256 over every tensor of an adapter folder (name, dtype, shape, bytes): the same tensors give
+    """sha256 of an adapter folder's weights file: the same tensors, saved by the same code, give
     the same digest wherever the folder lies (pipeline.cache.digest_paths hashes the path too)."""
-    import torch
-    from safetensors.torch import load_file
+    from schemas.io import file_sha256
 
-    h = hashlib.sha256()
-    for name, x in sorted(load_file(str(Path(folder) / "adapter_model.safetensors")).items()):
-        h.update(f"{name}|{x.dtype}|{tuple(x.shape)}|".encode())
-        h.update(x.contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+    return file_sha256(Path(folder) / "adapter_model.safetensors")
 
 
 def _here(recorded: str, arm_dir: Path) -> Path:
-    """A log the run recorded by its absolute path, or the file of that name in the arm's folder
-    where the run was moved (the device's /root/work/... is not here)."""
-    path = Path(recorded)
-    return path if path.exists() else arm_dir / path.name
+    """The log of that name in the arm's own folder, which is the one compared wherever the run
+    was moved (the device's /root/work/... is not here); the recorded path only when it is not."""
+    moved = arm_dir / Path(recorded).name
+    return moved if moved.exists() else Path(recorded)
 
 
 def run_logs(run_dir: Path) -> dict:

@@ -50,6 +50,22 @@ def test_the_default_mode_diverged_and_the_deterministic_mode_did_not():
         assert default["arms"][arm]["adapters"]["default-1"]["max_abs"] > 0
 
 
+def _steps_1_to_5(comparison: dict, runs: list[str]) -> list[float]:
+    return [x for arm in comparison["arms"].values() for n in runs for x in arm["step_seconds"][n][1:6]]
+
+
+def test_the_modes_cost_is_what_the_readme_says():
+    """results/h200-engine/README.md's cost of the mode, recounted from the device's step seconds:
+    both arms, steps 1-5, the two deterministic runs against the two warm default runs."""
+    det = _steps_1_to_5(json.loads((REPRO / "compare-det.json").read_text()), ["det-a-0", "det-b-0"])
+    default = _steps_1_to_5(json.loads((REPRO / "compare-default.json").read_text()), ["default-1", "default-2"])
+    mean = lambda v: sum(v) / len(v)  # noqa: E731
+    readme = (ROOT / "results" / "h200-engine" / "README.md").read_text()
+    assert f"was {mean(det):.1f} s" in readme and f"against {mean(default):.1f} s by default" in readme
+    assert f"{min(det):.1f}-{max(det):.1f} s under the mode and {min(default):.1f}-{max(default):.1f} s" in readme
+    assert 1.4 < mean(det) / mean(default) < 1.6  # "about 1.5x"
+
+
 def _with_digests(tmp_path, name: str, digests: dict[str, str]) -> Path:
     run = tmp_path / name
     shutil.copytree(REPRO / name, run)
