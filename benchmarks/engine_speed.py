@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--skip-sample", action="store_true", help="train on random completions")
     ap.add_argument("--gradient-checkpointing", choices=["auto", "on", "off"], default="auto",
-                    help="checkpoint the decoder layers in training (auto: the engine's rule, local.settings.checkpoint_learner)")
+                    help="checkpoint the decoder layers in training (auto: the engine's rule, engine.settings.learner_memory)")
     ap.add_argument("--learner-lora", choices=["fused", "peft"], default="fused",
                     help="the learner's LoRA path (local.settings.LEARNER_LORA)")
     ap.add_argument("--compile-learner", choices=["auto", "on", "off"], default="auto",

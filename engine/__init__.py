@@ -58,8 +58,10 @@ trained adapter's LoRA through `lora_bank.LoraAddon` (peft's float32 arithmetic,
 bank's in decode, run as TF32 with `GS1_TF32=1` (`use_tf32`; IEEE float32 by default).
 The decoder layers are gradient-checkpointed
 (`gradient_checkpointing=True`: one more decoder forward, one hidden state per layer kept) where
-a microbatch's activations would crowd the GPU's memory, or the machine's on the CPU
-(`checkpoint_learner`); otherwise they keep their activations, and on CUDA they run through
+a microbatch's activations would crowd the machine's memory on the CPU (`checkpoint_learner`),
+or, on CUDA, where even a microbatch cut to fit the GPU's share would be under 4,096 tokens
+(`learner_memory`: a card that must cut trains smaller microbatches unchecked); otherwise they
+keep their activations, and on CUDA they run through
 torch.compile (`compile_learner`, from a client's third forward_backward: one graph for every
 layer and shape; a failed compile falls back to the eager layers).
 The learner right-pads each microbatch and passes no attention mask: under causal attention
@@ -101,17 +103,19 @@ from engine.clients import (
 from engine.learner import Microbatch
 from engine.settings import (
     EngineSettings,
+    LearnerMemory,
     LoraSpec,
     checkpoint_learner,
     compile_cache_dir,
     learner_activation_bytes,
+    learner_memory,
     pin_compile_cache,
     use_tf32,
 )
 
 __all__ = [
     "META_FILE", "NONFINITE_DATUMS", "NONFINITE_LAYOUT", "NONFINITE_SETTINGS", "EngineSettings",
-    "LocalSamplingClient", "LocalServiceClient", "LocalTrainingClient", "LoraSpec", "Microbatch",
+    "LearnerMemory", "LocalSamplingClient", "LocalServiceClient", "LocalTrainingClient", "LoraSpec", "Microbatch",
     "checkpoint_learner", "compile_cache_dir", "datum_from_tensors", "datum_tensors", "learner_activation_bytes",
-    "pin_compile_cache", "use_tf32", "usage_lines",
+    "learner_memory", "pin_compile_cache", "use_tf32", "usage_lines",
 ]

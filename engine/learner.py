@@ -20,7 +20,7 @@ from engine.attention import LEARNER_ATTENTION_MASK
 from engine.generate import dynamo_graphs, guard_failures, guard_failures_since
 from engine.lora_bank import AdapterBank
 from engine.sampler import Sampler
-from engine.settings import LEARNER_LENGTH_MULTIPLE, EngineSettings, checkpoint_learner
+from engine.settings import LEARNER_LENGTH_MULTIPLE, EngineSettings, LearnerMemory, learner_memory
 from engine.token_logprobs import lm_head_fn, target_logprobs
 
 _log = logging.getLogger("gs1.engine")
@@ -62,10 +62,12 @@ class Learner:
         self.device, self.dtype, self.pad_id = base.device, base.dtype, base.pad_id
         self.decoder = self.lm.get_decoder()
         self.learner_attention_mask = settings.learner_attention_mask  # True: the masked path before the fix (replay)
-        self.tokens_per_microbatch = settings.tokens_per_microbatch
-        self.gradient_checkpointing = (
-            checkpoint_learner(self.lm.config, base.device, base.dtype, settings.tokens_per_microbatch)
-            if settings.gradient_checkpointing is None else settings.gradient_checkpointing)
+        # checkpointing named in the settings keeps their microbatches; else the memory plan picks both
+        memory = (learner_memory(self.lm.config, base.device, base.dtype, settings.tokens_per_microbatch)
+                  if settings.gradient_checkpointing is None
+                  else LearnerMemory(settings.gradient_checkpointing, settings.tokens_per_microbatch))
+        self.tokens_per_microbatch = memory.tokens_per_microbatch
+        self.gradient_checkpointing = memory.checkpoint
         self.learner_lora = settings.learner_lora
         # Compiled decoder layers for training: not with checkpointing (its recompute would rerun
         # the compiled forward: untried), and off for good once a compile fails (`_learner_microbatch`).

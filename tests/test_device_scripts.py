@@ -425,3 +425,33 @@ def test_the_engine_poll_packs_each_part_once_and_ends_with_the_run(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["compile.tgz.00", "logs.tgz", "repro.tgz.00"]  # units: once
     with tarfile.open(out / "repro.tgz.00") as repro:
         assert "repro/compare-det.txt" in repro.getnames()
+
+
+def test_the_engine_runs_learner_part_times_each_setting_and_the_poll_packs_it(tmp_path):
+    """The learner part runs the single-adapter learner table once per setting (checkpointing,
+    compiled layers), each into its own file, and the poll brings them back as learner.tgz.00."""
+    work = tmp_path / "work"
+    fake_py = tmp_path / "python.sh"
+    fake_py.write_text('echo "args: $*"; echo "| train | 2.5 | 2.8 | 43008 |"\n')
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_text("{}")
+    env = {**BASE_ENV, "PARTS": "learner", "LEARNER_SETTINGS": "a:on:off;b:off:on", "GS1_DEVICE_WORK": str(work),
+           "GS1_DEVICE_MODELS": str(tmp_path / "no-pieces"), "GS1_DEVICE_DATA": str(tmp_path / "data"),
+           "GS1_DEVICE_PYTHON": f"bash {fake_py}", "GS1_DEVICE_TOKENIZER": str(tokenizer)}
+    done = subprocess.run(["bash", str(H200 / "engine_device_run.sh")], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    a, b = (work / "learner" / "a.txt").read_text(), (work / "learner" / "b.txt").read_text()
+    assert "--skip-sample" in a and "--gradient-checkpointing on --compile-learner off" in a
+    assert "--gradient-checkpointing off --compile-learner on" in b
+    times = (work / "times.txt").read_text()
+    assert "learner-a-rc 0" in times and "learner-b-rc 0" in times
+    assert "learner-done" in (work / "parts").read_text() and (work / "status").read_text().strip() == "all-done"
+    out = tmp_path / "out"
+    out.mkdir()
+    polled = subprocess.run(["bash", str(H200 / "engine_device_poll.sh")], cwd=ROOT, capture_output=True, text=True,
+                            env={**BASE_ENV, "GS1_DEVICE_WORK": str(work), "OUT": str(out), "WAIT": "0"}, timeout=60)
+    assert "learner/a.txt:| train | 2.5" in polled.stdout, polled.stdout
+    with tarfile.open(out / "learner.tgz.00") as packed:
+        assert {"learner/a.txt", "learner/b.txt", "learner/a.log"} <= set(packed.getnames())

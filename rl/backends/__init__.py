@@ -7,7 +7,7 @@ the loop uses (see docs/contracts.md, "Backend surface"):
   compile_decode=None, gradient_checkpointing=None, batch_across_clients=None, gather_busy_s=None,
   bank_decode=None, compile_after_batches=None, learner_lora="fused")`;
   compile_decode None: on unless GS1_COMPILE_DECODE=0 (CUDA only); gradient_checkpointing None: on
-  when a microbatch's activations would crowd the GPU, or the machine's memory on the CPU (`local.settings.checkpoint_learner`);
+  when a microbatch's activations would crowd the machine's memory on the CPU, or on CUDA when a microbatch cut to fit the GPU would be under 4,096 tokens (`engine.settings.learner_memory`);
   batch_across_clients None: on CUDA only (one decode batch across every client's queued requests;
   a flush waits for the arms still in their step at most gather_busy_s, 60 s by default);
   bank_decode None: GS1_BANK_DECODE, else `lora_bank.DEFAULT_DECODE_FORM`.

@@ -26,6 +26,7 @@ pack_parts() {
   grep -qx units-done "$W/parts" 2>/dev/null && pack units
   grep -qx repro-done "$W/parts" 2>/dev/null && pack repro
   grep -qx speed-done "$W/parts" 2>/dev/null && pack speed && rm -f "$OUT/speed-so-far.txt"
+  grep -qx learner-done "$W/parts" 2>/dev/null && pack learner
   # the speed table as far as it got (a few kB), kept fresh while it runs: a session may end first
   if [ -s "$W/speed/adapters.txt" ] && ! [ -f "$W/speed.packed" ]; then cp "$W/speed/adapters.txt" "$OUT/speed-so-far.txt"; fi
 }
@@ -42,10 +43,11 @@ cat "$W/times.txt" 2>/dev/null
 grep -hE "Finished in state|failed|Error|error:|gs1:|step [0-9]+/" "$W/units.log" 2>/dev/null | tail -8
 tail -3 "$W"/repro/*.log 2>/dev/null
 grep -h "adapters:" "$W/speed/adapters.txt" 2>/dev/null
+grep -H "^| train |" "$W"/learner/*.txt 2>/dev/null
 [ -n "${OUT:-}" ] || exit 0
 # FINAL=1 (the session's last call): what the parts wrote so far comes back even though the run goes on
 if [ -n "${FINAL:-}" ] && ! run_ended "$W" "$BUSY"; then
-  for part in units repro; do [ -d "$W/$part" ] && pack "$part"; done
+  for part in units repro learner; do [ -d "$W/$part" ] && pack "$part"; done
 fi
 if run_ended "$W" "$BUSY" || [ -n "${FINAL:-}" ]; then
   tar czf "$OUT/logs.tgz" -C "$W" --ignore-failed-read status times.txt parts model_sha.txt gpu.txt gpu_samples.csv \

