@@ -325,7 +325,7 @@ def _engine_speed_only(tmp_path, tokenizer: Path) -> tuple[subprocess.CompletedP
     work = tmp_path / "work"
     fake_py = tmp_path / "python.sh"
     fake_py.write_text('echo "args: $*"\n')
-    env = {**BASE_ENV, "PARTS": "speed", "SPEED_ADAPTERS": "1,8", "GS1_DEVICE_WORK": str(work),
+    env = {**BASE_ENV, "PARTS": "speed", "SPEED_ADAPTERS": "1,8", "SPEED_ARGS": "--diagnose", "GS1_DEVICE_WORK": str(work),
            "GS1_DEVICE_MODELS": str(tmp_path / "no-pieces"), "GS1_DEVICE_DATA": str(tmp_path / "data"),
            "GS1_DEVICE_PYTHON": f"bash {fake_py}", "GS1_DEVICE_TOKENIZER": str(tokenizer)}
     done = subprocess.run(["bash", str(H200 / "engine_device_run.sh")], cwd=ROOT, env=env, capture_output=True,
@@ -345,6 +345,7 @@ def test_the_engine_runs_speed_part_alone_needs_no_model_pieces(tmp_path):
     assert not (work / "model_sha.txt").exists()  # no assembly was tried
     args = (work / "speed" / "adapters.txt").read_text()
     assert "benchmarks/engine_speed.py" in args and "--adapters 1,8" in args and f"--tokenizer-dir {tokenizer}" in args
+    assert args.rstrip().endswith("--diagnose")  # SPEED_ARGS reach the benchmark
     assert "speed-rc 0" in (work / "times.txt").read_text()
 
 
@@ -432,11 +433,11 @@ def test_the_engine_runs_learner_part_times_each_setting_and_the_poll_packs_it(t
     compiled layers), each into its own file, and the poll brings them back as learner.tgz.00."""
     work = tmp_path / "work"
     fake_py = tmp_path / "python.sh"
-    fake_py.write_text('echo "args: $*"; echo "| train | 2.5 | 2.8 | 43008 |"\n')
+    fake_py.write_text('echo "args: $* tf32=$GS1_TF32"; echo "| train | 2.5 | 2.8 | 43008 |"\n')
     tokenizer = tmp_path / "tok"
     tokenizer.mkdir()
     (tokenizer / "tokenizer.json").write_text("{}")
-    env = {**BASE_ENV, "PARTS": "learner", "LEARNER_SETTINGS": "a:on:off;b:off:on", "GS1_DEVICE_WORK": str(work),
+    env = {**BASE_ENV, "PARTS": "learner", "LEARNER_SETTINGS": "a:on:off;b:off:on:tf32", "GS1_DEVICE_WORK": str(work),
            "GS1_DEVICE_MODELS": str(tmp_path / "no-pieces"), "GS1_DEVICE_DATA": str(tmp_path / "data"),
            "GS1_DEVICE_PYTHON": f"bash {fake_py}", "GS1_DEVICE_TOKENIZER": str(tokenizer)}
     done = subprocess.run(["bash", str(H200 / "engine_device_run.sh")], cwd=ROOT, env=env, capture_output=True,
@@ -445,6 +446,7 @@ def test_the_engine_runs_learner_part_times_each_setting_and_the_poll_packs_it(t
     a, b = (work / "learner" / "a.txt").read_text(), (work / "learner" / "b.txt").read_text()
     assert "--skip-sample" in a and "--gradient-checkpointing on --compile-learner off" in a
     assert "--gradient-checkpointing off --compile-learner on" in b
+    assert "tf32=0" in a and "tf32=1" in b  # the optional fourth field runs that setting with GS1_TF32=1
     times = (work / "times.txt").read_text()
     assert "learner-a-rc 0" in times and "learner-b-rc 0" in times
     assert "learner-done" in (work / "parts").read_text() and (work / "status").read_text().strip() == "all-done"

@@ -17,8 +17,11 @@
 #   part "learner":   the learner alone (benchmarks/engine_speed.py --skip-sample: 64 rows of 160 + 512
 #                     random tokens, one adapter) under each setting of ${LEARNER_SETTINGS} (default:
 #                     checkpointed eager, unchecked eager, unchecked compiled; a setting is
-#                     NAME:checkpointing:compile, ";"-separated), into W/learner/NAME.txt: which
-#                     lever moves the learner, the larger share of a many-adapter step.
+#                     NAME:checkpointing:compile[:tf32], ";"-separated, tf32 running it with
+#                     GS1_TF32=1), into W/learner/NAME.txt: which lever moves the learner, the
+#                     larger share of a many-adapter step.
+#   SPEED_ARGS:       more flags for the speed part's benchmark (e.g. --diagnose: the decode step's
+#                     profile and timings below its table).
 #   PARTS=units,reproduce,speed [COMPILE_FROM=.compile] setsid nohup bash scripts/h200/engine_device_run.sh &
 #   WAIT=560 bash scripts/h200/engine_device_poll.sh      # in the same call, then again
 # Everything is written under /root/work; `status` there says how far it got, times.txt when each
@@ -72,7 +75,7 @@ if has_part speed; then
   TOK=${GS1_DEVICE_TOKENIZER:-.data/qwen-tokenizer}
   if [ -s "$TOK/tokenizer.json" ]; then
     $PY benchmarks/engine_speed.py --config qwen2.5-1.5b --device cuda --batch 64 --new-tokens 512 --prompt-tokens 160 \
-      --rank 32 --adapters "${SPEED_ADAPTERS:-1,8,16,24}" --repeats 1 --tokenizer-dir "$TOK" \
+      --rank 32 --adapters "${SPEED_ADAPTERS:-1,8,16,24}" --repeats 1 --tokenizer-dir "$TOK" ${SPEED_ARGS:-} \
       > "$W/speed/adapters.txt" 2> "$W/speed/engine.log"
     echo "speed-rc $?" >> "$W/times.txt"
   else
@@ -87,9 +90,9 @@ if has_part learner; then
   TOK=${GS1_DEVICE_TOKENIZER:-.data/qwen-tokenizer}
   IFS=';' read -ra settings <<< "${LEARNER_SETTINGS:-checkpointed:on:off;unchecked:off:off;compiled:off:on}"
   for setting in "${settings[@]}"; do
-    IFS=':' read -r name ckpt comp <<< "$setting"
+    IFS=':' read -r name ckpt comp tf32 <<< "$setting"
     stamp "learner-$name-start"
-    $PY benchmarks/engine_speed.py --config qwen2.5-1.5b --device cuda --batch 64 --new-tokens 512 --prompt-tokens 160 \
+    GS1_TF32=$([ "$tf32" = tf32 ] && echo 1 || echo 0) $PY benchmarks/engine_speed.py --config qwen2.5-1.5b --device cuda --batch 64 --new-tokens 512 --prompt-tokens 160 \
       --rank 32 --skip-sample --repeats 2 --gradient-checkpointing "$ckpt" --compile-learner "$comp" --tokenizer-dir "$TOK" \
       > "$W/learner/$name.txt" 2> "$W/learner/$name.log"
     echo "learner-$name-rc $?" >> "$W/times.txt"
