@@ -121,6 +121,8 @@ def main(argv=None) -> int:
                          "unless checkpointed); compiled from the warm-up step on")
     ap.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate of the timed train steps")
     ap.add_argument("--diagnose", action="store_true", help="time graph replay and sampling alone")
+    ap.add_argument("--decode-length-bucket", type=int, default=None,
+                    help="a static decode cache's positions are a multiple of this (default: the engine's, 1024)")
     ap.add_argument("--bank-decode", choices=["dense", "tiled"], default=None,
                     help="the adapter bank's decode form (lora_bank.DECODE_FORMS; default: the engine's)")
     args = ap.parse_args(argv)
@@ -147,7 +149,7 @@ def main(argv=None) -> int:
                               max_batch_rows=max(args.batch, 1) * max(_counts(args.adapters) or [1]),
                               compile_decode=not args.no_compile,
                               batch_across_clients=True if args.adapters else None,
-                              bank_decode=args.bank_decode,
+                              bank_decode=args.bank_decode, decode_length_bucket=args.decode_length_bucket,
                               # a benchmark compiles a shape on its first batch: it times warm steps
                               compile_after_batches=1, compile_learner_after=1, **extra)
     if args.adapters:
@@ -268,7 +270,7 @@ def main(argv=None) -> int:
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
     print(f"\nconfig={args.config} device={device} ({name}) dtype={dtype} batch={args.batch} "
           f"prompt={args.prompt_tokens} new={args.new_tokens} rank={args.rank} "
-          f"cuda_graphs={gen.use_cuda_graphs} "
+          f"cuda_graphs={gen.use_cuda_graphs} decode_length_bucket={gen.length_bucket} "
           f"compiled={gen.compile_decode} build={t_build:.1f}s load={t_load:.1f}s "
           f"torch={torch.__version__}")
     if gen.stats.extra:
@@ -383,6 +385,7 @@ def adapters_table(args, svc, model_dir: Path, device: str) -> int:
           f"bank_decode={arms[0]._engine.settings.bank_decode} compiled_learner={arms[0]._engine.learner.compile_learner} "
           f"gradient_checkpointing={arms[0]._engine.learner.gradient_checkpointing} "
           f"tf32={arms[0]._engine.base.settings.tf32} "
+          f"decode_length_bucket={arms[0]._engine.settings.decode_length_bucket} "
           f"torch={torch.__version__}; x: against the first row")
     print("| adapters | rows | batches | ms / decode step | x | sample s | train s per adapter | RL step s | x "
           "| GiB held | GiB held per arm | GiB adapter + AdamW of an arm | peak GiB |")
@@ -395,4 +398,10 @@ def adapters_table(args, svc, model_dir: Path, device: str) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from schemas.errors import UserError
+
+    try:
+        raise SystemExit(main())
+    except UserError as e:  # a bad setting: its one line, exit 2
+        print(f"engine_speed: {e}", file=sys.stderr)
+        raise SystemExit(2)

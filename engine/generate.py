@@ -396,7 +396,12 @@ def decode_step(model, ids_B, pos_B, mask_B, cache) -> torch.Tensor:
 # bank's decode buffers follow the row count and a width that only grows (`lora_bank`), so a
 # run compiles about one shape per row count. A lone arm's 64 rows decode as 128.
 _COMPILED_DECODE = None
-DECODE_LENGTH_BUCKET = 1024  # static caches hold a multiple of this many positions
+# Static caches hold a multiple of this many positions (`Generator.length_bucket`; an engine's
+# `decode_length_bucket`, GS1_DECODE_LENGTH_BUCKET). A smaller bucket keeps less KV an arm and
+# the decode attention reads fewer positions (160 + 512 tokens: 768 positions at 256, 1,024 at
+# 1,024: 1.31 against 1.75 GiB of a 1.5B model's 64 rows), for more decode shapes a run may
+# compile (a batch whose prompts run longer lands in the next bucket). Not measured on a GPU yet.
+DECODE_LENGTH_BUCKET = 1024
 MIN_GRAPHED_ROWS = 128  # graphed batches hold a multiple of this many rows
 # A decode shape is compiled on its 8th batch. Measured on the H200 (results/h200-multi-adapter):
 # a compile costs 53-79 s cold (~20 s on a warm cache) and saves ~4 ms of a step at 128 rows
@@ -637,8 +642,10 @@ class Generator:
     def __init__(self, model, pad_id: int, tokenizer=None, use_cuda_graphs: bool | None = None,
                  static_cache: bool | None = None, share_prefill: bool = True,
                  max_logit_elems: int | None = None, compile_decode: bool = False, bank=None,
-                 compile_after: int = COMPILE_AFTER_BATCHES, compact: bool | None = None):
+                 compile_after: int = COMPILE_AFTER_BATCHES, compact: bool | None = None,
+                 length_bucket: int = DECODE_LENGTH_BUCKET):
         self.model = model
+        self.length_bucket = length_bucket  # a static cache's positions: a multiple of this
         self.share_prefill = share_prefill  # False: one prefill row per row (for comparisons)
         self.pad_id = pad_id
         self.tokenizer = tokenizer
@@ -797,7 +804,7 @@ class Generator:
         CUDA, one per shape kept between batches) or eager on the DynamicCache."""
         if not self.static_cache:
             return _EagerDecoder(self.model, cache, b)
-        total = _bucket(b.Lp + b.max_new, DECODE_LENGTH_BUCKET)
+        total = _bucket(b.Lp + b.max_new, self.length_bucket)
         self._batches_of[(b.B, total)] += 1
         dec = self._static_decoder(b.B, total)
         dec.start(cache, b)

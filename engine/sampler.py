@@ -60,7 +60,8 @@ class GeneratorSampler:
         self.lm, self.pad_id, self.bank = lm, pad_id, bank
         self.generator = Generator(lm, pad_id, tokenizer, settings.use_cuda_graphs,
                                    compile_decode=settings.compile_decode, bank=bank,
-                                   compile_after=settings.compile_after_batches)
+                                   compile_after=settings.compile_after_batches,
+                                   length_bucket=settings.decode_length_bucket)
 
     @property
     def max_logit_elems(self) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from engine.generate import COMPILE_AFTER_BATCHES
+from engine.generate import COMPILE_AFTER_BATCHES, DECODE_LENGTH_BUCKET
 from engine.lora_bank import DEFAULT_DECODE_FORM
 from schemas.errors import UserError
 
@@ -126,6 +126,8 @@ class EngineSettings:
     bank_decode: str = DEFAULT_DECODE_FORM
     # batches of a decode shape before it is compiled (`generate.COMPILE_AFTER_BATCHES`)
     compile_after_batches: int = COMPILE_AFTER_BATCHES
+    # a static decode cache holds a multiple of this many positions (`generate.DECODE_LENGTH_BUCKET`)
+    decode_length_bucket: int = DECODE_LENGTH_BUCKET
     # how the learner adds the trained adapter: "fused" (`lora_bank.LoraAddon`) or "peft" (peft's own path)
     learner_lora: str = "fused"
     # the learner's decoder layers run through torch.compile (`Learner.compiled_layers`), from a
@@ -137,6 +139,22 @@ class EngineSettings:
     tf32: bool = False
     # runs that reproduce (engine/determinism.py): set process-wide when the service is made
     deterministic: bool = False
+
+
+def resolve_decode_length_bucket(bucket: int | None) -> int:
+    """The static decode cache's length bucket: `bucket`, else `$GS1_DECODE_LENGTH_BUCKET`, else
+    `generate.DECODE_LENGTH_BUCKET`; a positive multiple of LEARNER_LENGTH_MULTIPLE (16: positions
+    that inductor's kernels see aligned), else a UserError naming the value and where it came from."""
+    where, value = ("decode_length_bucket", bucket) if bucket is not None else (
+        "GS1_DECODE_LENGTH_BUCKET", os.environ.get("GS1_DECODE_LENGTH_BUCKET") or DECODE_LENGTH_BUCKET)
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = 0
+    if n <= 0 or n % LEARNER_LENGTH_MULTIPLE or str(value).strip() != str(n):
+        raise UserError(f"{where}={value!r}: a decode length bucket is a positive multiple of "
+                        f"{LEARNER_LENGTH_MULTIPLE} positions (default {DECODE_LENGTH_BUCKET})")
+    return n
 
 
 LEARNER_LORA = ("fused", "peft")

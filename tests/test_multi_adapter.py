@@ -537,3 +537,59 @@ def test_an_unknown_bank_decode_form_is_refused(tmp_path):
 
     with pytest.raises(UserError, match="bank decode form 'sparse'"):
         _service(tmp_path, bank_decode="sparse")
+
+
+@pytest.mark.parametrize("n_prompts,max_tokens", [(4, 6), (64, 12)], ids=["demo", "user_B64"])
+def test_a_smaller_decode_length_bucket_keeps_every_token_and_holds_fewer_positions(
+        n_prompts, max_tokens, tmp_path, tiny_model_dir, tiny_tokenizer):
+    """`decode_length_bucket` sizes the static KV to the batch (a multiple of 16 positions, not
+    1,024): every row of a two-adapter batch, at the demo's shape and the user's B = 64, gets the
+    tokens it gets under today's 1,024 positions, logprobs within float32 rounding, from a cache
+    of fewer positions."""
+    from engine.generate import DECODE_LENGTH_BUCKET, Generator, Row, row_key
+
+    service = _service(tmp_path, decode_length_bucket=16)
+    tcs = [_perturbed(service, tiny_model_dir, 4, 1), _perturbed(service, tiny_model_dir, 8, 2, train_mlp=False)]
+    base = tcs[0]._engine.base
+    assert base.sampler.generator.length_bucket == 16  # the service's setting reaches the engine's generator
+    snaps = [tc._engine.snapshot_live() for tc in tcs]
+    prompts = [tiny_tokenizer.encode("question %d " % i * (1 + i % 3)) for i in range(n_prompts)]
+    rows = [Row(prompt=p, max_tokens=max_tokens, key=row_key(1000 * k + i, 0), adapter=a)
+            for k, a in enumerate(snaps) for i, p in enumerate(prompts)]
+    runs = {}
+    for bucket in (DECODE_LENGTH_BUCKET, 16):
+        gen = Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank, length_bucket=bucket)
+        with base.bank.serving():
+            runs[bucket] = gen.generate(rows)
+        (dec,) = gen._graphs.values()
+        runs[bucket, "positions"] = dec.max_len
+        runs[bucket, "kv_bytes"] = sum(t.numel() * t.element_size() for t in dec.cache.k + dec.cache.v)
+    longest = max(len(p) for p in prompts) + max_tokens
+    assert runs[DECODE_LENGTH_BUCKET, "positions"] == 1024
+    assert runs[16, "positions"] == -(-longest // 16) * 16 < 1024
+    assert runs[16, "kv_bytes"] * 1024 == runs[DECODE_LENGTH_BUCKET, "kv_bytes"] * runs[16, "positions"]
+    for got, want in zip(runs[16], runs[DECODE_LENGTH_BUCKET]):
+        assert got.tokens == want.tokens and got.stop_reason == want.stop_reason
+        assert max(abs(x - y) for x, y in zip(got.logprobs, want.logprobs)) < 1e-5
+    assert len({tuple(r.tokens) for r in runs[16]}) > 1  # rows differ: the check could fail
+
+
+def test_the_decode_length_bucket_comes_from_the_service_or_the_environment_and_is_checked(tmp_path, monkeypatch):
+    from engine.generate import DECODE_LENGTH_BUCKET
+    from schemas.errors import UserError
+
+    monkeypatch.delenv("GS1_DECODE_LENGTH_BUCKET", raising=False)
+    assert _service(tmp_path / "a").settings.decode_length_bucket == DECODE_LENGTH_BUCKET == 1024
+    assert _service(tmp_path / "b", decode_length_bucket=256).settings.decode_length_bucket == 256
+    monkeypatch.setenv("GS1_DECODE_LENGTH_BUCKET", "768")
+    assert _service(tmp_path / "c").settings.decode_length_bucket == 768
+    assert _service(tmp_path / "d", decode_length_bucket=256).settings.decode_length_bucket == 256  # the argument wins
+    for where, bad in (("env", "100"), ("env", "two"), ("arg", 0), ("arg", -16)):
+        if where == "env":
+            monkeypatch.setenv("GS1_DECODE_LENGTH_BUCKET", bad)
+            with pytest.raises(UserError, match=r"GS1_DECODE_LENGTH_BUCKET=.*positive multiple of 16"):
+                _service(tmp_path / "e")
+        else:
+            monkeypatch.delenv("GS1_DECODE_LENGTH_BUCKET", raising=False)
+            with pytest.raises(UserError, match=r"decode_length_bucket=.*positive multiple of 16"):
+                _service(tmp_path / "f", decode_length_bucket=bad)
