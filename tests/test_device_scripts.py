@@ -457,3 +457,45 @@ def test_the_engine_runs_learner_part_times_each_setting_and_the_poll_packs_it(t
     assert "learner/a.txt:| train | 2.5" in polled.stdout, polled.stdout
     with tarfile.open(out / "learner.tgz.00") as packed:
         assert {"learner/a.txt", "learner/b.txt", "learner/a.log"} <= set(packed.getnames())
+
+
+def test_the_engine_runs_e2e_part_runs_the_spec_cold_then_warm_with_stage_tables(tmp_path):
+    """The e2e part (issue 46 item 3): the model assembled and checked, then two `gs1 run`s of the
+    spec in their own run directories, each followed by its stage table; the poll brings back
+    e2e.tgz.00 without weights."""
+    work = tmp_path / "work"
+    payload = bytes(range(256)) * 40
+    models = tmp_path / "m"
+    _pieces(models, "q", payload, 2)
+    sums = tmp_path / "model_pieces.sha256"
+    sums.write_text("".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in sorted(models.iterdir()))
+                    + f"{hashlib.sha256(payload).hexdigest()}  model.gguf\n")
+    fake_py = tmp_path / "python.sh"
+    # a stand-in Python: `-m gs1 run SPEC --run-dir D ...` makes D with an adapter in it; the stage
+    # table prints the log it was given
+    fake_py.write_text('if [ "$1" = -m ]; then mkdir -p "$6/train/a"; echo w > "$6/train/a/adapter_model.safetensors"; '
+                       'echo "{}" > "$6/train/a/final.json"; echo "args: $*"; else echo "stages of $2"; fi\n')
+    (tmp_path / "data").mkdir()
+    env = {**BASE_ENV, "PARTS": "e2e", "GS1_DEVICE_WORK": str(work), "GS1_DEVICE_MODELS": str(models),
+           "GS1_DEVICE_DATA": str(tmp_path / "data"), "GS1_DEVICE_PYTHON": f"bash {fake_py}",
+           "GS1_DEVICE_MODEL_SUMS": str(sums)}
+    done = subprocess.run(["bash", str(H200 / "engine_device_run.sh")], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (models / "model.gguf").read_bytes() == payload
+    e2e = work / "e2e"
+    for run in ("cold", "warm"):
+        log = (e2e / f"{run}.log").read_text()
+        assert "-m gs1 run results/h200-gsm8k/spec_revised.json" in log and f"--run-dir {e2e / run} " in log
+        assert (e2e / f"{run}-stages.txt").read_text().strip() == f"stages of {e2e / run}.log"
+    times = (work / "times.txt").read_text()
+    assert times.index("e2e-cold-end") < times.index("e2e-warm-start") and "e2e-warm-rc 0" in times
+    out = tmp_path / "out"
+    out.mkdir()
+    polled = subprocess.run(["bash", str(H200 / "engine_device_poll.sh")], cwd=ROOT, capture_output=True, text=True,
+                            env={**BASE_ENV, "GS1_DEVICE_WORK": str(work), "OUT": str(out), "WAIT": "0"}, timeout=60)
+    assert "status: all-done" in polled.stdout and f"stages of {e2e / 'warm'}.log" in polled.stdout
+    with tarfile.open(out / "e2e.tgz.00") as packed:
+        names = set(packed.getnames())
+    assert {"e2e/cold/train/a/final.json", "e2e/warm-stages.txt"} <= names
+    assert not any(n.endswith(".safetensors") for n in names)

@@ -20,6 +20,11 @@
 #                     NAME:checkpointing:compile[:tf32], ";"-separated, tf32 running it with
 #                     GS1_TF32=1), into W/learner/NAME.txt: which lever moves the learner, the
 #                     larger share of a many-adapter step.
+#   part "e2e":       the compiles paid once (item 3): ${E2E_SPEC:-the user's spec, results/h200-gsm8k/
+#                     spec_revised.json} end to end twice, each in its own process and run directory:
+#                     "cold" (no compile or model cache but what COMPILE_FROM brings), then "warm" (the
+#                     caches the first filled), each with benchmarks/stage_timings.py's table of its
+#                     stages (seconds, graphs compiled, compile seconds, loads) in W/e2e/RUN-stages.txt.
 #   SPEED_ARGS:       more flags for the speed part's benchmark (e.g. --diagnose: the decode step's
 #                     profile and timings below its table).
 #   PARTS=units,reproduce,speed [COMPILE_FROM=.compile] setsid nohup bash scripts/h200/engine_device_run.sh &
@@ -39,8 +44,8 @@ device_env "$W"
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 has_part() { [[ ",$PARTS," == *",$1,"* ]]; }
 # only the parts that run the real model need its pieces: PARTS=speed runs without the 19 piece calls
-if has_part units || has_part reproduce; then
-  start_run "$W" "$M" "$DATA" "$PWD/scripts/h200/model_pieces.sha256" || exit 1
+if has_part units || has_part reproduce || has_part e2e; then
+  start_run "$W" "$M" "$DATA" "${GS1_DEVICE_MODEL_SUMS:-$PWD/scripts/h200/model_pieces.sha256}" || exit 1
 fi
 unpack_compile_cache "$W" "${COMPILE_FROM:-}"
 record_device "$W"
@@ -84,6 +89,17 @@ if has_part speed; then
   fi
   stamp speed-end
   echo speed-done >> "$W/parts"
+fi
+if has_part e2e; then
+  echo "running e2e" > "$W/status"; E=$W/e2e; mkdir -p "$E"
+  for run in cold warm; do
+    stamp "e2e-$run-start"; start=$(date +%s.%N)
+    $PY -m gs1 run "${E2E_SPEC:-results/h200-gsm8k/spec_revised.json}" --run-dir "$E/$run" --data-dir "$DATA/gsm8k" \
+      > "$E/$run.log" 2>&1
+    echo "e2e-$run-rc $?" >> "$W/times.txt"; stamp "e2e-$run-end"
+    $PY benchmarks/stage_timings.py "$E/$run.log" --start "$start" > "$E/$run-stages.txt" 2>&1
+  done
+  echo e2e-done >> "$W/parts"
 fi
 if has_part learner; then
   echo "running learner" > "$W/status"; mkdir -p "$W/learner"
