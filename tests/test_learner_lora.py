@@ -175,10 +175,12 @@ def test_an_80gb_card_cuts_the_microbatch_to_fit_before_it_checkpoints(monkeypat
     assert settings.learner_memory(QWEN25_15B, torch.device("cpu"), torch.float32, 1024) == settings.LearnerMemory(True, 1024)
 
 
+@pytest.mark.parametrize("n", [8, 64], ids=["demo_8", "user_B64"])
 def test_the_engine_learner_takes_its_microbatch_and_checkpointing_from_the_memory_plan(
-        tmp_path, tiny_model_dir, tiny_tokenizer, monkeypatch):
+        n, tmp_path, tiny_model_dir, tiny_tokenizer, monkeypatch):
     """The path that runs: a learner left to decide (gradient_checkpointing=None) trains at the
-    plan's microbatch size, unchecked; one told to checkpoint keeps its own token budget."""
+    plan's microbatch size, unchecked, to the loss and LoRA gradient of uncut microbatches within
+    float32 rounding; one told to checkpoint keeps its own token budget."""
     from engine import learner as learner_module
 
     asked = []
@@ -191,10 +193,16 @@ def test_the_engine_learner_takes_its_microbatch_and_checkpointing_from_the_memo
     tc = _client(tmp_path / "planned", tiny_model_dir, gradient_checkpointing=None, tokens_per_microbatch=1024)
     learner = tc._engine.learner
     assert asked == [1024] and learner.tokens_per_microbatch == 48 and not learner.gradient_checkpointing
-    data = _datums(tiny_tokenizer, 8)
+    data = _datums(tiny_tokenizer, n)
     mbs = learner.microbatches(data)
     assert len(mbs) > 1 and all(mb.size * mb.padded_length <= 48 or mb.size == 1 for mb in mbs)
-    assert tc.forward_backward(data, "importance_sampling").result().metrics["loss:sum"] != 0
+    got = tc.forward_backward(data, "importance_sampling").result().metrics["loss:sum"]
+    uncut = _client(tmp_path / "uncut", tiny_model_dir, gradient_checkpointing=False, tokens_per_microbatch=4096)
+    assert len(uncut._engine.learner.microbatches(data)) < len(mbs)
+    want = uncut.forward_backward(data, "importance_sampling").result().metrics["loss:sum"]
+    assert got != 0 and got == pytest.approx(want, rel=1e-5, abs=1e-5)
+    g, g_uncut = tc.lora_gradient(), uncut.lora_gradient()
+    assert abs(g_uncut).max() > 0 and abs(g - g_uncut).max() <= 1e-5 * abs(g_uncut).max()
     told = _client(tmp_path / "told", tiny_model_dir, gradient_checkpointing=True, tokens_per_microbatch=1024)
     assert told._engine.learner.tokens_per_microbatch == 1024 and told._engine.learner.gradient_checkpointing
     assert asked == [1024]

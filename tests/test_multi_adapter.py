@@ -557,10 +557,15 @@ def test_a_smaller_decode_length_bucket_keeps_every_token_and_holds_fewer_positi
     rows = [Row(prompt=p, max_tokens=max_tokens, key=row_key(1000 * k + i, 0), adapter=a)
             for k, a in enumerate(snaps) for i, p in enumerate(prompts)]
     runs = {}
-    for bucket in (DECODE_LENGTH_BUCKET, 16):
-        gen = Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank, length_bucket=bucket)
-        with base.bank.serving():
-            runs[bucket] = gen.generate(rows)
+    engine_gen = base.sampler.generator
+    engine_gen.static_cache = True  # as on CUDA: the engine's own sampler, at its bucket of 16
+    reference = Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank)  # 1,024
+    for bucket, gen in ((DECODE_LENGTH_BUCKET, reference), (16, engine_gen)):
+        if gen is engine_gen:
+            runs[bucket] = base.sampler.generate(rows)
+        else:
+            with base.bank.serving():
+                runs[bucket] = gen.generate(rows)
         (dec,) = gen._graphs.values()
         runs[bucket, "positions"] = dec.max_len
         runs[bucket, "kv_bytes"] = sum(t.numel() * t.element_size() for t in dec.cache.k + dec.cache.v)

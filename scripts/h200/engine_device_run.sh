@@ -43,6 +43,9 @@ device_env "$W"
 # buffer refused with 12.2 GiB reserved but unallocated); with expandable segments it ran (72 GiB peak)
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 has_part() { [[ ",$PARTS," == *",$1,"* ]]; }
+# the issue's shape, for the speed and learner parts (random weights: only the Qwen tokenizer is needed)
+SHAPE="--config qwen2.5-1.5b --device cuda --batch 64 --new-tokens 512 --prompt-tokens 160 --rank 32"
+TOK=${GS1_DEVICE_TOKENIZER:-.data/qwen-tokenizer}
 # only the parts that run the real model need its pieces: PARTS=speed runs without the 19 piece calls
 if has_part units || has_part reproduce || has_part e2e; then
   start_run "$W" "$M" "$DATA" "${GS1_DEVICE_MODEL_SUMS:-$PWD/scripts/h200/model_pieces.sha256}" || exit 1
@@ -77,10 +80,8 @@ if has_part reproduce; then
 fi
 if has_part speed; then
   echo "running speed" > "$W/status"; stamp speed-start; mkdir -p "$W/speed"
-  TOK=${GS1_DEVICE_TOKENIZER:-.data/qwen-tokenizer}
   if [ -s "$TOK/tokenizer.json" ]; then
-    $PY benchmarks/engine_speed.py --config qwen2.5-1.5b --device cuda --batch 64 --new-tokens 512 --prompt-tokens 160 \
-      --rank 32 --adapters "${SPEED_ADAPTERS:-1,8,16,24}" --repeats 1 --tokenizer-dir "$TOK" ${SPEED_ARGS:-} \
+    $PY benchmarks/engine_speed.py $SHAPE --adapters "${SPEED_ADAPTERS:-1,8,16,24}" --repeats 1 --tokenizer-dir "$TOK" ${SPEED_ARGS:-} \
       > "$W/speed/adapters.txt" 2> "$W/speed/engine.log"
     echo "speed-rc $?" >> "$W/times.txt"
   else
@@ -103,13 +104,11 @@ if has_part e2e; then
 fi
 if has_part learner; then
   echo "running learner" > "$W/status"; mkdir -p "$W/learner"
-  TOK=${GS1_DEVICE_TOKENIZER:-.data/qwen-tokenizer}
   IFS=';' read -ra settings <<< "${LEARNER_SETTINGS:-checkpointed:on:off;unchecked:off:off;compiled:off:on}"
   for setting in "${settings[@]}"; do
     IFS=':' read -r name ckpt comp tf32 <<< "$setting"
     stamp "learner-$name-start"
-    GS1_TF32=$([ "$tf32" = tf32 ] && echo 1 || echo 0) $PY benchmarks/engine_speed.py --config qwen2.5-1.5b --device cuda --batch 64 --new-tokens 512 --prompt-tokens 160 \
-      --rank 32 --skip-sample --repeats 2 --gradient-checkpointing "$ckpt" --compile-learner "$comp" --tokenizer-dir "$TOK" \
+    GS1_TF32=$([ "$tf32" = tf32 ] && echo 1 || echo 0) $PY benchmarks/engine_speed.py $SHAPE --skip-sample --repeats 2 --gradient-checkpointing "$ckpt" --compile-learner "$comp" --tokenizer-dir "$TOK" \
       > "$W/learner/$name.txt" 2> "$W/learner/$name.log"
     echo "learner-$name-rc $?" >> "$W/times.txt"
   done
