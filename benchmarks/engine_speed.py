@@ -96,6 +96,65 @@ def build_model(config: str, out: Path, tokenizer_dir: str | None, device: str) 
     return out
 
 
+@torch.no_grad()
+def decode_diagnostics(gen, config, prompt_tokens: int) -> dict[tuple[int, int], dict[str, float]]:
+    """Where a decode step's time goes, for the largest graphed shape of each cache length (CUDA
+    only; prints the eager step's kernel profile): the graph's replay; the eager step; the
+    sampling outside the graph at the graph's rows; the decode attention of every layer as the
+    step calls it (GQA heads along the query axis, a boolean mask over every static position)
+    against one reading only the live positions (the prompt and half the new tokens)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.generate import sample_step
+
+    if not gen._graphs or gen.device.type != "cuda":
+        return {}
+    largest: dict[int, object] = {}
+    for dec in gen._graphs.values():
+        if dec.max_len not in largest or dec.B > largest[dec.max_len].B:
+            largest[dec.max_len] = dec
+    out = {}
+    dev = gen.device
+    kvh = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    groups = config.num_attention_heads // kvh
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    layers = config.num_hidden_layers
+    for max_len, dec in sorted(largest.items()):
+        B, d = dec.B, {}
+        out[(B, max_len)] = d
+        if dec.graphed:
+            dec.set_length(prompt_tokens)
+            d["graph replay ms"] = timed_ms(dec.replay)
+        dec.set_length(prompt_tokens)
+        d["eager step ms"] = timed_ms(dec._step, 5)
+        dec.set_length(prompt_tokens)
+        lg = torch.randn(B, config.vocab_size, device=dev)
+        tt, kk = torch.ones(B, device=dev), torch.arange(B, device=dev)
+        d["sample_step ms"] = timed_ms(lambda: sample_step(lg, tt, kk, 0, any_greedy=False))
+        live = min(max_len, prompt_tokens + (max_len - prompt_tokens) // 2)
+        with torch.no_grad():
+            f = torch.nn.functional.scaled_dot_product_attention
+            q = torch.randn(B, kvh, groups, head_dim, device=dev, dtype=torch.bfloat16)
+            kv = torch.randn(B, kvh, max_len, head_dim, device=dev, dtype=torch.bfloat16)
+            m = torch.zeros(B, 1, 1, max_len, device=dev, dtype=torch.bool)
+            m[..., :live] = True
+            d[f"attention masked {max_len} positions x{layers} ms"] = layers * timed_ms(lambda: f(q, kv, kv, attn_mask=m))
+            kv_live = kv[:, :, :live].contiguous()
+            d[f"attention live {live} positions x{layers} ms"] = layers * timed_ms(lambda: f(q, kv_live, kv_live))
+        dec.set_length(prompt_tokens)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            dec._step()
+            torch.cuda.synchronize()
+        print(f"\n{B} rows x {max_len} positions: the eager decode step's kernels")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
+    return out
+
+
+def print_diagnostics(diag: dict[tuple[int, int], dict[str, float]]) -> None:
+    for (rows, positions), d in diag.items():
+        print(f"diagnostics, {rows} rows x {positions} positions:", {k: round(v, 3) for k, v in d.items()})
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", choices=["tiny", "qwen3-0.6b", "qwen2.5-1.5b"], default="tiny")
@@ -120,7 +179,7 @@ def main(argv=None) -> int:
                     help="the learner's decoder layers through torch.compile (auto: the engine's default, on CUDA "
                          "unless checkpointed); compiled from the warm-up step on")
     ap.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate of the timed train steps")
-    ap.add_argument("--diagnose", action="store_true", help="time graph replay and sampling alone")
+    ap.add_argument("--diagnose", action="store_true", help="on CUDA, where a decode step goes: graph replay, sampling, attention, a kernel profile (decode_diagnostics)")
     ap.add_argument("--decode-length-bucket", type=int, default=None,
                     help="a static decode cache's positions are a multiple of this (default: the engine's, 1024)")
     ap.add_argument("--bank-decode", choices=["dense", "tiled"], default=None,
@@ -237,35 +296,7 @@ def main(argv=None) -> int:
                                for o, p, r in zip(fwd.loss_fn_outputs, prompts, res2)])
             agree_trained = (float(diffs.max()), float(diffs.mean()))
 
-    diag = {}
-    if args.diagnose and gen._graphs and device.startswith("cuda"):
-        from engine.generate import sample_step
-
-        dec = next(iter(gen._graphs.values()))
-        dec.set_length(args.prompt_tokens)
-
-        diag["graph replay ms"] = timed_ms(dec.replay)
-        dec.set_length(args.prompt_tokens)
-        diag["eager step ms"] = timed_ms(dec._step, 5)
-        dec.set_length(args.prompt_tokens)
-        lg = torch.randn(args.batch, tc._engine.model.config.vocab_size, device=device)
-        tt = torch.ones(args.batch, device=device)
-        kk = torch.arange(args.batch, device=device)
-        diag["sample_step ms"] = timed_ms(lambda: sample_step(lg, tt, kk, 0, any_greedy=False))
-        with torch.no_grad():
-            x = torch.randn(args.batch, 16, 1, 128, device=device, dtype=torch.bfloat16)
-            kv = torch.randn(args.batch, 16, dec.max_len, 128, device=device, dtype=torch.bfloat16)
-            m = torch.ones(args.batch, 1, 1, dec.max_len, device=device, dtype=torch.bool)
-            f = torch.nn.functional.scaled_dot_product_attention
-            diag["sdpa masked x28 ms"] = 28 * timed_ms(lambda: f(x, kv, kv, attn_mask=m))
-            diag["sdpa no mask x28 ms"] = 28 * timed_ms(lambda: f(x, kv, kv))
-        dec.set_length(args.prompt_tokens)
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            dec._step()
-            torch.cuda.synchronize()
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
+    diag = decode_diagnostics(gen, tc._engine.model.config, args.prompt_tokens) if args.diagnose else {}
     dtype = str(tc._engine.dtype).replace("torch.", "")
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
     print(f"\nconfig={args.config} device={device} ({name}) dtype={dtype} batch={args.batch} "
@@ -275,8 +306,7 @@ def main(argv=None) -> int:
           f"torch={torch.__version__}")
     if gen.stats.extra:
         print("notes:", gen.stats.extra)
-    if diag:
-        print("diagnostics:", {k: round(v, 3) for k, v in diag.items()})
+    print_diagnostics(diag)
     if train_rows and not args.skip_sample:
         print(f"sampler vs learner logprobs on the sampled tokens: max |diff| {agree[0]:.2e}, "
               f"mean {agree[1]:.2e}; after {len(train_rows)} optimizer steps: max |diff| "
@@ -394,6 +424,9 @@ def adapters_table(args, svc, model_dir: Path, device: str) -> int:
         print(f"| {r['adapters']} | {r['rows']} | {r['batches']:.0f} | {r['decode_ms']:.2f} | {r['decode_ms'] / one['decode_ms']:.2f} "
               f"| {r['sample_s']:.2f} | {r['train_s']:.2f} | {r['step_s']:.2f} | {r['step_s'] / one['step_s']:.2f} "
               f"| {r['held']:.2f} | {r['per_arm']:.2f} | {r['own']:.3f} | {r['peak']:.2f} |")
+    if args.diagnose:  # after the table: a diagnostic that fails loses none of it
+        print_diagnostics(decode_diagnostics(arms[0]._engine.sampler.generator, arms[0]._engine.model.config,
+                                             args.prompt_tokens))
     return 0
 
 
