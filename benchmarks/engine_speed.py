@@ -361,6 +361,7 @@ def adapters_table(args, svc, model_dir: Path, device: str) -> int:
     arms: list = []
     prompts_A: list[list[types.ModelInput]] = []
     table = []
+    diag: dict[tuple[int, int], dict[str, float]] = {}
     t0 = time.perf_counter()
     mem_before = None
 
@@ -408,6 +409,12 @@ def adapters_table(args, svc, model_dir: Path, device: str) -> int:
                    own=own_bytes(arms[-1]) / gib)
         table.append(row)
         print(f"[{time.perf_counter() - t0:.0f} s] {n} adapters: {row}", flush=True)
+        if args.diagnose:  # this count's decode shape, before the next count's replaces it
+            try:
+                diag.update(decode_diagnostics(arms[0]._engine.sampler.generator, arms[0]._engine.model.config,
+                                               args.prompt_tokens))
+            except Exception as e:  # a diagnostic that fails costs the table nothing
+                print(f"diagnostics at {n} adapters failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
     one = table[0]
     name = torch.cuda.get_device_name() if cuda else "cpu"
     print(f"\nconfig={args.config} device={device} ({name}) batch={args.batch} per adapter, prompt={args.prompt_tokens} "
@@ -424,9 +431,7 @@ def adapters_table(args, svc, model_dir: Path, device: str) -> int:
         print(f"| {r['adapters']} | {r['rows']} | {r['batches']:.0f} | {r['decode_ms']:.2f} | {r['decode_ms'] / one['decode_ms']:.2f} "
               f"| {r['sample_s']:.2f} | {r['train_s']:.2f} | {r['step_s']:.2f} | {r['step_s'] / one['step_s']:.2f} "
               f"| {r['held']:.2f} | {r['per_arm']:.2f} | {r['own']:.3f} | {r['peak']:.2f} |")
-    if args.diagnose:  # after the table: a diagnostic that fails loses none of it
-        print_diagnostics(decode_diagnostics(arms[0]._engine.sampler.generator, arms[0]._engine.model.config,
-                                             args.prompt_tokens))
+    print_diagnostics(diag)
     return 0
 
 
