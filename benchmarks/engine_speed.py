@@ -182,6 +182,8 @@ def main(argv=None) -> int:
     ap.add_argument("--diagnose", action="store_true", help="on CUDA, where a decode step goes: graph replay, sampling, attention, a kernel profile (decode_diagnostics)")
     ap.add_argument("--decode-length-bucket", type=int, default=None,
                     help="a static decode cache's positions are a multiple of this (default: the engine's, 1024)")
+    ap.add_argument("--decode-attention", choices=["sdpa", "flex"], default=None,
+                    help="a static decode step's attention (generate.DECODE_ATTENTIONS; default: the engine's)")
     ap.add_argument("--bank-decode", choices=["dense", "tiled"], default=None,
                     help="the adapter bank's decode form (lora_bank.DECODE_FORMS; default: the engine's)")
     args = ap.parse_args(argv)
@@ -209,6 +211,7 @@ def main(argv=None) -> int:
                               compile_decode=not args.no_compile,
                               batch_across_clients=True if args.adapters else None,
                               bank_decode=args.bank_decode, decode_length_bucket=args.decode_length_bucket,
+                              decode_attention=args.decode_attention,
                               # a benchmark compiles a shape on its first batch: it times warm steps
                               compile_after_batches=1, compile_learner_after=1, **extra)
     if args.adapters:
@@ -302,6 +305,7 @@ def main(argv=None) -> int:
     print(f"\nconfig={args.config} device={device} ({name}) dtype={dtype} batch={args.batch} "
           f"prompt={args.prompt_tokens} new={args.new_tokens} rank={args.rank} "
           f"cuda_graphs={gen.use_cuda_graphs} decode_length_bucket={gen.length_bucket} "
+          f"decode_attention={gen.decode_attention} "
           f"compiled={gen.compile_decode} build={t_build:.1f}s load={t_load:.1f}s "
           f"torch={torch.__version__}")
     if gen.stats.extra:
@@ -423,6 +427,7 @@ def adapters_table(args, svc, model_dir: Path, device: str) -> int:
           f"gradient_checkpointing={arms[0]._engine.learner.gradient_checkpointing} "
           f"tf32={arms[0]._engine.base.settings.tf32} "
           f"decode_length_bucket={arms[0]._engine.settings.decode_length_bucket} "
+          f"decode_attention={arms[0]._engine.settings.decode_attention} "
           f"torch={torch.__version__}; x: against the first row")
     print("| adapters | rows | batches | ms / decode step | x | sample s | train s per adapter | RL step s | x "
           "| GiB held | GiB held per arm | GiB adapter + AdamW of an arm | peak GiB |")

@@ -44,6 +44,7 @@ from engine.settings import (
     pick_dtype,
     pin_compile_cache,
     quick_gil_handoff,
+    resolve_decode_attention,
     resolve_decode_length_bucket,
     use_tf32,
 )
@@ -435,7 +436,8 @@ class LocalServiceClient:
                  bank_decode: str | None = None, compile_after_batches: int | None = None,
                  learner_lora: str = "fused", compile_learner: bool | None = None,
                  compile_learner_after: int | None = None, tf32: bool | None = None,
-                 deterministic: bool | None = None, decode_length_bucket: int | None = None):
+                 deterministic: bool | None = None, decode_length_bucket: int | None = None,
+                 decode_attention: str | None = None):
         deterministic = determinism.requested(deterministic)
         if deterministic:  # before anything runs on the device (cuBLAS sizes its workspace once)
             determinism.enable()
@@ -473,6 +475,7 @@ class LocalServiceClient:
             bank_decode=bank_decode or os.environ.get("GS1_BANK_DECODE", DEFAULT_DECODE_FORM),
             compile_after_batches=compile_after_batches or COMPILE_AFTER_BATCHES,
             decode_length_bucket=resolve_decode_length_bucket(decode_length_bucket),
+            decode_attention=resolve_decode_attention(decode_attention),
             learner_lora=learner_lora, compile_learner=bool(compile_learner),
             compile_learner_after=compile_learner_after or COMPILE_LEARNER_AFTER,
             tf32=use_tf32(self.device, tf32), deterministic=deterministic)

@@ -25,6 +25,7 @@ the learner's log-probability. At T = 0 (greedy) they are the untempered log_sof
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -194,6 +195,10 @@ def _gqa_decode_sdpa(module, query, key, value, attention_mask, dropout=0.0, sca
     the cache as it is. Same math, per query row."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    if _is_block_mask(attention_mask):  # the static decode's live blocks (`LiveKV`)
+        out = _flex_attention(query.is_cuda)(query, key, value, block_mask=attention_mask, scale=scaling,
+                                             enable_gqa=True)
+        return out.transpose(1, 2).contiguous(), None
     groups = getattr(module, "num_key_value_groups", 1)
     if query.shape[2] != 1 or groups == 1 or (attention_mask is not None and attention_mask.dim() != 4):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
@@ -228,6 +233,75 @@ def install_gqa_decode_attention(model) -> bool:
             if cfg is not None and hasattr(cfg, "_attn_implementation"):
                 cfg._attn_implementation = GQA_DECODE_ATTN
     return True
+
+
+# How a static decode step attends (`EngineSettings.decode_attention`, GS1_DECODE_ATTENTION):
+# "sdpa" reads every position of the static cache through a boolean mask (the mask zeroes those
+# past the step's slot, but the kernel still reads them: at 16 arms' 1,024 rows x 1,024 positions
+# 28 GiB a step); "flex" is torch's FlexAttention over the cache in blocks of LIVE_KV_BLOCK
+# positions, told how many blocks hold live keys (`LiveKV`), so it reads only those -- the same
+# mask, the same math. Not yet measured on a GPU: the default stays "sdpa".
+DECODE_ATTENTIONS = ("sdpa", "flex")
+DEFAULT_DECODE_ATTENTION = "sdpa"
+LIVE_KV_BLOCK = 128
+
+
+def _is_block_mask(mask) -> bool:
+    try:
+        from torch.nn.attention.flex_attention import BlockMask
+    except ImportError:  # pragma: no cover - torch without FlexAttention
+        return False
+    return isinstance(mask, BlockMask)
+
+
+@functools.cache
+def _flex_attention(cuda: bool):
+    """FlexAttention: compiled on CUDA (its block-sparse Triton kernel; inside a compiled decode
+    step it is inlined), the reference implementation on the CPU (it applies the mask to every
+    position: the blocks only save work)."""
+    import warnings
+
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if cuda:
+        return torch.compile(flex_attention, dynamic=False)
+
+    def reference(*args, **kwargs):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+            return flex_attention(*args, **kwargs)
+
+    return reference
+
+
+def _key_is_live(mask_B_L: torch.Tensor, b, h, q_idx, kv_idx):
+    """FlexAttention's mask_mod: row b may attend to position kv_idx when its mask says so."""
+    return mask_B_L[b, kv_idx]
+
+
+class LiveKV:
+    """The static decode's keys as FlexAttention reads them: the decoder's boolean mask [B, L] (its
+    prompt's real tokens and every slot written since) as the mask_mod, and, per row, how many
+    leading blocks of LIVE_KV_BLOCK positions can hold a live key -- `set_slot(cur)` after each
+    new slot, in place, so a captured graph reads the new count. Positions past the slot are masked
+    anyway; the count lets the kernel skip their blocks instead of reading them."""
+
+    def __init__(self, mask_B_L: torch.Tensor):
+        from torch.nn.attention.flex_attention import BlockMask
+
+        B, L = mask_B_L.shape
+        n = -(-L // LIVE_KV_BLOCK)
+        dev = mask_B_L.device
+        self.blocks_B = torch.full((B, 1, 1), n, dtype=torch.int32, device=dev)
+        indices = torch.arange(n, dtype=torch.int32, device=dev).expand(B, 1, 1, n).contiguous()
+        # a partial of a module-level function: one compiled step serves every decoder of a shape
+        self.block_mask = BlockMask.from_kv_blocks(
+            self.blocks_B, indices, BLOCK_SIZE=LIVE_KV_BLOCK, seq_lengths=(1, L),
+            mask_mod=functools.partial(_key_is_live, mask_B_L))
+
+    def set_slot(self, cur: int) -> None:
+        """Slot `cur` was just written: blocks 0 .. cur // LIVE_KV_BLOCK hold every live key."""
+        self.blocks_B.fill_(cur // LIVE_KV_BLOCK + 1)
 
 
 class _StaticKV:
@@ -291,7 +365,7 @@ class _GraphedDecoder:
     Generator, captures it on the first step; without it the step runs eagerly on the static
     cache, as on CPU). Same interface as `_EagerDecoder`: `step(tok_B, pos_B, cur)`."""
 
-    def __init__(self, model, B: int, max_len: int, compile_step: bool = False):
+    def __init__(self, model, B: int, max_len: int, compile_step: bool = False, attention: str = DEFAULT_DECODE_ATTENTION):
         self.model, self.B, self.max_len = model, B, max_len
         self.compiled = compile_step
         p = next(model.parameters())
@@ -304,6 +378,8 @@ class _GraphedDecoder:
         self.ids = torch.zeros(B, 1, dtype=torch.long, device=dev)
         self.pos = torch.zeros(B, 1, dtype=torch.long, device=dev)
         self.mask = torch.zeros(B, 1, 1, max_len, dtype=torch.bool, device=dev)
+        # "flex": the step passes the live blocks over the same mask (`LiveKV`)
+        self.live = LiveKV(self.mask[:, 0, 0]) if attention == "flex" else None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
         self.capture_with = None  # Generator._capture, or None: run the step eagerly
@@ -337,6 +413,8 @@ class _GraphedDecoder:
         self.ids.copy_(tok_B[:, None])
         self.pos.copy_(pos_B)
         self.mask[:, 0, 0, cur] = True
+        if self.live is not None:
+            self.live.set_slot(cur)
         if self.graph is None and self.capture_with is not None:
             capture, self.capture_with = self.capture_with, None  # one try per batch
             capture(self, cur)
@@ -344,7 +422,8 @@ class _GraphedDecoder:
 
     def _step(self):
         forward = compiled_decode_step() if self.compiled else decode_step
-        return forward(self.model, self.ids, self.pos, self.mask, self.cache)
+        mask = self.mask if self.live is None else self.live.block_mask
+        return forward(self.model, self.ids, self.pos, mask, self.cache)
 
     def use_eager(self) -> None:
         self.compiled = False
@@ -381,7 +460,8 @@ class _GraphedDecoder:
 
 
 def decode_step(model, ids_B, pos_B, mask_B, cache) -> torch.Tensor:
-    """One decode step on a static KV cache: the next logits [B, V] float32."""
+    """One decode step on a static KV cache: the next logits [B, V] float32. `mask_B`: a boolean
+    [B, 1, 1, L] mask, or the BlockMask of `LiveKV` (FlexAttention reads only the live blocks)."""
     out = model(input_ids=ids_B, position_ids=pos_B, attention_mask=mask_B,
                 past_key_values=cache, use_cache=True)
     return out.logits[:, -1].float()
@@ -643,8 +723,9 @@ class Generator:
                  static_cache: bool | None = None, share_prefill: bool = True,
                  max_logit_elems: int | None = None, compile_decode: bool = False, bank=None,
                  compile_after: int = COMPILE_AFTER_BATCHES, compact: bool | None = None,
-                 length_bucket: int = DECODE_LENGTH_BUCKET):
+                 length_bucket: int = DECODE_LENGTH_BUCKET, decode_attention: str = DEFAULT_DECODE_ATTENTION):
         self.model = model
+        self.decode_attention = decode_attention  # a static decode step's attention (DECODE_ATTENTIONS)
         self.length_bucket = length_bucket  # a static cache's positions: a multiple of this
         self.share_prefill = share_prefill  # False: one prefill row per row (for comparisons)
         self.pad_id = pad_id
@@ -821,7 +902,7 @@ class Generator:
         dec = self._graphs.get(shape)
         if dec is None or (compile_now and not dec.compiled):
             self._graphs = {k: d for k, d in self._graphs.items() if d is keep}
-            dec = self._graphs[shape] = _GraphedDecoder(self.model, rows, total, compile_now)
+            dec = self._graphs[shape] = _GraphedDecoder(self.model, rows, total, compile_now, self.decode_attention)
         return dec
 
     def _compile_now(self, rows_positions: tuple[int, int]) -> bool:

@@ -61,7 +61,8 @@ class GeneratorSampler:
         self.generator = Generator(lm, pad_id, tokenizer, settings.use_cuda_graphs,
                                    compile_decode=settings.compile_decode, bank=bank,
                                    compile_after=settings.compile_after_batches,
-                                   length_bucket=settings.decode_length_bucket)
+                                   length_bucket=settings.decode_length_bucket,
+                                   decode_attention=settings.decode_attention)
 
     @property
     def max_logit_elems(self) -> int:

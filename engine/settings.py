@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from engine.generate import COMPILE_AFTER_BATCHES, DECODE_LENGTH_BUCKET
+from engine.generate import COMPILE_AFTER_BATCHES, DECODE_ATTENTIONS, DECODE_LENGTH_BUCKET, DEFAULT_DECODE_ATTENTION
 from engine.lora_bank import DEFAULT_DECODE_FORM
 from schemas.errors import UserError
 
@@ -128,6 +128,8 @@ class EngineSettings:
     compile_after_batches: int = COMPILE_AFTER_BATCHES
     # a static decode cache holds a multiple of this many positions (`generate.DECODE_LENGTH_BUCKET`)
     decode_length_bucket: int = DECODE_LENGTH_BUCKET
+    # how a static decode step attends: over every position, or only the live blocks (`generate.DECODE_ATTENTIONS`)
+    decode_attention: str = DEFAULT_DECODE_ATTENTION
     # how the learner adds the trained adapter: "fused" (`lora_bank.LoraAddon`) or "peft" (peft's own path)
     learner_lora: str = "fused"
     # the learner's decoder layers run through torch.compile (`Learner.compiled_layers`), from a
@@ -155,6 +157,18 @@ def resolve_decode_length_bucket(bucket: int | None) -> int:
         raise UserError(f"{where}={value!r}: a decode length bucket is a positive multiple of "
                         f"{LEARNER_LENGTH_MULTIPLE} positions (default {DECODE_LENGTH_BUCKET})")
     return n
+
+
+def resolve_decode_attention(attention: str | None) -> str:
+    """A static decode step's attention: `attention`, else `$GS1_DECODE_ATTENTION`, else
+    `generate.DEFAULT_DECODE_ATTENTION`; one of `generate.DECODE_ATTENTIONS`, else a UserError
+    naming the value and where it came from."""
+    where, value = ("decode_attention", attention) if attention is not None else (
+        "GS1_DECODE_ATTENTION", os.environ.get("GS1_DECODE_ATTENTION") or DEFAULT_DECODE_ATTENTION)
+    if value not in DECODE_ATTENTIONS:
+        raise UserError(f"{where}={value!r}: a decode attention is one of {', '.join(DECODE_ATTENTIONS)} "
+                        f"(default {DEFAULT_DECODE_ATTENTION})")
+    return value
 
 
 LEARNER_LORA = ("fused", "peft")

@@ -598,3 +598,75 @@ def test_the_decode_length_bucket_comes_from_the_service_or_the_environment_and_
             monkeypatch.delenv("GS1_DECODE_LENGTH_BUCKET", raising=False)
             with pytest.raises(UserError, match=r"decode_length_bucket=.*positive multiple of 16"):
                 _service(tmp_path / "f", decode_length_bucket=bad)
+
+
+@pytest.mark.parametrize("n_prompts,max_tokens", [(4, 6), (64, 12)], ids=["demo", "user_B64"])
+def test_a_flex_decode_reads_live_blocks_and_keeps_every_token(n_prompts, max_tokens, tmp_path, tiny_model_dir,
+                                                               tiny_tokenizer):
+    """`decode_attention="flex"`: the static decode step attends through FlexAttention over the
+    cache's live blocks (`LiveKV`) instead of SDPA over every position. Two adapters of ranks 4
+    and 8 and the bare base, prompts of different lengths (left padding the mask must hide), one
+    longer than a block so the decode reads two: every row gets the tokens and stop reason it gets
+    from the SDPA step, logprobs within float32 rounding (5e-5: another kernel's order of
+    summation), and every live key lies in a block the
+    step reads, the last of them in its last block."""
+    from engine.generate import LIVE_KV_BLOCK, Generator, Row, row_key
+
+    service = _service(tmp_path, decode_attention="flex")
+    tcs = [_perturbed(service, tiny_model_dir, 4, 1), _perturbed(service, tiny_model_dir, 8, 2, train_mlp=False)]
+    base = tcs[0]._engine.base
+    engine_gen = base.sampler.generator
+    assert engine_gen.decode_attention == "flex"  # the service's setting reaches the engine's generator
+    engine_gen.static_cache = True  # as on CUDA
+    snaps = [tc._engine.snapshot_live() for tc in tcs] + [None]
+    prompts = [tiny_tokenizer.encode("question %d " % i * (1 + i % 3)) for i in range(n_prompts)]
+    prompts[1] = tiny_tokenizer.encode("a long question " * 60)
+    assert len(prompts[1]) > LIVE_KV_BLOCK
+    # greedy and sampled rows; a sampled row's later tokens are only comparable while its draws
+    # agree (the tiny model's near-uniform 150k-token distributions put a draw within 1e-5 of a
+    # neighbour's boundary now and then), so sampled rows are checked against the scored tokens
+    rows = [Row(prompt=p, max_tokens=max_tokens, key=row_key(1000 * k + i, 0), adapter=a,
+                temperature=0.0 if i % 2 == 0 else 1.0)
+            for k, a in enumerate(snaps) for i, p in enumerate(prompts)]
+    flex = base.sampler.generate(rows)
+    (dec,) = engine_gen._graphs.values()
+    assert dec.live is not None
+    live_B_L = dec.mask[:, 0, 0]
+    last_live = int(live_B_L.any(0).nonzero().max())
+    blocks = dec.live.blocks_B.flatten()
+    assert bool((blocks == blocks[0]).all()) and int(blocks[0]) == last_live // LIVE_KV_BLOCK + 1 == 2
+    reference = Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank)  # SDPA
+    with base.bank.serving():
+        sdpa = reference.generate(rows)
+    (ref_dec,) = reference._graphs.values()
+    assert ref_dec.live is None and ref_dec.max_len == dec.max_len
+    greedy = [n for n, r in enumerate(rows) if r.temperature == 0.0]
+    for n in greedy:
+        got, want = flex[n], sdpa[n]
+        assert got.tokens == want.tokens and got.stop_reason == want.stop_reason
+        # another attention kernel sums in another order (the per-slot path's bound, above)
+        assert max(abs(x - y) for x, y in zip(got.logprobs, want.logprobs)) < 5e-5
+    sampled = [n for n in range(len(rows)) if n not in set(greedy)]
+    scored = base.sampler.score([rows[n].prompt + flex[n].tokens for n in sampled], [rows[n].adapter for n in sampled])
+    for n, lps in zip(sampled, scored):  # the scorer's logprobs of the tokens the flex step drew
+        m = len(rows[n].prompt)
+        assert max(abs(x - y) for x, y in zip(flex[n].logprobs, lps[m:])) < 5e-5
+    assert len({tuple(flex[n].tokens) for n in greedy}) > 1  # rows differ: the check could fail
+
+
+def test_the_decode_attention_comes_from_the_service_or_the_environment_and_is_checked(tmp_path, monkeypatch):
+    from engine.generate import DEFAULT_DECODE_ATTENTION
+    from schemas.errors import UserError
+
+    monkeypatch.delenv("GS1_DECODE_ATTENTION", raising=False)
+    assert _service(tmp_path / "a").settings.decode_attention == DEFAULT_DECODE_ATTENTION == "sdpa"
+    assert _service(tmp_path / "b", decode_attention="flex").settings.decode_attention == "flex"
+    monkeypatch.setenv("GS1_DECODE_ATTENTION", "flex")
+    assert _service(tmp_path / "c").settings.decode_attention == "flex"
+    assert _service(tmp_path / "d", decode_attention="sdpa").settings.decode_attention == "sdpa"  # the argument wins
+    monkeypatch.setenv("GS1_DECODE_ATTENTION", "paged")
+    with pytest.raises(UserError, match=r"GS1_DECODE_ATTENTION='paged': a decode attention is one of sdpa, flex"):
+        _service(tmp_path / "e")
+    monkeypatch.delenv("GS1_DECODE_ATTENTION")
+    with pytest.raises(UserError, match=r"decode_attention='dense'"):
+        _service(tmp_path / "f", decode_attention="dense")

@@ -5,13 +5,16 @@ the loop uses (see docs/contracts.md, "Backend surface"):
 - `"local"`: `engine.LocalServiceClient(device=None, dtype=None, cache_dir=None,
   max_batch_rows=None, batch_window_s=0.0, tokens_per_microbatch=None, use_cuda_graphs=None,
   compile_decode=None, gradient_checkpointing=None, batch_across_clients=None, gather_busy_s=None,
-  bank_decode=None, compile_after_batches=None, learner_lora="fused", decode_length_bucket=None)`;
+  bank_decode=None, compile_after_batches=None, learner_lora="fused", decode_length_bucket=None,
+  decode_attention=None)`;
   compile_decode None: on unless GS1_COMPILE_DECODE=0 (CUDA only); gradient_checkpointing None: on
   when a microbatch's activations would crowd the machine's memory on the CPU, or on CUDA when a microbatch cut to fit the GPU would be under 4,096 tokens (`engine.settings.learner_memory`);
   batch_across_clients None: on CUDA only (one decode batch across every client's queued requests;
   a flush waits for the arms still in their step at most gather_busy_s, 60 s by default);
   bank_decode None: GS1_BANK_DECODE, else `lora_bank.DEFAULT_DECODE_FORM`; decode_length_bucket None:
-  GS1_DECODE_LENGTH_BUCKET, else 1,024 (a static decode cache's positions are a multiple of it).
+  GS1_DECODE_LENGTH_BUCKET, else 1,024 (a static decode cache's positions are a multiple of it);
+  decode_attention None: GS1_DECODE_ATTENTION, else "sdpa" ("flex": a static decode step reads only
+  the cache's live blocks, `engine.generate.LiveKV`).
 - `"tinker"`: `rl.backends.tinker_backend.make_tinker_service_client(base_url=None,
   api_key=None, **kw)` (imported lazily, so the local path never needs the hosted pieces).
 
