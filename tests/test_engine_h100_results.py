@@ -1,6 +1,7 @@
-"""Session 24's H100 tables (results/h200-engine/h100-s24/) carry the README's numbers: the learner
-under each memory setting and the 16-adapter RL step before and after the learner's memory plan
-are read back from the committed tables, and each folder names the card and tree that ran it."""
+"""The H100 tables of sessions 24 and 25 (results/h200-engine/h100-s24/, h100-s25/) carry the
+README's numbers: the learner under each memory setting, the 16-adapter RL step before and after
+the learner's memory plan, and where a decode step goes (diagnostics and kernel profiles) are read
+back from the committed tables, and each folder names the card and tree that ran it."""
 
 from __future__ import annotations
 
@@ -82,3 +83,59 @@ def test_the_first_16_adapter_row_died_of_fragmentation_and_the_next_ran_with_ex
     assert "CUDA out of memory. Tried to allocate 5.47 GiB" in log and "12.22 GiB is reserved by PyTorch but unallocated" in log
     assert "speed-rc 1" in (S24 / "1-16-cold" / "times.txt").read_text()
     assert "speed-rc 0" in (S24 / "16-expandable" / "times.txt").read_text()
+
+
+S25 = S24.parent / "h100-s25"
+
+
+def _diagnostics(path: Path) -> dict[tuple[int, int], dict[str, float]]:
+    """The `diagnostics, R rows x P positions: {...}` lines of an adapters table."""
+    import ast
+
+    found = re.findall(r"^diagnostics, (\d+) rows x (\d+) positions: (\{.*\})$", path.read_text(), re.M)
+    return {(int(r), int(p)): ast.literal_eval(d) for r, p, d in found}
+
+
+def _profile_ms(path: Path, rows: int, name_start: str) -> float:
+    """Self CUDA ms of the kernels whose name starts with `name_start` in the profile of `rows` rows."""
+    text = path.read_text()
+    part = text[text.index(f"{rows} rows x "):]
+    part = part[:part.index("Self CUDA time total")]
+    total, seen = 0.0, set()
+    for line in part.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if cells and cells[0].startswith(name_start) and cells[0] not in seen:
+            seen.add(cells[0])  # the profile lists a compiled kernel twice (its launch and its run)
+            value = cells[6]
+            total += float(value[:-2]) / 1000 if value.endswith("us") else float(value[:-2])
+    return total
+
+
+def test_session_25_names_the_h100_and_the_tree_and_where_a_decode_step_goes():
+    for folder in ("sdpa-1-diagnose", "flex-1-16"):
+        gpu = (S25 / folder / "gpu.txt").read_text()
+        assert "NVIDIA H100 80GB HBM3" in gpu and gpu.strip().splitlines()[-1].startswith("63ace4d")
+    sdpa_txt, flex_txt = S25 / "sdpa-1-diagnose" / "speed" / "adapters.txt", S25 / "flex-1-16" / "speed" / "adapters.txt"
+    assert "decode_attention=sdpa" in sdpa_txt.read_text() and "decode_attention=flex" in flex_txt.read_text()
+    sdpa, flex = _adapters_row(sdpa_txt, 1), _adapters_row(flex_txt, 1)
+    assert sdpa["decode_ms"] == pytest.approx(9.29) and flex["decode_ms"] == pytest.approx(12.17)
+    # the default path reproduces session 24's draw on the same card
+    assert sdpa["decode_ms"] == pytest.approx(_adapters_row(S24 / "1-16-warm" / "speed" / "adapters.txt", 1)["decode_ms"], rel=0.01)
+    assert _adapters_row(flex_txt, 16)["decode_ms"] == pytest.approx(59.43)
+    d_sdpa, d_flex = _diagnostics(sdpa_txt), _diagnostics(flex_txt)
+    one, many = d_sdpa[128, 1024], d_flex[1024, 1024]
+    assert one["attention masked 1024 positions x28 ms"] == pytest.approx(2.313)
+    assert many["attention masked 1024 positions x28 ms"] == pytest.approx(13.992)
+    # reading the live positions only halves the attention, at either row count
+    for d in (one, many):
+        assert d["attention live 592 positions x28 ms"] / d["attention masked 1024 positions x28 ms"] == pytest.approx(0.5, abs=0.03)
+    assert many["sample_step ms"] == pytest.approx(3.978)
+    # at one adapter the bank's float32 LoRA GEMMs are 37 % of the eager step's CUDA time, the attention 27 %
+    lora = sum(_profile_ms(sdpa_txt, 128, k) for k in ("void cutlass::Kernel2<cutlass_80_simt_sgemm",
+                                                      "void cublasLt::splitKreduce_kernel", "sm80_xmma_gemm_f32f32"))
+    assert lora == pytest.approx(2.706, abs=0.002)
+    assert lora / 7.344 == pytest.approx(0.37, abs=0.005)
+    assert _profile_ms(sdpa_txt, 128, "fmha_cutlassF_bf16") == pytest.approx(1.978)
+    # FlexAttention's general kernel: 4x SDPA's at 128 rows
+    assert _profile_ms(flex_txt, 128, "triton_tem_fused_flex_attention") == pytest.approx(7.885)
+    assert _profile_ms(flex_txt, 1024, "triton_tem_fused_flex_attention") == pytest.approx(61.702)
