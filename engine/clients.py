@@ -501,7 +501,7 @@ class LocalServiceClient:
             backend="local", deterministic=self.settings.deterministic and determinism.enabled(),
             device=str(self.device), dtype=str(self.dtype).removeprefix("torch."), tf32=self.settings.tf32,
             cublas_workspace=os.environ.get("CUBLAS_WORKSPACE_CONFIG") if self.device.type == "cuda" else None,
-            torch=torch.__version__)
+            torch=torch.__version__, decode_attention=self.settings.decode_attention)
 
     def place(self) -> torch.device:
         """The device of the next client. `device="cuda"` (or None) on a machine with several

@@ -61,6 +61,8 @@ class Numerics:
     tf32: bool | None = None
     cublas_workspace: str | None = None
     torch: str | None = None
+    # the static decode step's attention (`generate.DECODE_ATTENTIONS`): another kernel, other sums
+    decode_attention: str | None = None
 
     def record(self) -> dict:
         return asdict(self)

@@ -192,7 +192,8 @@ def _gqa_decode_sdpa(module, query, key, value, attention_mask, dropout=0.0, sca
     with a mask, the stock path copies K and V out to every query head (`repeat_kv`: two
     full-cache copies per layer per step, measured at over half of an H200 decode step).
     Instead the query heads of each KV group are laid along the query axis, so SDPA reads
-    the cache as it is. Same math, per query row."""
+    the cache as it is. Same math, per query row. Given `LiveKV`'s BlockMask (the "flex"
+    decode), FlexAttention over the live blocks instead."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if _is_block_mask(attention_mask):  # the static decode's live blocks (`LiveKV`)

@@ -95,4 +95,4 @@ def test_what_the_two_backends_say_they_can_do():
     assert tinker.devices() == 1
     assert tinker.numerics(lambda: pytest.fail("a hosted service is not asked")) == {
         "backend": "tinker", "deterministic": None, "device": None, "dtype": None, "tf32": None,
-        "cublas_workspace": None, "torch": None}
+        "cublas_workspace": None, "torch": None, "decode_attention": None}
