@@ -606,10 +606,10 @@ def test_a_flex_decode_reads_live_blocks_and_keeps_every_token(n_prompts, max_to
     """`decode_attention="flex"`: the static decode step attends through FlexAttention over the
     cache's live blocks (`LiveKV`) instead of SDPA over every position. Two adapters of ranks 4
     and 8 and the bare base, prompts of different lengths (left padding the mask must hide), one
-    longer than a block so the decode reads two: every row gets the tokens and stop reason it gets
-    from the SDPA step, logprobs within float32 rounding (5e-5: another kernel's order of
-    summation), and every live key lies in a block the
-    step reads, the last of them in its last block."""
+    longer than a block so the decode reads two: every greedy row gets the tokens and stop reason
+    it gets from the SDPA step, logprobs within float32 rounding (5e-5: another kernel's order of
+    summation); every sampled row's logprobs are the scorer's for its tokens; every live key lies
+    in a block the step reads, the last of them in its last block."""
     from engine.generate import LIVE_KV_BLOCK, Generator, Row, row_key
 
     service = _service(tmp_path, decode_attention="flex")
