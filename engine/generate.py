@@ -263,17 +263,25 @@ def _is_block_mask(mask) -> bool:
     return isinstance(mask, BlockMask)
 
 
-@functools.cache
+_COMPILED_FLEX = None  # FlexAttention compiled once per process, for eager CUDA steps
+
+
 def _flex_attention(cuda: bool):
-    """FlexAttention: compiled on CUDA (its block-sparse Triton kernel; inside a compiled decode
-    step it is inlined), the reference implementation on the CPU (it applies the mask to every
-    position: the blocks only save work)."""
+    """FlexAttention as the step at hand calls it: inside a compiled decode step the function
+    itself (dynamo lowers it to its block-sparse Triton kernel); in an eager CUDA step (a captured
+    graph before its shape is compiled) its compiled form, made once; on the CPU the reference
+    implementation (it applies the mask to every position: the blocks only save work)."""
+    global _COMPILED_FLEX
     import warnings
 
     from torch.nn.attention.flex_attention import flex_attention
 
+    if cuda and torch.compiler.is_compiling():
+        return flex_attention
     if cuda:
-        return torch.compile(flex_attention, dynamic=False)
+        if _COMPILED_FLEX is None:
+            _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+        return _COMPILED_FLEX
 
     def reference(*args, **kwargs):
         with warnings.catch_warnings():
