@@ -132,15 +132,14 @@ def decode_diagnostics(gen, config, prompt_tokens: int) -> dict[tuple[int, int],
         tt, kk = torch.ones(B, device=dev), torch.arange(B, device=dev)
         d["sample_step ms"] = timed_ms(lambda: sample_step(lg, tt, kk, 0, any_greedy=False))
         live = min(max_len, prompt_tokens + (max_len - prompt_tokens) // 2)
-        with torch.no_grad():
-            f = torch.nn.functional.scaled_dot_product_attention
-            q = torch.randn(B, kvh, groups, head_dim, device=dev, dtype=torch.bfloat16)
-            kv = torch.randn(B, kvh, max_len, head_dim, device=dev, dtype=torch.bfloat16)
-            m = torch.zeros(B, 1, 1, max_len, device=dev, dtype=torch.bool)
-            m[..., :live] = True
-            d[f"attention masked {max_len} positions x{layers} ms"] = layers * timed_ms(lambda: f(q, kv, kv, attn_mask=m))
-            kv_live = kv[:, :, :live].contiguous()
-            d[f"attention live {live} positions x{layers} ms"] = layers * timed_ms(lambda: f(q, kv_live, kv_live))
+        f = torch.nn.functional.scaled_dot_product_attention
+        q = torch.randn(B, kvh, groups, head_dim, device=dev, dtype=torch.bfloat16)
+        kv = torch.randn(B, kvh, max_len, head_dim, device=dev, dtype=torch.bfloat16)
+        m = torch.zeros(B, 1, 1, max_len, device=dev, dtype=torch.bool)
+        m[..., :live] = True
+        d[f"attention masked {max_len} positions x{layers} ms"] = layers * timed_ms(lambda: f(q, kv, kv, attn_mask=m))
+        kv_live = kv[:, :, :live].contiguous()
+        d[f"attention live {live} positions x{layers} ms"] = layers * timed_ms(lambda: f(q, kv_live, kv_live))
         dec.set_length(prompt_tokens)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             dec._step()
@@ -156,6 +155,8 @@ def print_diagnostics(diag: dict[tuple[int, int], dict[str, float]]) -> None:
 
 
 def main(argv=None) -> int:
+    from engine.generate import DECODE_ATTENTIONS
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", choices=["tiny", "qwen3-0.6b", "qwen2.5-1.5b"], default="tiny")
     ap.add_argument("--batch", type=int, default=64)
@@ -182,7 +183,7 @@ def main(argv=None) -> int:
     ap.add_argument("--diagnose", action="store_true", help="on CUDA, where a decode step goes: graph replay, sampling, attention, a kernel profile (decode_diagnostics)")
     ap.add_argument("--decode-length-bucket", type=int, default=None,
                     help="a static decode cache's positions are a multiple of this (default: the engine's, 1024)")
-    ap.add_argument("--decode-attention", choices=["sdpa", "flex"], default=None,
+    ap.add_argument("--decode-attention", choices=DECODE_ATTENTIONS, default=None,
                     help="a static decode step's attention (generate.DECODE_ATTENTIONS; default: the engine's)")
     ap.add_argument("--bank-decode", choices=["dense", "tiled"], default=None,
                     help="the adapter bank's decode form (lora_bank.DECODE_FORMS; default: the engine's)")

@@ -272,23 +272,26 @@ def _flex_attention(cuda: bool):
     graph before its shape is compiled) its compiled form, made once; on the CPU the reference
     implementation (it applies the mask to every position: the blocks only save work)."""
     global _COMPILED_FLEX
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not cuda:
+        return _flex_reference
+    if torch.compiler.is_compiling():
+        return flex_attention
+    if _COMPILED_FLEX is None:
+        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED_FLEX
+
+
+def _flex_reference(*args, **kwargs):
+    """FlexAttention uncompiled (the CPU's), without its once-a-process advice to compile."""
     import warnings
 
     from torch.nn.attention.flex_attention import flex_attention
 
-    if cuda and torch.compiler.is_compiling():
-        return flex_attention
-    if cuda:
-        if _COMPILED_FLEX is None:
-            _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
-        return _COMPILED_FLEX
-
-    def reference(*args, **kwargs):
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-            return flex_attention(*args, **kwargs)
-
-    return reference
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+        return flex_attention(*args, **kwargs)
 
 
 def _key_is_live(mask_B_L: torch.Tensor, b, h, q_idx, kv_idx):
