@@ -494,9 +494,10 @@ def decode_step(model, ids_B, pos_B, mask_B, cache) -> torch.Tensor:
 # (preflight, pilot, each arm, eval) reuses the graph of a shape compiled once by any of them.
 # Shapes are bucketed so that a run makes few graphs: GSM8K's prompts plus 512 new tokens fit
 # 1024 positions; a run's batches (the preflight's 16 rows, two arms' 128 rows of a step, six
-# arms' 384, the 1024-row held-out and eval batches) take a multiple of 128 rows; the adapter
+# arms' 384, the 1024-row held-out and eval batches) take a multiple of 128 rows, a batch of 64
+# rows or fewer (a lone arm's step, the preflight's 16, a compaction's tail) 64; the adapter
 # bank's decode buffers follow the row count and a width that only grows (`lora_bank`), so a
-# run compiles about one shape per row count. A lone arm's 64 rows decode as 128.
+# run compiles about one shape per row count.
 _COMPILED_DECODE = None
 # Static caches hold a multiple of this many positions (`Generator.length_bucket`; an engine's
 # `decode_length_bucket`, GS1_DECODE_LENGTH_BUCKET). A smaller bucket keeps less KV an arm and
@@ -504,7 +505,10 @@ _COMPILED_DECODE = None
 # 1,024: 1.31 against 1.75 GiB of a 1.5B model's 64 rows), for more decode shapes a run may
 # compile (a batch whose prompts run longer lands in the next bucket). Not measured on a GPU yet.
 DECODE_LENGTH_BUCKET = 1024
-MIN_GRAPHED_ROWS = 128  # graphed batches hold a multiple of this many rows
+GRAPHED_ROWS_STEP = 128  # graphed batches of more than MIN_GRAPHED_ROWS hold a multiple of this many rows
+# ... and none fewer than this: a lone arm's 64 rows (one tile of the bank's tiled form). At 128
+# rows they read twice the KV and sample twice the rows a step (h100-s25: 9.29 ms a step at 128).
+MIN_GRAPHED_ROWS = 64
 # A decode shape is compiled on its 8th batch. Measured on the H200 (results/h200-multi-adapter):
 # a compile costs 53-79 s cold (~20 s on a warm cache) and saves ~4 ms of a step at 128 rows
 # (8.7 against 12.6 ms eager): 2 s a batch of 512 steps, so it pays back after ~40 batches cold
@@ -573,11 +577,12 @@ def _bucket(n: int, q: int) -> int:
 
 
 def graphed_rows(n: int) -> int:
-    """Rows of the graphed batch that holds n rows: n rounded up to a multiple of
-    MIN_GRAPHED_ROWS, so a run's batches of 128, 39 and 100 rows replay one graph, not one per
-    size, and six arms' 384 rows decode as 384, not 512 (the step's cost grows with its rows: the
-    KV cache and the adapter bank). The padding rows decode one token, then idle."""
-    return max(MIN_GRAPHED_ROWS, _bucket(n, MIN_GRAPHED_ROWS))
+    """Rows of the graphed batch that holds n rows: MIN_GRAPHED_ROWS up to that many, else n
+    rounded up to a multiple of GRAPHED_ROWS_STEP, so a run's batches of 128, 78 and 100 rows
+    replay one graph, not one per size, and six arms' 384 rows decode as 384, not 512 (the step's
+    cost grows with its rows: the KV cache and the adapter bank). The padding rows decode one
+    token, then idle."""
+    return MIN_GRAPHED_ROWS if n <= MIN_GRAPHED_ROWS else _bucket(n, GRAPHED_ROWS_STEP)
 
 
 @dataclass
@@ -874,7 +879,10 @@ class Generator:
         from here on: a greedy eval's 1,024 rows run 512 steps while half of them stop by ~270
         (GSM8K). Each row keeps its own key, KV and adapter, so its tokens are those the full
         batch gives. Returns (decoder, its rows, each one's row in `dec`), or None: keep `dec`."""
-        if not (self.compact and isinstance(dec, _GraphedDecoder)) or len(self._layout([b.rows[0]])) > dec.B // 2:
+        # graphed, never under GRAPHED_ROWS_STEP rows: a training step's decoders share that shape
+        # (compiled by its 8th batch), and a smaller one would replace its graph every step
+        floor = GRAPHED_ROWS_STEP if self.use_cuda_graphs else 0
+        if not (self.compact and isinstance(dec, _GraphedDecoder)) or max(len(self._layout([b.rows[0]])), floor) > dec.B // 2:
             return None  # a static decoder at its smallest layout (a training step's 128 rows): no read-back
         rows_K = live.rows_K if live is not None else torch.arange(b.B, device=b.src_B.device)
         decoding_K = (~progress.done_B).index_select(0, rows_K)
@@ -883,6 +891,7 @@ class Generator:
         keep = decoding_K.nonzero().squeeze(1).tolist()
         rows_host = rows_K.tolist()
         order = self._layout([b.rows[rows_host[k]] for k in keep])
+        order += [None] * (floor - len(order))
         if not keep or len(order) > dec.B // 2:
             return None
         src: list[int] = []  # each new row's row in `dec`; a pad copies the row before it

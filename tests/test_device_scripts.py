@@ -428,6 +428,40 @@ def test_the_engine_poll_packs_each_part_once_and_ends_with_the_run(tmp_path):
         assert "repro/compare-det.txt" in repro.getnames()
 
 
+def test_the_chain_poll_brings_each_run_back_in_its_folder_and_goes_on_where_it_stopped(tmp_path):
+    """Runs started back to back, each in its own work folder: a call brings back every one that
+    has ended, each under $OUT/<folder>, inductor's cache only from the last, and stops at the
+    one still running; the next call skips the folders already brought back."""
+    out = tmp_path / "out"
+    out.mkdir()
+    works = [tmp_path / n for n in ("work", "work2", "work3")]
+    for w, status in zip(works, ("all-done", "model checksum failed", "running speed")):
+        (w / "speed").mkdir(parents=True)
+        if status != "model checksum failed":
+            (w / "speed" / "adapters.txt").write_text(f"[1 s] 1 adapters: {{'in': '{w.name}'}}\n")
+        (w / "parts").write_text("speed-done\n" if status == "all-done" else "")
+        (w / "status").write_text(status + "\n")
+        (w / "compile").mkdir()
+        (w / "compile" / "kernel.py").write_text("# a compiled kernel\n")
+    chain = ["bash", str(H200 / "engine_device_poll_chain.sh"), *map(str, works)]
+    env = {**BASE_ENV, "OUT": str(out), "WAIT": "20"}
+    with pytest.raises(subprocess.TimeoutExpired):  # the third still runs: the call waits on it
+        subprocess.run(chain, env=env, capture_output=True, text=True, timeout=5)
+    assert sorted(p.name for p in (out / "work").iterdir()) == ["logs.tgz", "speed.tgz.00"]  # no cache: not the last
+    assert sorted(p.name for p in (out / "work2").iterdir()) == ["logs.tgz"]  # a failed start comes back too
+    assert sorted(p.name for p in (out / "work3").iterdir()) == ["speed-so-far.txt"]
+    for d in out.iterdir():  # the next call's $OUT starts empty
+        for f in d.iterdir():
+            f.unlink()
+        d.rmdir()
+    (works[2] / "parts").write_text("speed-done\n")
+    (works[2] / "status").write_text("all-done\n")
+    done = subprocess.run(chain, env={**env, "WAIT": "240"}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "'in': 'work3'" in done.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["work3"]
+    assert sorted(p.name for p in (out / "work3").iterdir()) == ["compile.tgz.00", "logs.tgz", "speed.tgz.00"]
+
+
 def test_the_engine_runs_learner_part_times_each_setting_and_the_poll_packs_it(tmp_path):
     """The learner part runs the single-adapter learner table once per setting (checkpointing,
     compiled layers), each into its own file, and the poll brings them back as learner.tgz.00."""

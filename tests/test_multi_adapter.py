@@ -532,6 +532,30 @@ def test_a_static_decode_moves_its_last_rows_to_a_smaller_decoder_and_keeps_thei
     assert len(gen._graphs) == 1 and next(iter(gen._graphs.values())).B <= len(rows) // 2
 
 
+def test_a_graphed_batch_holds_64_rows_at_least_and_a_multiple_of_128_above(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """A lone arm's 64 rows (one tile) graph as 64, not 128 (half the KV read and rows sampled a
+    step); larger batches take a multiple of 128 rows, so a run's sizes share few graphs. Laid
+    out through the generator's own `_layout` as the CUDA path pads a batch: the tiled bank's
+    tiles first, then the graphed rows' pads."""
+    from engine.generate import Generator, Row, graphed_rows, row_key
+
+    assert [graphed_rows(n) for n in (1, 16, 64, 65, 128, 129, 384, 1000, 1024)] == [
+        64, 64, 64, 128, 128, 256, 384, 1024, 1024]
+    service = _service(tmp_path)
+    tcs = [_perturbed(service, tiny_model_dir, 4, k) for k in (1, 2, 3)]
+    base = tcs[0]._engine.base
+    snaps = [tc._engine.snapshot_live() for tc in tcs]
+    gen = Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank)
+    gen.use_cuda_graphs = True  # the CUDA path's layout; nothing here decodes
+    prompt = tiny_tokenizer.encode("question")
+    for counts, want in (((64,), 64), ((16,), 64), ((64, 64), 128), ((64, 1), 128), ((64, 64, 1), 256), ((100,), 128)):
+        rows = [Row(prompt=prompt, max_tokens=4, key=row_key(i, k), adapter=snaps[k])
+                for k, n in enumerate(counts) for i in range(n)]
+        order = gen._layout(rows)
+        assert len(order) == want, (counts, len(order))
+        assert sorted(o for o in order if o is not None) == list(range(len(rows)))
+
+
 def test_an_unknown_bank_decode_form_is_refused(tmp_path):
     from schemas.errors import UserError
 

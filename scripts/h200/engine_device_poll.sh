@@ -56,6 +56,7 @@ fi
 if run_ended "$W" "$BUSY" || [ -n "${FINAL:-}" ]; then
   tar czf "$OUT/logs.tgz" -C "$W" --ignore-failed-read status times.txt parts model_sha.txt gpu.txt gpu_samples.csv \
     compile_from.txt units.log 2>/dev/null
-  grep -q all-done "$W/status" && pack_compile_cache "$W" "$OUT"
+  # NO_COMPILE_PACK=1: not this folder's (a chain's earlier run, engine_device_poll_chain.sh)
+  grep -q all-done "$W/status" && [ -z "${NO_COMPILE_PACK:-}" ] && pack_compile_cache "$W" "$OUT"
 fi
 ls -la "$OUT"
