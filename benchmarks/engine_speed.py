@@ -180,6 +180,8 @@ def main(argv=None) -> int:
                     help="the learner's decoder layers through torch.compile (auto: the engine's default, on CUDA "
                          "unless checkpointed); compiled from the warm-up step on")
     ap.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate of the timed train steps")
+    ap.add_argument("--profile-train", action="store_true",
+                    help="on CUDA, one more forward_backward under torch.profiler: the learner's kernels by CUDA time")
     ap.add_argument("--diagnose", action="store_true", help="on CUDA, where a decode step goes: graph replay, sampling, attention, a kernel profile (decode_diagnostics)")
     ap.add_argument("--decode-length-bucket", type=int, default=None,
                     help="a static decode cache's positions are a multiple of this (default: the engine's, 1024)")
@@ -286,6 +288,14 @@ def main(argv=None) -> int:
             t_all = time.perf_counter() - t
             train_rows.append(("train" + (" (warm-up)" if r == 0 else ""), t_fb, t_all, n_tok,
                                mem_start, mem_peak))
+        if args.profile_train and cuda:  # where a learner's step goes, after the timed rounds
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                tc.forward_backward(datums, "importance_sampling").result()
+                sync()
+            print("\nthe learner's forward_backward: its kernels by CUDA time")
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
         del fb
         if args.skip_sample:
             agree = agree_trained = (float("nan"), float("nan"))

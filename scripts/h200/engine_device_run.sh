@@ -25,6 +25,7 @@
 #                     "cold" (no compile or model cache but what COMPILE_FROM brings), then "warm" (the
 #                     caches the first filled), each with benchmarks/stage_timings.py's table of its
 #                     stages (seconds, graphs compiled, compile seconds, loads) in W/e2e/RUN-stages.txt.
+#   LEARNER_ARGS:     more flags for the learner part's benchmark (e.g. --profile-train: the learner's kernels).
 #   SPEED_ARGS:       more flags for the speed part's benchmark (e.g. --diagnose: the decode step's
 #                     profile and timings below its table).
 #   PARTS=units,reproduce,speed [COMPILE_FROM=.compile] setsid nohup bash scripts/h200/engine_device_run.sh &
@@ -108,7 +109,7 @@ if has_part learner; then
   for setting in "${settings[@]}"; do
     IFS=':' read -r name ckpt comp tf32 <<< "$setting"
     stamp "learner-$name-start"
-    GS1_TF32=$([ "$tf32" = tf32 ] && echo 1 || echo 0) $PY benchmarks/engine_speed.py $SHAPE --skip-sample --repeats 2 --gradient-checkpointing "$ckpt" --compile-learner "$comp" --tokenizer-dir "$TOK" \
+    GS1_TF32=$([ "$tf32" = tf32 ] && echo 1 || echo 0) $PY benchmarks/engine_speed.py $SHAPE --skip-sample --repeats 2 --gradient-checkpointing "$ckpt" --compile-learner "$comp" --tokenizer-dir "$TOK" ${LEARNER_ARGS:-} \
       > "$W/learner/$name.txt" 2> "$W/learner/$name.log"
     echo "learner-$name-rc $?" >> "$W/times.txt"
   done
