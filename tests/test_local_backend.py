@@ -445,6 +445,35 @@ def test_sample_step_draws_from_the_tempered_distribution():
     assert torch.allclose(lp, probs.log()[tok], atol=1e-6)
 
 
+@pytest.mark.parametrize("V", [151936, 49152, 1000], ids=["qwen_vocab", "smollm2_vocab", "one_scan"])
+def test_the_draw_is_the_float64_inverse_cdf_over_the_vocabulary(V):
+    """B = 64 rows (the user's batch) at the real models' vocabularies: the draw in blocks (a
+    block's sums, then a scan inside one block) gives each row the token of an independent float64
+    inverse CDF over the whole vocabulary (numpy, row by row), at several steps and at rows whose
+    mass sits on one token, on a block's edges, or spread flat."""
+    import numpy as np
+
+    from engine.generate import _draw, _draw_block, uniforms
+
+    g = torch.Generator().manual_seed(V)
+    logits = torch.randn(64, V, generator=g) * 3.0
+    logits[1, 7] = 40.0  # nearly all of the mass on one token
+    logits[2, :] = 0.0  # flat
+    blk = _draw_block(V) or V // 4  # no blocks at 1,000 tokens: one scan
+    logits[3, :] = -30.0
+    logits[3, [blk - 1, blk, 2 * blk - 1]] = 5.0  # the mass on a block's edges
+    lp = torch.log_softmax(logits, -1)
+    keys = torch.arange(64, dtype=torch.int64) * 104729 + 5
+    for step in range(3):
+        u = uniforms(keys, step)
+        want = []
+        for row, u_b in zip(np.exp(lp.numpy()).astype(np.float64), u.tolist()):
+            cdf = np.cumsum(row)
+            want.append(min(int(np.searchsorted(cdf, u_b * cdf[-1], side="right")), V - 1))
+        assert _draw(lp, u).tolist() == want
+        assert want[1] == 7 and want[3] in (blk - 1, blk, 2 * blk - 1)
+
+
 def _gen(eng, **kw):
     from engine.generate import Generator
 
