@@ -526,7 +526,7 @@ def decode_step(model, ids_B, pos_B, mask_B, cache) -> torch.Tensor:
 # Shapes are bucketed so that a run makes few graphs: GSM8K's prompts plus 512 new tokens fit
 # 1024 positions; a run's batches (the preflight's 16 rows, two arms' 128 rows of a step, six
 # arms' 384, the 1024-row held-out and eval batches) take a multiple of 128 rows, a batch of 64
-# rows or fewer (a lone arm's step, the preflight's 16, a compaction's tail) 64; the adapter
+# rows or fewer (a lone arm's step, the preflight's 16) 64; the adapter
 # bank's decode buffers follow the row count and a width that only grows (`lora_bank`), so a
 # run compiles about one shape per row count.
 _COMPILED_DECODE = None
@@ -544,9 +544,9 @@ MIN_GRAPHED_ROWS = 64
 # a compile costs 53-79 s cold (~20 s on a warm cache) and saves ~4 ms of a step at 128 rows
 # (8.7 against 12.6 ms eager): 2 s a batch of 512 steps, so it pays back after ~40 batches cold
 # (~10 warm). An eval's few batches never do, nor do the fixed stages: with a calibration they
-# make 7 batches of the 128-row shape (the preflight's 1; the pilot's baseline step, treatment
-# step 2 and eval timing; the calibration pilot's same three -- a treatment's first step rides
-# with its held-out samples in a larger shape). On its 6th batch,
+# made 7 batches of the 128-row shape (the preflight's 1, now a 64-row batch; the pilot's baseline
+# step, treatment step 2 and eval timing; the calibration pilot's same three -- a treatment's
+# first step rides with its held-out samples in a larger shape). On its 6th batch,
 # the user's spec compiled in its calibration pilot, 78.5 s before feasibility
 # (results/h200-multi-adapter/session5). On the 8th, a training loop's first step compiles it.
 COMPILE_AFTER_BATCHES = 8
