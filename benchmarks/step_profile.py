@@ -10,8 +10,8 @@ on that batch's static decoder, at a mid-decode length:
 - the eager step's top kernels by CUDA time (torch.profiler).
 Then one arm's forward_backward of the `--batch` datums (prompt + new tokens) under the profiler:
 wall seconds, its top kernels and its CUDA time by kind of kernel (`kernel_kind`). The learner is
-the engine's: compiled on CUDA (its first call compiles, before anything is timed), TF32 with
-`GS1_TF32=1`. `--skip-decode` profiles the learner alone:
+the engine's: compiled on CUDA (its first call compiles, before anything is timed), TF32 unless
+`GS1_TF32=0`. `--skip-decode` profiles the learner alone:
 
     python benchmarks/step_profile.py --config qwen2.5-1.5b --device cuda --skip-decode
 

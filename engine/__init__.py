@@ -55,7 +55,7 @@ LM head a chunk of tokens at a time, keeping each target token's logprob
 (`token_logprobs.target_logprobs`, recomputed in backward). Each adapted projection adds the
 trained adapter's LoRA through `lora_bank.LoraAddon` (peft's float32 arithmetic, fewer passes;
 `learner_lora="peft"` runs peft's own path). On CUDA those float32 matmuls, and the adapter
-bank's in decode, run as TF32 with `GS1_TF32=1` (`use_tf32`; IEEE float32 by default).
+bank's in decode, run as TF32 (`use_tf32`; `GS1_TF32=0`: IEEE float32).
 The decoder layers are gradient-checkpointed
 (`gradient_checkpointing=True`: one more decoder forward, one hidden state per layer kept) where
 a microbatch's activations would crowd the machine's memory on the CPU (`checkpoint_learner`),

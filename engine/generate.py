@@ -277,12 +277,12 @@ def install_gqa_decode_attention(model) -> bool:
 # past the step's slot, but the kernel still reads them: at 16 arms' 1,024 rows x 1,024 positions
 # 28 GiB a step); "flex" is torch's FlexAttention over the cache in blocks of LIVE_KV_BLOCK
 # positions, told how many blocks hold live keys (`LiveKV`), so it reads only those -- the same
-# mask, the same math. Measured on the H100 (results/h200-engine/h100-s25): SDPA's 28 layers take
-# 2.3 ms at 128 rows and 14.0 ms at 1,024 (of a 33.5 ms step), 1.1 and 7.2 ms over the live 592
-# positions alone; FlexAttention's general kernel (the GQA form) took 7.9 and 61.7 ms. The
-# decoding kernel (the form now passed) is not measured yet: the default stays "sdpa".
+# mask, the same math. Measured on the H100 (results/h200-engine/h100-s27, one draw each): a
+# decode step 6.91 ms with "flex" against 7.84 with "sdpa" at 64 rows, 23.8 against 33.5 ms
+# (h100-s24) at 16 arms' 1,024 rows, FlexAttention's kernel 8.2 ms over 28 layers there against
+# SDPA's 14.1. Only a static cache (CUDA) reads this; the CPU's per-slot path never does.
 DECODE_ATTENTIONS = ("sdpa", "flex")
-DEFAULT_DECODE_ATTENTION = "sdpa"
+DEFAULT_DECODE_ATTENTION = "flex"
 LIVE_KV_BLOCK = 128
 
 

@@ -186,17 +186,18 @@ LEARNER_CPU_MEMORY_SHARE = 0.1
 
 
 def use_tf32(device: torch.device, tf32: bool | None) -> bool:
-    """Whether a base on `device` runs float32 matmuls as TF32: on CUDA with `GS1_TF32=1` (or
-    `tf32=True`); never on the CPU. The adapters' float32 matmuls are thin (rank 32) and read
-    [tokens x width] float32 operands; in IEEE float32 they run without tensor cores (session3's
-    learner profile: 0.42 s of its 2.4 s of CUDA time). TF32 rounds only the LoRA addon's
-    products (10-bit mantissa, float32 accumulation); the base's matmuls are bf16 either way.
-    Off by default: on the H200 the learner's compile took 81.5 s with it (in a full run) against
-    57.8-59.4 s without (observed, not isolated), and what it saves a step is not measured yet
-    (results/h200-multi-adapter/session7)."""
+    """Whether a base on `device` runs float32 matmuls as TF32: on CUDA unless `GS1_TF32=0` (or
+    `tf32=False`); never on the CPU. The adapters' float32 matmuls are thin (rank 32) and read
+    [tokens x width] float32 operands; in IEEE float32 they run without tensor cores (1.36 of a
+    1-adapter decode step's 7.34 ms of CUDA time, results/h200-engine/h100-s25). TF32 rounds only
+    the LoRA addon's products (10-bit mantissa, float32 accumulation); the base's matmuls are bf16
+    (8-bit) either way, and the sampler and the learner round alike. Measured on the H100
+    (results/h200-engine/h100-s27, one draw each): the learner's 42,944-token step 1.22 s against
+    1.41, a 1-adapter decode step 6.47 ms against 7.84; its compile 58 s, not longer than float32's
+    (session7's ~20 s more on the H200 was observed inside a full run, not isolated)."""
     if device.type != "cuda":
         return False
-    return os.environ.get("GS1_TF32", "0") == "1" if tf32 is None else bool(tf32)
+    return os.environ.get("GS1_TF32", "1") != "0" if tf32 is None else bool(tf32)
 
 
 def learner_activation_bytes(config, tokens: int, dtype: torch.dtype) -> int:

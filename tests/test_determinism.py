@@ -90,7 +90,7 @@ def test_the_service_turns_the_mode_on_and_records_it(deterministic_process, tmp
     plain = LocalServiceClient(device="cpu", cache_dir=tmp_path / "a")
     assert plain.numerics().record() == {
         "backend": "local", "deterministic": False, "device": "cpu", "dtype": "float32", "tf32": False,
-        "cublas_workspace": None, "torch": torch.__version__, "decode_attention": "sdpa"}
+        "cublas_workspace": None, "torch": torch.__version__, "decode_attention": "flex"}
     assert not torch.are_deterministic_algorithms_enabled()
     monkeypatch.setenv(determinism.ENV, "1")
     asked = LocalServiceClient(device="cpu", cache_dir=tmp_path / "b")

@@ -1,4 +1,4 @@
-"""The H100 tables of sessions 24 and 25 (results/h200-engine/h100-s24/, h100-s25/) carry the
+"""The H100 tables of sessions 24, 25 and 27 (results/h200-engine/h100-s24/, h100-s25/, h100-s27/) carry the
 README's numbers: the learner under each memory setting, the 16-adapter RL step before and after
 the learner's memory plan, and where a decode step goes (diagnostics and kernel profiles) are read
 back from the committed tables, and each folder names the card and tree that ran it."""
@@ -148,3 +148,68 @@ def test_session_25_names_the_h100_and_the_tree_and_where_a_decode_step_goes():
     # FlexAttention's general kernel: 4x SDPA's at 128 rows
     assert _profile_ms(flex_txt, 128, "triton_tem_fused_flex_attention") == pytest.approx(7.885)
     assert _profile_ms(flex_txt, 1024, "triton_tem_fused_flex_attention") == pytest.approx(61.702)
+
+
+S27 = S24.parent / "h100-s27"
+
+
+def _profile_share_ms(path: Path, name_starts: tuple[str, ...]) -> float:
+    """Self CUDA ms of the kernels starting with any of `name_starts` in a learner's profile."""
+    text = path.read_text()
+    part = text[text.index("its kernels by CUDA time"):text.index("Self CUDA time total")]
+    total = 0.0
+    for line in part.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if cells and cells[0].startswith(name_starts):
+            value = cells[6]
+            total += float(value[:-2]) / 1000 if value.endswith("us") else float(value[:-2])
+    return total
+
+
+def test_session_27_reads_as_the_readme_says_and_the_defaults_follow_it():
+    folders = ("sdpa-1-diagnose", "sdpa-1-tf32", "flex-1-16", "flex-1-tf32", "learner-tf32")
+    for folder in folders:
+        gpu = (S27 / folder / "gpu.txt").read_text()
+        assert "NVIDIA H100 80GB HBM3" in gpu and gpu.strip().splitlines()[-1].startswith("912b435")
+    table = {f: S27 / f / "speed" / "adapters.txt" for f in folders[:4]}
+    settings = {f: re.search(r"tf32=(\w+) .*decode_attention=(\w+)", t.read_text()).groups() for f, t in table.items()}
+    assert settings == {"sdpa-1-diagnose": ("False", "sdpa"), "sdpa-1-tf32": ("True", "sdpa"),
+                        "flex-1-16": ("False", "flex"), "flex-1-tf32": ("True", "flex")}
+    one = {f: _adapters_row(t, 1) for f, t in table.items()}
+    assert {f: r["decode_ms"] for f, r in one.items()} == pytest.approx(
+        {"sdpa-1-diagnose": 7.84, "sdpa-1-tf32": 6.47, "flex-1-16": 6.91, "flex-1-tf32": 5.58})
+    assert one["flex-1-tf32"]["step_s"] == pytest.approx(4.32) and all(r["rows"] == 64 for r in one.values())
+    # against session 25's default on the same card (128 graphed rows then): each lever moved the step
+    s25 = _adapters_row(S25 / "sdpa-1-diagnose" / "speed" / "adapters.txt", 1)
+    assert s25["decode_ms"] > one["sdpa-1-diagnose"]["decode_ms"] > one["flex-1-16"]["decode_ms"] > one["flex-1-tf32"]["decode_ms"]
+    many = _adapters_row(table["flex-1-16"], 16)
+    assert (many["decode_ms"], many["sample_s"], many["step_s"], many["per_arm"]) == pytest.approx((23.82, 16.94, 43.92, 2.66))
+    s24 = _adapters_row(S24 / "planned-memory" / "speed" / "adapters.txt", 16)
+    assert s24["decode_ms"] == pytest.approx(33.5, abs=0.05) and s24["step_s"] == pytest.approx(47.6, abs=0.1)
+    # the learner, run an adapter after another, is now the larger part of the 16-adapter step
+    assert many["train_s"] * 16 > many["sample_s"]
+    # FlexAttention's kernel against SDPA over the masked 1,024 positions, the same run, 28 layers
+    flex_ms = _profile_ms(table["flex-1-16"], 1024, "triton_tem_fused_flex_attention")
+    assert flex_ms == pytest.approx(8.210) and _diagnostics(table["flex-1-16"])[1024, 1024][
+        "attention masked 1024 positions x28 ms"] == pytest.approx(14.128)
+    assert _profile_ms(table["flex-1-16"], 64, "triton_tem_fused_flex_attention") == pytest.approx(0.826, abs=1e-3)
+    assert _diagnostics(table["sdpa-1-diagnose"])[64, 1024]["sample_step ms"] == pytest.approx(0.834)
+    # the learner: TF32 for the LoRA's float32 matmuls, 1.41 -> 1.22 s; the float32 GEMMs leave its profile
+    learner = S27 / "learner-tf32" / "learner"
+    f32, tf32 = _learner(learner / "planned.txt"), _learner(learner / "planned-tf32.txt")
+    assert (f32[0], tf32[0]) == pytest.approx((1.4125, 1.2165))
+    assert "TF32 float32 matmuls: True" in (learner / "planned-tf32.txt").read_text()
+    assert _profile_share_ms(learner / "planned.txt", ("sm80_xmma_gemm_f32f32",)) > 300
+    assert _profile_share_ms(learner / "planned-tf32.txt", ("sm80_xmma_gemm_f32f32",)) == 0
+    lora_tf32 = _profile_share_ms(learner / "planned-tf32.txt", ("sm90_xmma_gemm_f32f32_tf32", "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm"))
+    assert lora_tf32 == pytest.approx(228, abs=2)
+    assert _profile_share_ms(learner / "planned-tf32.txt", ("nvjet_sm90",)) == pytest.approx(362, abs=2)
+    # what the README made the defaults: flex decode attention, TF32 on CUDA
+    from engine.generate import DEFAULT_DECODE_ATTENTION
+    from engine.settings import use_tf32
+    import os
+    import torch
+
+    assert DEFAULT_DECODE_ATTENTION == "flex"
+    if "GS1_TF32" not in os.environ:
+        assert use_tf32(torch.device("cuda", 0), None)

@@ -225,16 +225,16 @@ def test_microbatches_round_their_length_up_within_the_token_budget():
         assert mb.padded_length >= max(mb.lengths) and mb.tokens == sum(mb.lengths)
 
 
-def test_tf32_is_on_for_cuda_only_when_asked_and_never_on_the_cpu(monkeypatch):
+def test_tf32_is_on_for_cuda_unless_turned_off_and_never_on_the_cpu(monkeypatch):
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     monkeypatch.delenv("GS1_TF32", raising=False)
-    assert not use_tf32(cuda, None) and not use_tf32(cpu, None) and not use_tf32(cpu, True)
-    assert use_tf32(cuda, True)
-    monkeypatch.setenv("GS1_TF32", "1")
-    assert use_tf32(cuda, None) and not use_tf32(cuda, False)  # an explicit setting wins over the variable
-    assert not use_tf32(cpu, None)
+    assert use_tf32(cuda, None) and not use_tf32(cpu, None) and not use_tf32(cpu, True)
+    assert not use_tf32(cuda, False)
     monkeypatch.setenv("GS1_TF32", "0")
-    assert not use_tf32(cuda, None) and use_tf32(cuda, True)
+    assert not use_tf32(cuda, None) and use_tf32(cuda, True)  # an explicit setting wins over the variable
+    assert not use_tf32(cpu, None)
+    monkeypatch.setenv("GS1_TF32", "1")
+    assert use_tf32(cuda, None) and not use_tf32(cuda, False)
     # the CPU engine's settings say so (its float32 matmuls are IEEE; the tests' numbers stay as they were)
     assert LocalServiceClient(device="cpu", tf32=True).settings.tf32 is False
 
