@@ -156,6 +156,7 @@ def print_diagnostics(diag: dict[tuple[int, int], dict[str, float]]) -> None:
 
 def main(argv=None) -> int:
     from engine.generate import DECODE_ATTENTIONS
+    from engine.settings import LEARNER_LORA
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", choices=["tiny", "qwen3-0.6b", "qwen2.5-1.5b"], default="tiny")
@@ -174,8 +175,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-sample", action="store_true", help="train on random completions")
     ap.add_argument("--gradient-checkpointing", choices=["auto", "on", "off"], default="auto",
                     help="checkpoint the decoder layers in training (auto: the engine's rule, engine.settings.learner_memory)")
-    ap.add_argument("--learner-lora", choices=["fused", "peft"], default="fused",
-                    help="the learner's LoRA path (local.settings.LEARNER_LORA)")
+    ap.add_argument("--learner-lora", choices=LEARNER_LORA, default="fused",
+                    help="the learner's LoRA path (engine.settings.LEARNER_LORA; fused-base: the addon in the base's dtype)")
     ap.add_argument("--compile-learner", choices=["auto", "on", "off"], default="auto",
                     help="the learner's decoder layers through torch.compile (auto: the engine's default, on CUDA "
                          "unless checkpointed); compiled from the warm-up step on")

@@ -119,7 +119,8 @@ class Learner:
         mbs = (list(layout) if layout is not None
                else self.microbatches(data, LEARNER_LENGTH_MULTIPLE if compiled else 1))
         ctx = torch.no_grad() if forward_only else torch.enable_grad()
-        lora = self.bank.training(adapter.name) if self.learner_lora == "fused" else contextlib.nullcontext()
+        lora = (contextlib.nullcontext() if self.learner_lora == "peft"
+                else self.bank.training(adapter.name, in_out_dtype=self.learner_lora == "fused-base"))
         try:
             for layer in self.checkpointed_layers:
                 layer.training = not forward_only

@@ -321,17 +321,18 @@ class AdapterBank:
                 m._disable_adapters = f
 
     @contextmanager
-    def training(self, adapter: str):
+    def training(self, adapter: str, in_out_dtype: bool = False):
         """The learner's forwards through `LoraAddon` for peft adapter `adapter` alone (its
         gradients flow; peft's own path is off meanwhile). Spans forward and backward, so a
         checkpointed layer's recompute takes the same path. Each projection the adapter adapts
         holds it as `trained` (`_Trained`) meanwhile: the hook finds its weights there by position,
         not by the adapter's name, so a compiled learner (`local.learner.Learner.compiled_layers`)
-        has one graph for every adapter."""
+        has one graph for every adapter. `in_out_dtype`: the addon in the base's dtype
+        (`LoraAddon`)."""
         adapted = [m for m in self.layers if adapter in m.lora_A]
         with self._hooks_only():
             for m in adapted:
-                m.trained = _Trained(m.lora_A[adapter], m.lora_B[adapter], float(m.scaling[adapter]))
+                m.trained = _Trained(m.lora_A[adapter], m.lora_B[adapter], float(m.scaling[adapter]), in_out_dtype)
             self.train_adapter = adapter
             try:
                 yield self
@@ -356,47 +357,55 @@ class LoraAddon(torch.autograd.Function):
     forward (x cast to A's dtype, the sum in float32) with the scaled add fused into the expand
     (`addmm`). Saves x as it came (the base projection keeps the same tensor) and the small
     shrink; backward recasts x for A's gradient. Gradients as peft's path gives them: `out` gets
-    the output's gradient as it is, x the addon's gradient rounded to x's dtype."""
+    the output's gradient as it is, x the addon's gradient rounded to x's dtype.
+
+    `in_out_dtype=True` (`learner_lora="fused-base"`): the same sum with every operand in `out`'s
+    dtype (bf16 on CUDA), A and B cast down, their gradients cast back up: no [tokens x width]
+    float32 copy of x, of the output or of its gradient (the learner's eager casts and copies,
+    ~0.15 of 1.11 s of CUDA time on the H100, results/h200-engine/h100-s27). The expand still
+    sums in float32 inside the GEMM and rounds the output once; the shrink and the gradients
+    round to bf16. Where `out` is float32 (the CPU) both forms are the same arithmetic."""
 
     @staticmethod
-    def forward(ctx, x, out, A, B, scale: float):
+    def forward(ctx, x, out, A, B, scale: float, in_out_dtype: bool = False):
         n_out = out.shape[-1]
-        acc = torch.promote_types(out.dtype, A.dtype)
+        dt = out.dtype if in_out_dtype else torch.promote_types(out.dtype, A.dtype)
         x_N = x.reshape(-1, x.shape[-1])
-        h_N = torch.nn.functional.linear(x_N.to(A.dtype), A)
+        h_N = torch.nn.functional.linear(x_N.to(dt if in_out_dtype else A.dtype), A.to(dt))
         # the sum written into a tensor of the output's shape: the Function's output is no view
         # (a caller may change it in place, as the LM head's chunked logprobs do)
-        y = torch.empty(out.shape, dtype=acc, device=out.device)
-        torch.addmm(out.reshape(-1, n_out).to(acc), h_N.to(acc), B.T.to(acc), alpha=scale, out=y.view(-1, n_out))
+        y = torch.empty(out.shape, dtype=dt, device=out.device)
+        torch.addmm(out.reshape(-1, n_out).to(dt), h_N.to(dt), B.T.to(dt), alpha=scale, out=y.view(-1, n_out))
         ctx.save_for_backward(x, h_N, A, B)
-        ctx.scale = scale
+        ctx.scale, ctx.dt = scale, dt
         return y.to(out.dtype)
 
     @staticmethod
     def backward(ctx, grad_y):
         x, h_N, A, B = ctx.saved_tensors
-        s = ctx.scale
+        s, dt = ctx.scale, ctx.dt
         need_x, need_out, need_A, need_B = ctx.needs_input_grad[:4]
-        g_N = grad_y.reshape(-1, grad_y.shape[-1]).to(B.dtype)
+        g_N = grad_y.reshape(-1, grad_y.shape[-1]).to(dt)
         grad_x = grad_A = grad_B = None
         if need_B:
-            grad_B = (g_N.T @ h_N) * s
+            grad_B = ((g_N.T @ h_N.to(dt)) * s).to(B.dtype)
         if need_x or need_A:
-            gh_N = (g_N @ B) * s
+            gh_N = (g_N @ B.to(dt)) * s
             if need_A:
-                grad_A = gh_N.T @ x.reshape(-1, x.shape[-1]).to(A.dtype)
+                grad_A = (gh_N.T @ x.reshape(-1, x.shape[-1]).to(dt)).to(A.dtype)
             if need_x:
-                grad_x = (gh_N @ A).to(x.dtype).reshape(x.shape)
-        return grad_x, (grad_y if need_out else None), grad_A, grad_B, None
+                grad_x = (gh_N @ A.to(dt)).to(x.dtype).reshape(x.shape)
+        return grad_x, (grad_y if need_out else None), grad_A, grad_B, None, None
 
 
 class _Trained(torch.nn.Module):
     """The trained adapter's shrink and expand of one projection, and its scale, while it trains
     (`AdapterBank.training`): the same modules as peft's, held at a fixed place."""
 
-    def __init__(self, A: torch.nn.Module, B: torch.nn.Module, scale: float):
+    def __init__(self, A: torch.nn.Module, B: torch.nn.Module, scale: float, in_out_dtype: bool = False):
         super().__init__()
         self.A, self.B, self.scale = A, B, scale
+        self.in_out_dtype = in_out_dtype  # `LoraAddon` in the output's dtype (`learner_lora="fused-base"`)
 
 
 def _add_bank(bank: AdapterBank, name: str, module, args, out):
@@ -405,7 +414,7 @@ def _add_bank(bank: AdapterBank, name: str, module, args, out):
     training, the trained adapter's (`LoraAddon`)."""
     t = getattr(module, "trained", None)  # never the adapter's name: a compiled learner would guard on it
     if t is not None:
-        return LoraAddon.apply(args[0], out, t.A.weight, t.B.weight, t.scale)
+        return LoraAddon.apply(args[0], out, t.A.weight, t.B.weight, t.scale, t.in_out_dtype)
     if not bank.on or (bank.decode_bufs is None and not bank.groups):
         return None
     i = bank.index[name]

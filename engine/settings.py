@@ -130,7 +130,8 @@ class EngineSettings:
     decode_length_bucket: int = DECODE_LENGTH_BUCKET
     # how a static decode step attends: over every position, or only the live blocks (`generate.DECODE_ATTENTIONS`)
     decode_attention: str = DEFAULT_DECODE_ATTENTION
-    # how the learner adds the trained adapter: "fused" (`lora_bank.LoraAddon`) or "peft" (peft's own path)
+    # how the learner adds the trained adapter (LEARNER_LORA): "fused" (`lora_bank.LoraAddon`, peft's
+    # float32 sum), "fused-base" (the same in the base's dtype) or "peft" (peft's own path)
     learner_lora: str = "fused"
     # the learner's decoder layers run through torch.compile (`Learner.compiled_layers`), from a
     # client's `compile_learner_after`-th forward_backward on
@@ -171,7 +172,7 @@ def resolve_decode_attention(attention: str | None) -> str:
     return value
 
 
-LEARNER_LORA = ("fused", "peft")
+LEARNER_LORA = ("fused", "fused-base", "peft")
 # Without checkpointing a microbatch keeps, per decoder layer and token, about 8 hidden-sized and 4
 # intermediate-sized tensors in the model's dtype (a Qwen2-style layer through `LoraAddon`: the
 # norms' inputs and outputs, q, k, v, the attention output, the MLP's gate, up, activation and

@@ -471,7 +471,7 @@ def test_the_engine_runs_learner_part_times_each_setting_and_the_poll_packs_it(t
     tokenizer = tmp_path / "tok"
     tokenizer.mkdir()
     (tokenizer / "tokenizer.json").write_text("{}")
-    env = {**BASE_ENV, "PARTS": "learner", "LEARNER_SETTINGS": "a:on:off;b:off:on:tf32", "GS1_DEVICE_WORK": str(work),
+    env = {**BASE_ENV, "PARTS": "learner", "LEARNER_SETTINGS": "a:on:off;b:off:on:tf32;c:off:on:tf32:fused-base", "GS1_DEVICE_WORK": str(work),
            "GS1_DEVICE_MODELS": str(tmp_path / "no-pieces"), "GS1_DEVICE_DATA": str(tmp_path / "data"),
            "GS1_DEVICE_PYTHON": f"bash {fake_py}", "GS1_DEVICE_TOKENIZER": str(tokenizer)}
     done = subprocess.run(["bash", str(H200 / "engine_device_run.sh")], cwd=ROOT, env=env, capture_output=True,
@@ -481,6 +481,8 @@ def test_the_engine_runs_learner_part_times_each_setting_and_the_poll_packs_it(t
     assert "--skip-sample" in a and "--gradient-checkpointing on --compile-learner off" in a
     assert "--gradient-checkpointing off --compile-learner on" in b
     assert "tf32=0" in a and "tf32=1" in b  # the optional fourth field runs that setting with GS1_TF32=1
+    c = (work / "learner" / "c.txt").read_text()  # the optional fifth: the learner's LoRA path
+    assert "--learner-lora fused " in a and "--learner-lora fused " in b and "--learner-lora fused-base " in c and "tf32=1" in c
     times = (work / "times.txt").read_text()
     assert "learner-a-rc 0" in times and "learner-b-rc 0" in times
     assert "learner-done" in (work / "parts").read_text() and (work / "status").read_text().strip() == "all-done"

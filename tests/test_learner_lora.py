@@ -269,16 +269,19 @@ def _same(a, b, tol: float) -> None:
 
 
 @pytest.mark.slow
-def test_the_compiled_learner_matches_the_eager_one_from_a_clients_third_call(tmp_path, tiny_model_dir, tiny_tokenizer,
-                                                                               caplog):
+@pytest.mark.parametrize("learner_lora", ["fused", "fused-base"])
+def test_the_compiled_learner_matches_the_eager_one_from_a_clients_third_call(learner_lora, tmp_path, tiny_model_dir,
+                                                                               tiny_tokenizer, caplog):
     """The layers run compiled from the third forward_backward on (`COMPILE_LEARNER_AFTER`), at
     the demo's 8 datums and the user's 64 (several microbatches of different padded lengths, one
     graph), with the same logprobs, loss and gradients as the eager layers; after each call the
-    layers are the model's own again."""
+    layers are the model's own again. Either fused addon form compiles (`LoraAddon`)."""
     assert COMPILE_LEARNER_AFTER == 3
     batches = [_datums(tiny_tokenizer, 8, seed=s) for s in range(3)] + [_datums(tiny_tokenizer, 64, seed=3)]
-    eager = _client(tmp_path / "eager", tiny_model_dir, gradient_checkpointing=False, compile_learner=False)
-    compiled = _client(tmp_path / "compiled", tiny_model_dir, gradient_checkpointing=False, compile_learner=True)
+    eager = _client(tmp_path / "eager", tiny_model_dir, gradient_checkpointing=False, compile_learner=False,
+                    learner_lora=learner_lora)
+    compiled = _client(tmp_path / "compiled", tiny_model_dir, gradient_checkpointing=False, compile_learner=True,
+                       learner_lora=learner_lora)
     learner = compiled._engine.learner
     assert learner.compile_learner and not eager._engine.learner.compile_learner
     want = _calls(eager, batches[:2])
@@ -394,3 +397,68 @@ def test_a_learner_recompile_says_which_guard_failed(tmp_path, tiny_model_dir, t
     assert len(said) == 2 and "layers compiled" in said[0] and "guard failed" not in said[0]
     assert "recompiled" in said[1] and "2 graphs so far" in said[1]
     assert "guard failed: " in said[1] and "size mismatch" in said[1] and "expected 8, actual 16" in said[1]
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 64, 48), (1, 256, 96, 224)], ids=["demo", "window_256"])
+def test_the_addon_in_the_base_dtype_is_the_float64_sum_within_bf16_rounding(shape):
+    """`learner_lora="fused-base"`: `LoraAddon` with every operand in the output's dtype gives the
+    float64 sum and gradients within bf16 rounding, differs from the float32 form (so the check
+    could fail), and where the output is float32 is the float32 form bit for bit."""
+    from engine.lora_bank import LoraAddon
+
+    n_seq, n_tok, width, n_out = shape
+    g = torch.Generator().manual_seed(5)
+    x64 = torch.randn(n_seq, n_tok, width, generator=g, dtype=torch.float64)
+    out64 = torch.randn(n_seq, n_tok, n_out, generator=g, dtype=torch.float64)
+    A64 = torch.randn(8, width, generator=g, dtype=torch.float64) * 0.3
+    B64 = torch.randn(n_out, 8, generator=g, dtype=torch.float64) * 0.3
+    w64 = torch.randn(n_seq, n_tok, n_out, generator=g, dtype=torch.float64)
+    s = 2.0
+
+    def run(dtype, in_out_dtype):
+        x, out = x64.to(dtype).requires_grad_(), out64.to(dtype).requires_grad_()
+        A, B = A64.float().requires_grad_(), B64.float().requires_grad_()
+        y = LoraAddon.apply(x, out, A, B, s, in_out_dtype)
+        (y.double() * w64).sum().backward()
+        return y.detach().double(), x.grad.double(), out.grad.double(), A.grad.double(), B.grad.double()
+
+    # float64 reference, independent of the Function: y = out + s x A^T B^T, d(sum w y)
+    xr = x64.to(torch.bfloat16).double()
+    y_ref = out64.to(torch.bfloat16).double() + s * xr @ A64.float().double().T @ B64.float().double().T
+    gh = s * w64 @ B64.float().double()
+    ref = (y_ref, gh @ A64.float().double(), w64,
+           gh.reshape(-1, 8).T @ xr.reshape(-1, width), s * w64.reshape(-1, n_out).T @ (xr @ A64.float().double().T).reshape(-1, 8))
+    base = run(torch.bfloat16, True)
+    fused = run(torch.bfloat16, False)
+    for name, got, want in zip(("y", "grad_x", "grad_out", "grad_A", "grad_B"), base, ref):
+        scale = want.abs().max()
+        assert (got - want).abs().max() <= 2 ** -6 * scale, name  # a few bf16 roundings of the largest
+    assert not torch.equal(base[0], fused[0]) and not torch.equal(base[3], fused[3])  # another arithmetic
+    # the float32 form is the closer one: its operands and gradients stay float32
+    assert (fused[3] - ref[3]).abs().max() < (base[3] - ref[3]).abs().max()
+    for a, b in zip(run(torch.float32, True), run(torch.float32, False)):
+        assert torch.equal(a, b)
+
+
+def test_the_fused_base_path_reaches_the_addon_and_on_a_float32_base_is_the_fused_path(tmp_path, tiny_model_dir,
+                                                                                     tiny_tokenizer, monkeypatch):
+    from engine import lora_bank
+
+    data = _datums(tiny_tokenizer, 4)
+    seen, real = [], lora_bank.LoraAddon.apply
+
+    def spy(*args):
+        seen.append(args[5])
+        return real(*args)
+
+    monkeypatch.setattr(lora_bank.LoraAddon, "apply", spy)
+    runs = {}
+    for path in ("fused", "fused-base"):
+        tc = _client(tmp_path / path, tiny_model_dir, learner_lora=path)
+        assert tc._engine.learner.learner_lora == path
+        seen.clear()
+        out = tc.forward_backward(data, "importance_sampling").result()
+        assert seen and set(seen) == {path == "fused-base"}  # every adapted projection, in the named form
+        runs[path] = (out.metrics["loss:sum"], tc.lora_gradient())
+    assert runs["fused"][0] == runs["fused-base"][0] and (runs["fused"][1] == runs["fused-base"][1]).all()
+    assert abs(runs["fused"][1]).max() > 0

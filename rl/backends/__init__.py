@@ -6,7 +6,7 @@ the loop uses (see docs/contracts.md, "Backend surface"):
   max_batch_rows=None, batch_window_s=0.0, tokens_per_microbatch=None, use_cuda_graphs=None,
   compile_decode=None, gradient_checkpointing=None, batch_across_clients=None, gather_busy_s=None,
   bank_decode=None, compile_after_batches=None, learner_lora="fused", decode_length_bucket=None,
-  decode_attention=None)`;
+  decode_attention=None)`; learner_lora one of `engine.settings.LEARNER_LORA`;
   compile_decode None: on unless GS1_COMPILE_DECODE=0 (CUDA only); gradient_checkpointing None: on
   when a microbatch's activations would crowd the machine's memory on the CPU, or on CUDA when a microbatch cut to fit the GPU would be under 4,096 tokens (`engine.settings.learner_memory`);
   batch_across_clients None: on CUDA only (one decode batch across every client's queued requests;

@@ -17,9 +17,10 @@
 #   part "learner":   the learner alone (benchmarks/engine_speed.py --skip-sample: 64 rows of 160 + 512
 #                     random tokens, one adapter) under each setting of ${LEARNER_SETTINGS} (default:
 #                     checkpointed eager, unchecked eager, unchecked compiled; a setting is
-#                     NAME:checkpointing:compile[:tf32], ";"-separated, tf32 running it with
-#                     GS1_TF32=1), into W/learner/NAME.txt: which lever moves the learner, the
-#                     larger share of a many-adapter step.
+#                     NAME:checkpointing:compile[:tf32[:lora]], ";"-separated, tf32 running it with
+#                     GS1_TF32=1 (anything else there: GS1_TF32=0), lora the learner's LoRA path,
+#                     --learner-lora, fused by default), into W/learner/NAME.txt: which lever moves
+#                     the learner, the larger share of a many-adapter step.
 #   part "e2e":       the compiles paid once (item 3): ${E2E_SPEC:-the user's spec, results/h200-gsm8k/
 #                     spec_revised.json} end to end twice, each in its own process and run directory:
 #                     "cold" (no compile or model cache but what COMPILE_FROM brings), then "warm" (the
@@ -107,9 +108,9 @@ if has_part learner; then
   echo "running learner" > "$W/status"; mkdir -p "$W/learner"
   IFS=';' read -ra settings <<< "${LEARNER_SETTINGS:-checkpointed:on:off;unchecked:off:off;compiled:off:on}"
   for setting in "${settings[@]}"; do
-    IFS=':' read -r name ckpt comp tf32 <<< "$setting"
+    IFS=':' read -r name ckpt comp tf32 lora <<< "$setting"
     stamp "learner-$name-start"
-    GS1_TF32=$([ "$tf32" = tf32 ] && echo 1 || echo 0) $PY benchmarks/engine_speed.py $SHAPE --skip-sample --repeats 2 --gradient-checkpointing "$ckpt" --compile-learner "$comp" --tokenizer-dir "$TOK" ${LEARNER_ARGS:-} \
+    GS1_TF32=$([ "$tf32" = tf32 ] && echo 1 || echo 0) $PY benchmarks/engine_speed.py $SHAPE --skip-sample --repeats 2 --gradient-checkpointing "$ckpt" --compile-learner "$comp" --learner-lora "${lora:-fused}" --tokenizer-dir "$TOK" ${LEARNER_ARGS:-} \
       > "$W/learner/$name.txt" 2> "$W/learner/$name.log"
     echo "learner-$name-rc $?" >> "$W/times.txt"
   done
