@@ -371,24 +371,24 @@ class LoraAddon(torch.autograd.Function):
         n_out = out.shape[-1]
         dt = out.dtype if in_out_dtype else torch.promote_types(out.dtype, A.dtype)
         x_N = x.reshape(-1, x.shape[-1])
-        h_N = torch.nn.functional.linear(x_N.to(dt if in_out_dtype else A.dtype), A.to(dt))
+        h_N = torch.nn.functional.linear(x_N.to(dt), A.to(dt))
         # the sum written into a tensor of the output's shape: the Function's output is no view
         # (a caller may change it in place, as the LM head's chunked logprobs do)
         y = torch.empty(out.shape, dtype=dt, device=out.device)
-        torch.addmm(out.reshape(-1, n_out).to(dt), h_N.to(dt), B.T.to(dt), alpha=scale, out=y.view(-1, n_out))
+        torch.addmm(out.reshape(-1, n_out).to(dt), h_N, B.T.to(dt), alpha=scale, out=y.view(-1, n_out))
         ctx.save_for_backward(x, h_N, A, B)
-        ctx.scale, ctx.dt = scale, dt
+        ctx.scale = scale
         return y.to(out.dtype)
 
     @staticmethod
     def backward(ctx, grad_y):
         x, h_N, A, B = ctx.saved_tensors
-        s, dt = ctx.scale, ctx.dt
+        s, dt = ctx.scale, h_N.dtype  # the shrink was made in the forward's arithmetic dtype
         need_x, need_out, need_A, need_B = ctx.needs_input_grad[:4]
         g_N = grad_y.reshape(-1, grad_y.shape[-1]).to(dt)
         grad_x = grad_A = grad_B = None
         if need_B:
-            grad_B = ((g_N.T @ h_N.to(dt)) * s).to(B.dtype)
+            grad_B = ((g_N.T @ h_N) * s).to(B.dtype)
         if need_x or need_A:
             gh_N = (g_N @ B.to(dt)) * s
             if need_A:

@@ -194,8 +194,8 @@ def use_tf32(device: torch.device, tf32: bool | None) -> bool:
     the LoRA addon's products (10-bit mantissa, float32 accumulation); the base's matmuls are bf16
     (8-bit) either way, and the sampler and the learner round alike. Measured on the H100
     (results/h200-engine/h100-s27, one draw each): the learner's 42,944-token step 1.22 s against
-    1.41, a 1-adapter decode step 6.47 ms against 7.84; its compile 58 s, not longer than float32's
-    (session7's ~20 s more on the H200 was observed inside a full run, not isolated)."""
+    1.41, a 1-adapter decode step 6.47 ms against 7.84; its learner compile 58 s after float32's
+    71 s on the same cache (not isolated, as session7's ~20 s more on the H200 was not)."""
     if device.type != "cuda":
         return False
     return os.environ.get("GS1_TF32", "1") != "0" if tf32 is None else bool(tf32)

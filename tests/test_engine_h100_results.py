@@ -96,19 +96,25 @@ def _diagnostics(path: Path) -> dict[tuple[int, int], dict[str, float]]:
     return {(int(r), int(p)): ast.literal_eval(d) for r, p, d in found}
 
 
+def _kernels_ms(part: str, name_starts: str | tuple[str, ...]) -> float:
+    """Self CUDA ms of a profile table's kernels whose name starts with any of `name_starts`."""
+    total, seen = 0.0, set()
+    for line in part.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if cells and cells[0].startswith(name_starts) and (cells[0], cells[6]) not in seen:
+            # the profile lists a compiled kernel twice (its launch and its run, the same time);
+            # two kernels of one truncated name keep their own times
+            seen.add((cells[0], cells[6]))
+            value = cells[6]
+            total += float(value[:-2]) / 1000 if value.endswith("us") else float(value[:-2])
+    return total
+
+
 def _profile_ms(path: Path, rows: int, name_start: str) -> float:
     """Self CUDA ms of the kernels whose name starts with `name_start` in the profile of `rows` rows."""
     text = path.read_text()
     part = text[text.index(f"{rows} rows x "):]
-    part = part[:part.index("Self CUDA time total")]
-    total, seen = 0.0, set()
-    for line in part.splitlines():
-        cells = re.split(r"\s{2,}", line.strip())
-        if cells and cells[0].startswith(name_start) and cells[0] not in seen:
-            seen.add(cells[0])  # the profile lists a compiled kernel twice (its launch and its run)
-            value = cells[6]
-            total += float(value[:-2]) / 1000 if value.endswith("us") else float(value[:-2])
-    return total
+    return _kernels_ms(part[:part.index("Self CUDA time total")], name_start)
 
 
 def _profile_total_ms(path: Path, rows: int) -> float:
@@ -153,20 +159,13 @@ def test_session_25_names_the_h100_and_the_tree_and_where_a_decode_step_goes():
 S27 = S24.parent / "h100-s27"
 
 
-def _profile_share_ms(path: Path, name_starts: tuple[str, ...]) -> float:
+def _learner_profile_ms(path: Path, name_starts: tuple[str, ...]) -> float:
     """Self CUDA ms of the kernels starting with any of `name_starts` in a learner's profile."""
     text = path.read_text()
-    part = text[text.index("its kernels by CUDA time"):text.index("Self CUDA time total")]
-    total = 0.0
-    for line in part.splitlines():
-        cells = re.split(r"\s{2,}", line.strip())
-        if cells and cells[0].startswith(name_starts):
-            value = cells[6]
-            total += float(value[:-2]) / 1000 if value.endswith("us") else float(value[:-2])
-    return total
+    return _kernels_ms(text[text.index("its kernels by CUDA time"):text.index("Self CUDA time total")], name_starts)
 
 
-def test_session_27_reads_as_the_readme_says_and_the_defaults_follow_it():
+def test_session_27_reads_as_the_readme_says_and_the_defaults_follow_it(monkeypatch):
     folders = ("sdpa-1-diagnose", "sdpa-1-tf32", "flex-1-16", "flex-1-tf32", "learner-tf32")
     for folder in folders:
         gpu = (S27 / folder / "gpu.txt").read_text()
@@ -199,17 +198,16 @@ def test_session_27_reads_as_the_readme_says_and_the_defaults_follow_it():
     f32, tf32 = _learner(learner / "planned.txt"), _learner(learner / "planned-tf32.txt")
     assert (f32[0], tf32[0]) == pytest.approx((1.4125, 1.2165))
     assert "TF32 float32 matmuls: True" in (learner / "planned-tf32.txt").read_text()
-    assert _profile_share_ms(learner / "planned.txt", ("sm80_xmma_gemm_f32f32",)) > 300
-    assert _profile_share_ms(learner / "planned-tf32.txt", ("sm80_xmma_gemm_f32f32",)) == 0
-    lora_tf32 = _profile_share_ms(learner / "planned-tf32.txt", ("sm90_xmma_gemm_f32f32_tf32", "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm"))
+    assert _learner_profile_ms(learner / "planned.txt", ("sm80_xmma_gemm_f32f32",)) > 300
+    assert _learner_profile_ms(learner / "planned-tf32.txt", ("sm80_xmma_gemm_f32f32",)) == 0
+    lora_tf32 = _learner_profile_ms(learner / "planned-tf32.txt", ("sm90_xmma_gemm_f32f32_tf32", "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm"))
     assert lora_tf32 == pytest.approx(228, abs=2)
-    assert _profile_share_ms(learner / "planned-tf32.txt", ("nvjet_sm90",)) == pytest.approx(362, abs=2)
+    assert _learner_profile_ms(learner / "planned-tf32.txt", ("nvjet_sm90",)) == pytest.approx(362, abs=2)
     # what the README made the defaults: flex decode attention, TF32 on CUDA
-    from engine.generate import DEFAULT_DECODE_ATTENTION
-    from engine.settings import use_tf32
-    import os
     import torch
 
-    assert DEFAULT_DECODE_ATTENTION == "flex"
-    if "GS1_TF32" not in os.environ:
-        assert use_tf32(torch.device("cuda", 0), None)
+    from engine.generate import DEFAULT_DECODE_ATTENTION
+    from engine.settings import use_tf32
+
+    monkeypatch.delenv("GS1_TF32", raising=False)
+    assert DEFAULT_DECODE_ATTENTION == "flex" and use_tf32(torch.device("cuda", 0), None)
