@@ -185,7 +185,7 @@ def main(argv=None) -> int:
                     help="on CUDA, one more forward_backward under torch.profiler: the learner's kernels by CUDA time")
     ap.add_argument("--diagnose", action="store_true", help="on CUDA, where a decode step goes: graph replay, sampling, attention, a kernel profile (decode_diagnostics)")
     ap.add_argument("--decode-length-bucket", type=int, default=None,
-                    help="a static decode cache's positions are a multiple of this (default: the engine's, 1024)")
+                    help="a static decode cache's positions are a multiple of this (default: the engine's, generate.DECODE_LENGTH_BUCKET)")
     ap.add_argument("--decode-attention", choices=DECODE_ATTENTIONS, default=None,
                     help="a static decode step's attention (generate.DECODE_ATTENTIONS; default: the engine's)")
     ap.add_argument("--bank-decode", choices=["dense", "tiled"], default=None,
@@ -436,6 +436,7 @@ def adapters_table(args, svc, model_dir: Path, device: str) -> int:
     print(f"\nconfig={args.config} device={device} ({name}) batch={args.batch} per adapter, prompt={args.prompt_tokens} "
           f"new={args.new_tokens} rank={args.rank} compiled={arms[0]._engine.sampler.generator.compile_decode} "
           f"bank_decode={arms[0]._engine.settings.bank_decode} compiled_learner={arms[0]._engine.learner.compile_learner} "
+          f"learner_lora={arms[0]._engine.learner.learner_lora} "
           f"gradient_checkpointing={arms[0]._engine.learner.gradient_checkpointing} "
           f"tf32={arms[0]._engine.base.settings.tf32} "
           f"decode_length_bucket={arms[0]._engine.settings.decode_length_bucket} "

@@ -524,18 +524,20 @@ def decode_step(model, ids_B, pos_B, mask_B, cache) -> torch.Tensor:
 # dynamo then guards on its type and shapes, not its identity, so every client of the process
 # (preflight, pilot, each arm, eval) reuses the graph of a shape compiled once by any of them.
 # Shapes are bucketed so that a run makes few graphs: GSM8K's prompts plus 512 new tokens fit
-# 1024 positions; a run's batches (the preflight's 16 rows, two arms' 128 rows of a step, six
-# arms' 384, the 1024-row held-out and eval batches) take a multiple of 128 rows, a batch of 64
-# rows or fewer (a lone arm's step, the preflight's 16) 64; the adapter
+# 768 positions (DECODE_LENGTH_BUCKET); a run's batches (the preflight's 16 rows, two arms' 128
+# rows of a step, six arms' 384, the 1024-row held-out and eval batches) take a multiple of 128
+# rows, a batch of 64 rows or fewer (a lone arm's step, the preflight's 16) 64; the adapter
 # bank's decode buffers follow the row count and a width that only grows (`lora_bank`), so a
 # run compiles about one shape per row count.
 _COMPILED_DECODE = None
 # Static caches hold a multiple of this many positions (`Generator.length_bucket`; an engine's
-# `decode_length_bucket`, GS1_DECODE_LENGTH_BUCKET). A smaller bucket keeps less KV an arm and
-# the decode attention reads fewer positions (160 + 512 tokens: 768 positions at 256, 1,024 at
-# 1,024: 1.31 against 1.75 GiB of a 1.5B model's 64 rows), for more decode shapes a run may
-# compile (a batch whose prompts run longer lands in the next bucket). Not measured on a GPU yet.
-DECODE_LENGTH_BUCKET = 1024
+# `decode_length_bucket`, GS1_DECODE_LENGTH_BUCKET). 256: a GSM8K batch (prompts <= 261 tokens
+# with the template, 1 in 7,473 over 256) and 512 new tokens is 768 positions, not 1,024. Measured
+# on the H100 at 16 adapters (results/h200-engine/h100-s28): 2.66 -> 2.22 GiB held an arm, peak
+# 73.5 -> 66.4 GiB, the decode step unchanged (21.59 / 21.52 ms: flex attention reads only the
+# live blocks either way). A batch whose prompts run longer takes the next bucket: another decode
+# shape (a capture, and a compile from its COMPILE_AFTER_BATCHES-th batch).
+DECODE_LENGTH_BUCKET = 256
 GRAPHED_ROWS_STEP = 128  # graphed batches of more than MIN_GRAPHED_ROWS hold a multiple of this many rows
 # ... and none fewer than this: a lone arm's 64 rows (one tile of the bank's tiled form). At 128
 # rows they read twice the KV and sample twice the rows a step (h100-s25: 9.29 ms a step at 128).

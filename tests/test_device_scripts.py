@@ -495,6 +495,34 @@ def test_the_engine_runs_learner_part_times_each_setting_and_the_poll_packs_it(t
         assert {"learner/a.txt", "learner/b.txt", "learner/a.log"} <= set(packed.getnames())
 
 
+def test_the_engine_runs_agree_part_checks_the_lora_paths_and_the_poll_packs_it(tmp_path):
+    """The agree part runs benchmarks/learner_agreement.py once at the issue's shape with its
+    kernel count and JSON, without model pieces, and the poll brings it back as agree.tgz.00."""
+    work = tmp_path / "work"
+    fake_py = tmp_path / "python.sh"
+    fake_py.write_text('echo "args: $*"; echo "| fused-base | True | -1.0 | 0.9 | 6.6 | 0.99 | t | 1e-2 | 0 | 112 |"\n')
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_text("{}")
+    env = {**BASE_ENV, "PARTS": "agree", "AGREE_ARGS": "--compiled on", "GS1_DEVICE_WORK": str(work),
+           "GS1_DEVICE_MODELS": str(tmp_path / "no-pieces"), "GS1_DEVICE_DATA": str(tmp_path / "data"),
+           "GS1_DEVICE_PYTHON": f"bash {fake_py}", "GS1_DEVICE_TOKENIZER": str(tokenizer)}
+    done = subprocess.run(["bash", str(H200 / "engine_device_run.sh")], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    text = (work / "agree" / "agreement.txt").read_text()
+    assert "benchmarks/learner_agreement.py --config qwen2.5-1.5b --device cuda --batch 64" in text
+    assert f"--tokenizer-dir {tokenizer} --profile --json {work}/agree/agreement.json --compiled on" in text
+    assert "agree-rc 0" in (work / "times.txt").read_text() and "agree-done" in (work / "parts").read_text()
+    out = tmp_path / "out"
+    out.mkdir()
+    polled = subprocess.run(["bash", str(H200 / "engine_device_poll.sh")], cwd=ROOT, capture_output=True, text=True,
+                            env={**BASE_ENV, "GS1_DEVICE_WORK": str(work), "OUT": str(out), "WAIT": "0"}, timeout=60)
+    assert "| fused-base | True |" in polled.stdout, polled.stdout
+    with tarfile.open(out / "agree.tgz.00") as packed:
+        assert {"agree/agreement.txt", "agree/agreement.log"} <= set(packed.getnames())
+
+
 def test_the_engine_runs_e2e_part_runs_the_spec_cold_then_warm_with_stage_tables(tmp_path):
     """The e2e part (issue 46 item 3): the model assembled and checked, then two `gs1 run`s of the
     spec in their own run directories, each followed by its stage table; the poll brings back

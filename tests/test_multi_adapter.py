@@ -568,9 +568,9 @@ def test_a_smaller_decode_length_bucket_keeps_every_token_and_holds_fewer_positi
         n_prompts, max_tokens, tmp_path, tiny_model_dir, tiny_tokenizer):
     """`decode_length_bucket` sizes the static KV to the batch (a multiple of 16 positions, not
     1,024): every row of a two-adapter batch, at the demo's shape and the user's B = 64, gets the
-    tokens it gets under today's 1,024 positions, logprobs within float32 rounding, from a cache
+    tokens it gets under 1,024 positions (the default before session 28), logprobs within float32 rounding, from a cache
     of fewer positions."""
-    from engine.generate import DECODE_LENGTH_BUCKET, Generator, Row, row_key
+    from engine.generate import Generator, Row, row_key
 
     service = _service(tmp_path, decode_length_bucket=16)
     tcs = [_perturbed(service, tiny_model_dir, 4, 1), _perturbed(service, tiny_model_dir, 8, 2, train_mlp=False)]
@@ -583,8 +583,9 @@ def test_a_smaller_decode_length_bucket_keeps_every_token_and_holds_fewer_positi
     runs = {}
     engine_gen = base.sampler.generator
     engine_gen.static_cache = True  # as on CUDA: the engine's own sampler, at its bucket of 16
-    reference = Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank)  # 1,024
-    for bucket, gen in ((DECODE_LENGTH_BUCKET, reference), (16, engine_gen)):
+    reference = Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank,
+                          length_bucket=1024)  # the default before session 28
+    for bucket, gen in ((1024, reference), (16, engine_gen)):
         if gen is engine_gen:
             runs[bucket] = base.sampler.generate(rows)
         else:
@@ -594,11 +595,11 @@ def test_a_smaller_decode_length_bucket_keeps_every_token_and_holds_fewer_positi
         runs[bucket, "positions"] = dec.max_len
         runs[bucket, "kv_bytes"] = sum(t.numel() * t.element_size() for t in dec.cache.k + dec.cache.v)
     longest = max(len(p) for p in prompts) + max_tokens
-    assert runs[DECODE_LENGTH_BUCKET, "positions"] == 1024
+    assert runs[1024, "positions"] == 1024
     assert runs[16, "positions"] == -(-longest // 16) * 16 < 1024
-    assert runs[16, "kv_bytes"] * 1024 == runs[DECODE_LENGTH_BUCKET, "kv_bytes"] * runs[16, "positions"]
+    assert runs[16, "kv_bytes"] * 1024 == runs[1024, "kv_bytes"] * runs[16, "positions"]
     assert engine_gen.decode_attention == reference.decode_attention == "flex"  # the default, as on CUDA
-    for got, want in zip(runs[16], runs[DECODE_LENGTH_BUCKET]):
+    for got, want in zip(runs[16], runs[1024]):
         assert got.tokens == want.tokens and got.stop_reason == want.stop_reason
         # FlexAttention's reference sums a row over all its cache's positions: another count of
         # masked positions, another order (the flex test's bound below)
@@ -611,11 +612,11 @@ def test_the_decode_length_bucket_comes_from_the_service_or_the_environment_and_
     from schemas.errors import UserError
 
     monkeypatch.delenv("GS1_DECODE_LENGTH_BUCKET", raising=False)
-    assert _service(tmp_path / "a").settings.decode_length_bucket == DECODE_LENGTH_BUCKET == 1024
-    assert _service(tmp_path / "b", decode_length_bucket=256).settings.decode_length_bucket == 256
+    assert _service(tmp_path / "a").settings.decode_length_bucket == DECODE_LENGTH_BUCKET == 256
+    assert _service(tmp_path / "b", decode_length_bucket=1024).settings.decode_length_bucket == 1024
     monkeypatch.setenv("GS1_DECODE_LENGTH_BUCKET", "768")
     assert _service(tmp_path / "c").settings.decode_length_bucket == 768
-    assert _service(tmp_path / "d", decode_length_bucket=256).settings.decode_length_bucket == 256  # the argument wins
+    assert _service(tmp_path / "d", decode_length_bucket=512).settings.decode_length_bucket == 512  # the argument wins
     for where, bad in (("env", "100"), ("env", "two"), ("arg", 0), ("arg", -16)):
         if where == "env":
             monkeypatch.setenv("GS1_DECODE_LENGTH_BUCKET", bad)

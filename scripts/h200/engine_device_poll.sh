@@ -4,8 +4,8 @@
 # without weights: gates, train and eval logs, decision, .stage-results) and repro.tgz.NN (the
 # reproduction's run folders without weights, their logs and comparisons) and speed.tgz.NN (the
 # multi-adapter table and the engine's log) and learner.tgz.NN (the learner's table and log under
-# each setting) and e2e.tgz.NN (the cold and warm runs without weights, their logs and stage
-# tables); until the speed part is done, every call brings back
+# each setting) and agree.tgz.NN (the LoRA paths' gradient agreement) and e2e.tgz.NN (the cold
+# and warm runs without weights, their logs and stage tables); until the speed part is done, every call brings back
 # its table as far as it got (speed-so-far.txt). Once the run has ended,
 # logs.tgz (status, times, logs, GPU samples, versions) and inductor's cache in pieces
 # (compile.tgz.NN) when they fit; FINAL=1 (a session's last call) packs the parts and logs as they
@@ -29,6 +29,7 @@ pack_parts() {
   grep -qx repro-done "$W/parts" 2>/dev/null && pack repro
   grep -qx speed-done "$W/parts" 2>/dev/null && pack speed && rm -f "$OUT/speed-so-far.txt"
   grep -qx learner-done "$W/parts" 2>/dev/null && pack learner
+  grep -qx agree-done "$W/parts" 2>/dev/null && pack agree
   grep -qx e2e-done "$W/parts" 2>/dev/null && pack e2e
   # the speed table as far as it got (a few kB), kept fresh while it runs: a session may end first
   if [ -s "$W/speed/adapters.txt" ] && ! [ -f "$W/speed.packed" ]; then cp "$W/speed/adapters.txt" "$OUT/speed-so-far.txt"; fi
@@ -47,11 +48,12 @@ grep -hE "Finished in state|failed|Error|error:|gs1:|step [0-9]+/" "$W/units.log
 tail -3 "$W"/repro/*.log 2>/dev/null
 grep -h "adapters:" "$W/speed/adapters.txt" 2>/dev/null
 grep -H "^| train |" "$W"/learner/*.txt 2>/dev/null
+grep -h "^| " "$W/agree/agreement.txt" 2>/dev/null
 tail -n 3 "$W"/e2e/*-stages.txt 2>/dev/null
 [ -n "${OUT:-}" ] || exit 0
 # FINAL=1 (the session's last call): what the parts wrote so far comes back even though the run goes on
 if [ -n "${FINAL:-}" ] && ! run_ended "$W" "$BUSY"; then
-  for part in units repro learner e2e; do [ -d "$W/$part" ] && pack "$part"; done
+  for part in units repro learner agree e2e; do [ -d "$W/$part" ] && pack "$part"; done
 fi
 if run_ended "$W" "$BUSY" || [ -n "${FINAL:-}" ]; then
   tar czf "$OUT/logs.tgz" -C "$W" --ignore-failed-read status times.txt parts model_sha.txt gpu.txt gpu_samples.csv \

@@ -26,7 +26,13 @@
 #                     "cold" (no compile or model cache but what COMPILE_FROM brings), then "warm" (the
 #                     caches the first filled), each with benchmarks/stage_timings.py's table of its
 #                     stages (seconds, graphs compiled, compile seconds, loads) in W/e2e/RUN-stages.txt.
+#   part "agree":     the learner's LoRA paths against peft's own, eager and compiled, at the issue's
+#                     shape (benchmarks/learner_agreement.py --profile: gradient cosines, seconds,
+#                     peak memory, attention-backward kernels) into W/agree/agreement.txt and .json;
+#                     random weights, no model pieces (session 28: fused-base ran far smaller than
+#                     its activations allow).
 #   LEARNER_ARGS:     more flags for the learner part's benchmark (e.g. --profile-train: the learner's kernels).
+#   AGREE_ARGS:       more flags for the agree part's check (e.g. --paths peft,fused-base --compiled on).
 #   SPEED_ARGS:       more flags for the speed part's benchmark (e.g. --diagnose: the decode step's
 #                     profile and timings below its table).
 #   PARTS=units,reproduce,speed [COMPILE_FROM=.compile] setsid nohup bash scripts/h200/engine_device_run.sh &
@@ -103,6 +109,13 @@ if has_part e2e; then
     $PY benchmarks/stage_timings.py "$E/$run.log" --start "$start" > "$E/$run-stages.txt" 2>&1
   done
   echo e2e-done >> "$W/parts"
+fi
+if has_part agree; then
+  echo "running agree" > "$W/status"; mkdir -p "$W/agree"; stamp agree-start
+  $PY benchmarks/learner_agreement.py $SHAPE --tokenizer-dir "$TOK" --profile --json "$W/agree/agreement.json" ${AGREE_ARGS:-} \
+    > "$W/agree/agreement.txt" 2> "$W/agree/agreement.log"
+  echo "agree-rc $?" >> "$W/times.txt"; stamp agree-end
+  echo agree-done >> "$W/parts"
 fi
 if has_part learner; then
   echo "running learner" > "$W/status"; mkdir -p "$W/learner"
