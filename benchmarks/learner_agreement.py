@@ -91,7 +91,7 @@ def named_gradients(tc) -> dict[str, torch.Tensor]:
     return out
 
 
-def set_adapter(tc, rank: int, seed: int) -> None:
+def set_adapter(tc, seed: int) -> None:
     """B (and A) redrawn from one generator, the same in every service: B non-zero so that A's
     gradient is non-zero too."""
     g = torch.Generator().manual_seed(seed)
@@ -131,7 +131,7 @@ def run_path(model_dir: Path, data, args, path: str, compiled: bool, work: Path)
                               gradient_checkpointing=None, learner_lora=path, compile_learner=compiled,
                               compile_learner_after=1, use_cuda_graphs=False)
     tc = svc.create_lora_training_client(str(model_dir), rank=args.rank, seed=0).result()
-    set_adapter(tc, args.rank, args.seed)
+    set_adapter(tc, args.seed)
     cuda = args.device.startswith("cuda")
     tc.forward_backward(data, "importance_sampling").result()  # compiles the layers when `compiled`
     tc.discard_gradients()

@@ -462,21 +462,39 @@ def test_the_chain_poll_brings_each_run_back_in_its_folder_and_goes_on_where_it_
     assert sorted(p.name for p in (out / "work3").iterdir()) == ["compile.tgz.00", "logs.tgz", "speed.tgz.00"]
 
 
-def test_the_engine_runs_learner_part_times_each_setting_and_the_poll_packs_it(tmp_path):
-    """The learner part runs the single-adapter learner table once per setting (checkpointing,
-    compiled layers), each into its own file, and the poll brings them back as learner.tgz.00."""
+def _run_random_weight_part(tmp_path, fake_python: str, **env) -> Path:
+    """engine_device_run.sh for a part that needs no model pieces (random weights, the Qwen
+    tokenizer only), with a fake python that echoes its arguments; returns the work folder."""
     work = tmp_path / "work"
     fake_py = tmp_path / "python.sh"
-    fake_py.write_text('echo "args: $* tf32=$GS1_TF32"; echo "| train | 2.5 | 2.8 | 43008 |"\n')
+    fake_py.write_text(fake_python)
     tokenizer = tmp_path / "tok"
     tokenizer.mkdir()
     (tokenizer / "tokenizer.json").write_text("{}")
-    env = {**BASE_ENV, "PARTS": "learner", "LEARNER_SETTINGS": "a:on:off;b:off:on:tf32;c:off:on:tf32:fused-base", "GS1_DEVICE_WORK": str(work),
-           "GS1_DEVICE_MODELS": str(tmp_path / "no-pieces"), "GS1_DEVICE_DATA": str(tmp_path / "data"),
-           "GS1_DEVICE_PYTHON": f"bash {fake_py}", "GS1_DEVICE_TOKENIZER": str(tokenizer)}
+    env = {**BASE_ENV, **env, "GS1_DEVICE_WORK": str(work), "GS1_DEVICE_MODELS": str(tmp_path / "no-pieces"),
+           "GS1_DEVICE_DATA": str(tmp_path / "data"), "GS1_DEVICE_PYTHON": f"bash {fake_py}",
+           "GS1_DEVICE_TOKENIZER": str(tokenizer)}
     done = subprocess.run(["bash", str(H200 / "engine_device_run.sh")], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+    assert (work / "status").read_text().strip() == "all-done"
+    return work
+
+
+def _poll_once(tmp_path, work: Path) -> tuple[Path, str]:
+    """engine_device_poll.sh once over a finished run: the folder it packed into, and what it printed."""
+    out = tmp_path / "out"
+    out.mkdir()
+    polled = subprocess.run(["bash", str(H200 / "engine_device_poll.sh")], cwd=ROOT, capture_output=True, text=True,
+                            env={**BASE_ENV, "GS1_DEVICE_WORK": str(work), "OUT": str(out), "WAIT": "0"}, timeout=60)
+    return out, polled.stdout
+
+
+def test_the_engine_runs_learner_part_times_each_setting_and_the_poll_packs_it(tmp_path):
+    """The learner part runs the single-adapter learner table once per setting (checkpointing,
+    compiled layers), each into its own file, and the poll brings them back as learner.tgz.00."""
+    work = _run_random_weight_part(tmp_path, 'echo "args: $* tf32=$GS1_TF32"; echo "| train | 2.5 | 2.8 | 43008 |"\n',
+                                   PARTS="learner", LEARNER_SETTINGS="a:on:off;b:off:on:tf32;c:off:on:tf32:fused-base")
     a, b = (work / "learner" / "a.txt").read_text(), (work / "learner" / "b.txt").read_text()
     assert "--skip-sample" in a and "--gradient-checkpointing on --compile-learner off" in a
     assert "--gradient-checkpointing off --compile-learner on" in b
@@ -485,12 +503,9 @@ def test_the_engine_runs_learner_part_times_each_setting_and_the_poll_packs_it(t
     assert "--learner-lora fused " in a and "--learner-lora fused " in b and "--learner-lora fused-base " in c and "tf32=1" in c
     times = (work / "times.txt").read_text()
     assert "learner-a-rc 0" in times and "learner-b-rc 0" in times
-    assert "learner-done" in (work / "parts").read_text() and (work / "status").read_text().strip() == "all-done"
-    out = tmp_path / "out"
-    out.mkdir()
-    polled = subprocess.run(["bash", str(H200 / "engine_device_poll.sh")], cwd=ROOT, capture_output=True, text=True,
-                            env={**BASE_ENV, "GS1_DEVICE_WORK": str(work), "OUT": str(out), "WAIT": "0"}, timeout=60)
-    assert "learner/a.txt:| train | 2.5" in polled.stdout, polled.stdout
+    assert "learner-done" in (work / "parts").read_text()
+    out, polled = _poll_once(tmp_path, work)
+    assert "learner/a.txt:| train | 2.5" in polled, polled
     with tarfile.open(out / "learner.tgz.00") as packed:
         assert {"learner/a.txt", "learner/b.txt", "learner/a.log"} <= set(packed.getnames())
 
@@ -498,27 +513,14 @@ def test_the_engine_runs_learner_part_times_each_setting_and_the_poll_packs_it(t
 def test_the_engine_runs_agree_part_checks_the_lora_paths_and_the_poll_packs_it(tmp_path):
     """The agree part runs benchmarks/learner_agreement.py once at the issue's shape with its
     kernel count and JSON, without model pieces, and the poll brings it back as agree.tgz.00."""
-    work = tmp_path / "work"
-    fake_py = tmp_path / "python.sh"
-    fake_py.write_text('echo "args: $*"; echo "| fused-base | True | -1.0 | 0.9 | 6.6 | 0.99 | t | 1e-2 | 0 | 112 |"\n')
-    tokenizer = tmp_path / "tok"
-    tokenizer.mkdir()
-    (tokenizer / "tokenizer.json").write_text("{}")
-    env = {**BASE_ENV, "PARTS": "agree", "AGREE_ARGS": "--compiled on", "GS1_DEVICE_WORK": str(work),
-           "GS1_DEVICE_MODELS": str(tmp_path / "no-pieces"), "GS1_DEVICE_DATA": str(tmp_path / "data"),
-           "GS1_DEVICE_PYTHON": f"bash {fake_py}", "GS1_DEVICE_TOKENIZER": str(tokenizer)}
-    done = subprocess.run(["bash", str(H200 / "engine_device_run.sh")], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+    row = "| fused-base | True | -1.0 | 0.9 | 6.6 | 0.99 | t | 1e-2 | 0 | 112 |"
+    work = _run_random_weight_part(tmp_path, f'echo "args: $*"; echo "{row}"\n', PARTS="agree", AGREE_ARGS="--compiled on")
     text = (work / "agree" / "agreement.txt").read_text()
     assert "benchmarks/learner_agreement.py --config qwen2.5-1.5b --device cuda --batch 64" in text
-    assert f"--tokenizer-dir {tokenizer} --profile --json {work}/agree/agreement.json --compiled on" in text
+    assert f"--tokenizer-dir {tmp_path / 'tok'} --profile --json {work}/agree/agreement.json --compiled on" in text
     assert "agree-rc 0" in (work / "times.txt").read_text() and "agree-done" in (work / "parts").read_text()
-    out = tmp_path / "out"
-    out.mkdir()
-    polled = subprocess.run(["bash", str(H200 / "engine_device_poll.sh")], cwd=ROOT, capture_output=True, text=True,
-                            env={**BASE_ENV, "GS1_DEVICE_WORK": str(work), "OUT": str(out), "WAIT": "0"}, timeout=60)
-    assert "| fused-base | True |" in polled.stdout, polled.stdout
+    out, polled = _poll_once(tmp_path, work)
+    assert row in polled, polled
     with tarfile.open(out / "agree.tgz.00") as packed:
         assert {"agree/agreement.txt", "agree/agreement.log"} <= set(packed.getnames())
 
