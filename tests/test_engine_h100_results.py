@@ -252,6 +252,9 @@ def test_session_28_reads_as_the_readme_says_and_the_bucket_default_follows_it()
                      ("nvjet_sm90_tst_192x192_64x3_1x2_h_bz_coopB_NNN", 43.236)):
         assert _learner_profile_ms(learner / "fused.txt", (name,)) == pytest.approx(ms)
         assert _learner_profile_ms(learner / "fused-base.txt", (name,)) == 0
+    # ... where it fills zeros, three a layer and microbatch (the float32 sum's top 30 holds none)
+    assert _learner_profile_ms(learner / "fused-base.txt", ("triton_poi_fused_view_zeros",)) == pytest.approx(19.857)
+    assert _learner_profile_ms(learner / "fused.txt", ("triton_poi_fused_view_zeros",)) == 0
     # the 16-adapter step with both: 33.15 s (train 1.12 s an adapter), still over the 20 s goal
     both, lone = _adapters_row(table["bucket256-base-16"], 16), _adapters_row(table["bucket256-base-1"], 1)
     assert (both["train_s"], both["step_s"], lone["decode_ms"], lone["train_s"]) == pytest.approx((1.12, 33.15, 5.65, 0.93))
