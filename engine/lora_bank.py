@@ -353,49 +353,60 @@ class AdapterBank:
 
 
 class LoraAddon(torch.autograd.Function):
-    """`out + scale * (x A^T) B^T` for one adapter, rounded once to `out`'s dtype: peft's LoRA
-    forward (x cast to A's dtype, the sum in float32) with the scaled add fused into the expand
-    (`addmm`). Saves x as it came (the base projection keeps the same tensor) and the small
-    shrink; backward recasts x for A's gradient. Gradients as peft's path gives them: `out` gets
-    the output's gradient as it is, x the addon's gradient rounded to x's dtype.
+    """`out_N + scale * (x_N A^T) B^T` for one adapter over rows (`lora_addon` flattens them),
+    rounded once to `out_N`'s dtype: peft's LoRA forward (x cast to A's dtype, the sum in float32)
+    with the scaled add fused into the expand (`addmm`). Saves x as it came (the base projection
+    keeps the same tensor) and the small shrink; backward recasts x for A's gradient. Gradients as
+    peft's path gives them: `out_N` gets the output's gradient as it is, x the addon's gradient
+    rounded to x's dtype.
 
-    `in_out_dtype=True` (`learner_lora="fused-base"`): the same sum with every operand in `out`'s
+    `in_out_dtype=True` (`learner_lora="fused-base"`): the same sum with every operand in `out_N`'s
     dtype (bf16 on CUDA), A and B cast down, their gradients cast back up: no [tokens x width]
-    float32 copy of x, of the output or of its gradient (the learner's eager casts and copies,
-    ~0.15 of 1.11 s of CUDA time on the H100, results/h200-engine/h100-s27). The expand still
-    sums in float32 inside the GEMM and rounds the output once; the shrink and the gradients
-    round to bf16. Where `out` is float32 (the CPU) both forms are the same arithmetic."""
+    float32 copy of x, of the output or of its gradient. The expand still sums in float32 inside
+    the GEMM and rounds the output once; the shrink and the gradients round to bf16. Where `out_N`
+    is float32 (the CPU) both forms are the same arithmetic.
+
+    The forward changes no tensor in place (no `out=`): torch 2.11's compiled autograd.Function
+    can send the gradient of an output its forward wrote in place to the wrong slot, and the
+    backward then sees zeros (pytorch/pytorch#180642, fixed in 2.12). The earlier form wrote the
+    sum into a buffer with `out=`; under `fused-base` (no cast after the sum) that buffer was the
+    output itself, and the H100's torch 2.11 profile of it had no attention or MLP backward and
+    MLP-wide zero fills instead (results/h200-engine/h100-s28) -- the bug's signature, to be
+    confirmed on the device by benchmarks/learner_agreement.py."""
 
     @staticmethod
-    def forward(ctx, x, out, A, B, scale: float, in_out_dtype: bool = False):
-        n_out = out.shape[-1]
-        dt = out.dtype if in_out_dtype else torch.promote_types(out.dtype, A.dtype)
-        x_N = x.reshape(-1, x.shape[-1])
+    def forward(ctx, x_N, out_N, A, B, scale: float, in_out_dtype: bool = False):
+        dt = out_N.dtype if in_out_dtype else torch.promote_types(out_N.dtype, A.dtype)
         h_N = torch.nn.functional.linear(x_N.to(dt), A.to(dt))
-        # the sum written into a tensor of the output's shape: the Function's output is no view
-        # (a caller may change it in place, as the LM head's chunked logprobs do)
-        y = torch.empty(out.shape, dtype=dt, device=out.device)
-        torch.addmm(out.reshape(-1, n_out).to(dt), h_N, B.T.to(dt), alpha=scale, out=y.view(-1, n_out))
-        ctx.save_for_backward(x, h_N, A, B)
+        y_N = torch.addmm(out_N.to(dt), h_N, B.T.to(dt), alpha=scale)
+        ctx.save_for_backward(x_N, h_N, A, B)
         ctx.scale = scale
-        return y.to(out.dtype)
+        return y_N.to(out_N.dtype)
 
     @staticmethod
-    def backward(ctx, grad_y):
-        x, h_N, A, B = ctx.saved_tensors
+    def backward(ctx, grad_y_N):
+        x_N, h_N, A, B = ctx.saved_tensors
         s, dt = ctx.scale, h_N.dtype  # the shrink was made in the forward's arithmetic dtype
         need_x, need_out, need_A, need_B = ctx.needs_input_grad[:4]
-        g_N = grad_y.reshape(-1, grad_y.shape[-1]).to(dt)
+        g_N = grad_y_N.to(dt)
         grad_x = grad_A = grad_B = None
         if need_B:
             grad_B = ((g_N.T @ h_N) * s).to(B.dtype)
         if need_x or need_A:
             gh_N = (g_N @ B.to(dt)) * s
             if need_A:
-                grad_A = (gh_N.T @ x.reshape(-1, x.shape[-1]).to(dt)).to(A.dtype)
+                grad_A = (gh_N.T @ x_N.to(dt)).to(A.dtype)
             if need_x:
-                grad_x = (gh_N @ A.to(dt)).to(x.dtype).reshape(x.shape)
-        return grad_x, (grad_y if need_out else None), grad_A, grad_B, None, None
+                grad_x = (gh_N @ A.to(dt)).to(x_N.dtype)
+        return grad_x, (grad_y_N if need_out else None), grad_A, grad_B, None, None
+
+
+def lora_addon(x, out, A, B, scale: float, in_out_dtype: bool = False):
+    """`LoraAddon` over x's and out's rows (every leading dimension flattened), given out's shape
+    back as a view made here, outside the Function: a caller may change it in place (the LM
+    head's chunked logprobs do), which autograd refuses for a view made inside one."""
+    y_N = LoraAddon.apply(x.reshape(-1, x.shape[-1]), out.reshape(-1, out.shape[-1]), A, B, scale, in_out_dtype)
+    return y_N.view(out.shape)
 
 
 class _Trained(torch.nn.Module):
@@ -414,7 +425,7 @@ def _add_bank(bank: AdapterBank, name: str, module, args, out):
     training, the trained adapter's (`LoraAddon`)."""
     t = getattr(module, "trained", None)  # never the adapter's name: a compiled learner would guard on it
     if t is not None:
-        return LoraAddon.apply(args[0], out, t.A.weight, t.B.weight, t.scale, t.in_out_dtype)
+        return lora_addon(args[0], out, t.A.weight, t.B.weight, t.scale, t.in_out_dtype)
     if not bank.on or (bank.decode_bufs is None and not bank.groups):
         return None
     i = bank.index[name]

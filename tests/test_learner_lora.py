@@ -21,7 +21,7 @@ from engine import LocalServiceClient, checkpoint_learner, learner_activation_by
 from engine import settings
 from engine.learner import Learner
 from engine.settings import COMPILE_LEARNER_AFTER, LEARNER_LENGTH_MULTIPLE
-from engine.lora_bank import LoraAddon
+from engine.lora_bank import LoraAddon, lora_addon
 
 
 @pytest.mark.parametrize("scale", [1.0, 0.25])
@@ -34,7 +34,7 @@ def test_the_addon_and_its_gradients_match_peft_formula_in_float64(scale, x_dtyp
     A = (torch.randn(r, d_in, generator=g) * 0.3).requires_grad_()
     B = (torch.randn(d_out, r, generator=g) * 0.3).requires_grad_()
     out = x @ W.T
-    y = LoraAddon.apply(x, out, A, B, scale)
+    y = lora_addon(x, out, A, B, scale)
     grad_y = torch.randn(y.shape, generator=g).to(x_dtype)
     gx, gA, gB = torch.autograd.grad(y, (x, A, B), grad_y)
     # float64: y = x W^T + s (x A^T) B^T
@@ -47,6 +47,42 @@ def test_the_addon_and_its_gradients_match_peft_formula_in_float64(scale, x_dtyp
     assert y.dtype == x_dtype and gx.dtype == x_dtype and gA.dtype == gB.dtype == torch.float32
     for got, want in ((y, y64), (gx, gx64), (gA, gA64), (gB, gB64)):
         assert torch.allclose(got.double(), want, atol=tol * (1 + want.abs().max()), rtol=0)
+
+
+@pytest.mark.parametrize("in_out_dtype", [False, True], ids=["fused", "fused-base"])
+def test_the_addon_writes_nothing_in_place_and_its_output_may_be_written(in_out_dtype):
+    """torch 2.11's compiled autograd.Function can send the gradient of an output its forward
+    wrote in place to the wrong slot (pytorch/pytorch#180642; the H100's fused-base profile,
+    results/h200-engine/h100-s28): the Function's forward and backward run no aten op that writes
+    an argument (the earlier `addmm(..., out=)` would be caught here), and a caller may still change
+    the output in place and backpropagate through it (as the LM head's chunked logprobs do)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Writes(TorchDispatchMode):  # every aten op whose schema writes one of its arguments
+        def __init__(self):
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func._schema.is_mutable:
+                self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 7, 6, generator=g).to(torch.bfloat16).requires_grad_()
+    W = torch.randn(10, 6, generator=g).to(torch.bfloat16)
+    A = (torch.randn(4, 6, generator=g) * 0.3).requires_grad_()
+    B = (torch.randn(10, 4, generator=g) * 0.3).requires_grad_()
+    out = x @ W.T
+    with Writes() as forward:
+        y = lora_addon(x, out, A, B, 0.5, in_out_dtype)
+    assert forward.ops == [] and y.shape == out.shape and y.dtype == torch.bfloat16
+    with Writes() as backward:
+        grads = torch.autograd.grad(y.float().sum(), (x, A, B), retain_graph=True)
+    assert backward.ops == []
+    y.mul_(2)  # in place, after the Function: its gradients double
+    for got, want in zip(torch.autograd.grad(y.float().sum(), (x, A, B)), grads):
+        assert torch.equal(got, 2 * want) and want.abs().max() > 0
 
 
 def _datums(tokenizer, n: int, seed: int = 0) -> list[types.Datum]:
@@ -404,8 +440,6 @@ def test_the_addon_in_the_base_dtype_is_the_float64_sum_within_bf16_rounding(sha
     """`learner_lora="fused-base"`: `LoraAddon` with every operand in the output's dtype gives the
     float64 sum and gradients within bf16 rounding, differs from the float32 form (so the check
     could fail), and where the output is float32 is the float32 form bit for bit."""
-    from engine.lora_bank import LoraAddon
-
     n_seq, n_tok, width, n_out = shape
     g = torch.Generator().manual_seed(5)
     x64 = torch.randn(n_seq, n_tok, width, generator=g, dtype=torch.float64)
@@ -418,7 +452,7 @@ def test_the_addon_in_the_base_dtype_is_the_float64_sum_within_bf16_rounding(sha
     def run(dtype, in_out_dtype):
         x, out = x64.to(dtype).requires_grad_(), out64.to(dtype).requires_grad_()
         A, B = A64.float().requires_grad_(), B64.float().requires_grad_()
-        y = LoraAddon.apply(x, out, A, B, s, in_out_dtype)
+        y = lora_addon(x, out, A, B, s, in_out_dtype)
         (y.double() * w64).sum().backward()
         return y.detach().double(), x.grad.double(), out.grad.double(), A.grad.double(), B.grad.double()
 
