@@ -6,9 +6,10 @@
 
 Why: on the H100 (results/h200-engine/h100-s28/learner-fused-base) `learner_lora="fused-base"`
 ran a forward_backward in 0.91 s against the float32 sum's 1.20 s, at a peak of 6.6 against
-34.2 GiB, and its kernel profile's top 30 held no attention backward: faster and far smaller
-than its saved activations allow, unless the backward stops short. The CPU tests (float32 and
-bf16) say the gradients agree; this says it on the device the numbers came from.
+34.2 GiB, with no attention backward in its profile: faster and far smaller than its saved
+activations allow. This check, run there (h100-s28/agree-fused-base), found why: through the
+compiled layers it got no LoRA gradient at all. The CPU tests (float32 and bf16) had said the
+gradients agree: a device's compiled graph is its own.
 
 One random-weight base (benchmarks/engine_speed.py's configs), `--batch` datums of random prompt
 and completion tokens (advantages +-1 a datum), one LoRA adapter of `--rank` with B drawn
@@ -18,7 +19,8 @@ service of its own, two forward_backwards (the first compiles), the second's gra
 with the first row's (peft's own path, eager) tensor by tensor: the smallest cosine, the largest
 relative error ||g - g_ref|| / ||g_ref||, and how many tensors got no gradient at all. With it the
 second call's seconds and peak memory, on CUDA the attention-backward kernels it launched
-(`--profile`), and what autograd saved for backward in a third call, by dtype and width (where
+(`--profile`), and what autograd saved for backward in a third call, by dtype and width (a
+tensor counted each time it is saved; where
 the peak's gigabytes should be). `--json PATH` writes the rows. Exit 1 when a row disagrees (min cosine below
 `--min-cos`) or a tensor got no gradient: the check can fail, and says which path and tensor.
 """
@@ -208,23 +210,22 @@ def main(argv=None) -> int:
     model_dir = build_model(args.config, work / "model", args.tokenizer_dir, args.device)
     data = datums(args.batch, args.prompt_tokens, args.new_tokens)
     runs = [(p, c) for p in paths for c in modes]
-    ref = None
-    rows = []
-    for path, compiled in runs:
-        got = run_path(model_dir, data, args, path, compiled, work)
-        ref = ref if ref is not None else got[4]
-        rows.append(compare(path, compiled, got, ref))
-        print(f"[{path} compiled={compiled}] done", file=sys.stderr, flush=True)
     print(f"config={args.config} device={args.device} batch={args.batch} prompt={args.prompt_tokens} "
           f"new={args.new_tokens} rank={args.rank} torch={torch.__version__}; reference: {runs[0][0]} "
-          f"(compiled={runs[0][1]}); {len(ref)} LoRA tensors")
+          f"(compiled={runs[0][1]}): each row's LoRA gradients against its")
     print("| LoRA path | compiled | loss | fwd+bwd s | peak GiB | min cos | its tensor | max rel err "
           "| tensors with no gradient | attention-backward kernels | saved for backward GiB | largest (dtype x width: GiB) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    ref = None
+    rows = []
+    for path, compiled in runs:  # a row as each path ends: a run cut short keeps the rows it made
+        got = run_path(model_dir, data, args, path, compiled, work)
+        ref = ref if ref is not None else got[4]
+        r = compare(path, compiled, got, ref)
+        rows.append(r)
         print(f"| {r.path} | {r.compiled} | {r.loss:.6g} | {r.seconds:.3f} | {r.peak_gib:.2f} | {r.min_cos:.5f} "
               f"| {r.worst_tensor} | {r.max_rel_err:.2e} | {r.no_gradient} | {r.attention_backward_kernels} "
-              f"| {r.saved_gib:.3f} | {r.saved_by_width} |")
+              f"| {r.saved_gib:.3f} | {r.saved_by_width} |", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
     bad = [r for r in rows if r.min_cos < args.min_cos or r.no_gradient]

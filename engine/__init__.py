@@ -54,10 +54,8 @@ The learner never holds a microbatch's full-vocabulary logits: it runs the decod
 LM head a chunk of tokens at a time, keeping each target token's logprob
 (`token_logprobs.target_logprobs`, recomputed in backward). Each adapted projection adds the
 trained adapter's LoRA through `lora_bank.LoraAddon` (peft's float32 arithmetic, fewer passes;
-`learner_lora="fused-base"` the same in the base's dtype: not a default until
-`benchmarks/learner_agreement.py` clears its gradients on the GPU -- its H100 run met torch
-2.11's compiled-`autograd.Function` bug, which the Function no longer triggers
-(results/h200-engine/h100-s28);
+`learner_lora="fused-base"` the same in the base's dtype: through the compiled layers on an
+H100 (torch 2.11) it got no LoRA gradient at all, results/h200-engine/h100-s28, and warns there;
 `learner_lora="peft"` runs peft's own path). On CUDA those float32 matmuls, and the adapter
 bank's in decode, run as TF32 (`use_tf32`; `GS1_TF32=0`: IEEE float32).
 The decoder layers are gradient-checkpointed

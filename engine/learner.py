@@ -20,7 +20,8 @@ from engine.attention import LEARNER_ATTENTION_MASK
 from engine.generate import dynamo_graphs, guard_failures, guard_failures_since
 from engine.lora_bank import AdapterBank
 from engine.sampler import Sampler
-from engine.settings import LEARNER_LENGTH_MULTIPLE, EngineSettings, LearnerMemory, learner_memory
+from engine.settings import (LEARNER_LENGTH_MULTIPLE, EngineSettings, LearnerMemory, learner_lora_caveat,
+                             learner_memory)
 from engine.token_logprobs import lm_head_fn, target_logprobs
 
 _log = logging.getLogger("gs1.engine")
@@ -72,6 +73,9 @@ class Learner:
         # Compiled decoder layers for training: not with checkpointing (its recompute would rerun
         # the compiled forward: untried), and off for good once a compile fails (`_learner_microbatch`).
         self.compile_learner = settings.compile_learner and not self.gradient_checkpointing
+        caveat = learner_lora_caveat(self.learner_lora, self.device.type, self.compile_learner)
+        if caveat:
+            _log.warning(f"learner: {caveat}")
         self._compiled_forwards: list | None = None
         self._learner_graphs = 0  # dynamo graphs the compiled layers made (one, unless a guard failed)
         self.hidden_grads = HiddenStateGradients(self.decoder)

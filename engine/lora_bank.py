@@ -368,11 +368,9 @@ class LoraAddon(torch.autograd.Function):
 
     The forward changes no tensor in place (no `out=`): torch 2.11's compiled autograd.Function
     can send the gradient of an output its forward wrote in place to the wrong slot, and the
-    backward then sees zeros (pytorch/pytorch#180642, fixed in 2.12). The earlier form wrote the
-    sum into a buffer with `out=`; under `fused-base` (no cast after the sum) that buffer was the
-    output itself, and the H100's torch 2.11 profile of it had no attention or MLP backward and
-    MLP-wide zero fills instead (results/h200-engine/h100-s28) -- the bug's signature, to be
-    confirmed on the device by benchmarks/learner_agreement.py."""
+    backward then sees zeros (pytorch/pytorch#180642, fixed in 2.12). Not the whole story on the
+    H100's torch 2.11: `fused-base` through the compiled layers got no gradient before and after
+    this form (results/h200-engine/h100-s28; `settings.learner_lora_caveat` warns of it)."""
 
     @staticmethod
     def forward(ctx, x_N, out_N, A, B, scale: float, in_out_dtype: bool = False):

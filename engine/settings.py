@@ -173,6 +173,17 @@ def resolve_decode_attention(attention: str | None) -> str:
 
 
 LEARNER_LORA = ("fused", "fused-base", "peft")
+
+
+def learner_lora_caveat(learner_lora: str, device_type: str, compiled: bool) -> str | None:
+    """What is known against a learner LoRA path on this device, for a warning; None when nothing
+    is. `fused-base` through compiled decoder layers on an H100 (torch 2.11) got no LoRA gradient
+    at all, 392 tensors of 392, where `fused` got every one (results/h200-engine/h100-s28/
+    agree-fused-base): it trains nothing there; eager on CUDA it is unmeasured."""
+    if learner_lora == "fused-base" and device_type == "cuda" and compiled:
+        return ("learner_lora='fused-base' with compiled decoder layers on CUDA got no LoRA gradient on an "
+                "H100 with torch 2.11 (results/h200-engine/h100-s28/agree-fused-base): use 'fused'")
+    return None
 # Without checkpointing a microbatch keeps, per decoder layer and token, about 8 hidden-sized and 4
 # intermediate-sized tensors in the model's dtype (a Qwen2-style layer through `LoraAddon`: the
 # norms' inputs and outputs, q, k, v, the attention output, the MLP's gate, up, activation and

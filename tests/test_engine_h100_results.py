@@ -255,14 +255,30 @@ def test_session_28_reads_as_the_readme_says_and_the_bucket_default_follows_it()
     # ... where it fills zeros, three a layer and microbatch (the float32 sum's top 30 holds none)
     assert _learner_profile_ms(learner / "fused-base.txt", ("triton_poi_fused_view_zeros",)) == pytest.approx(19.857)
     assert _learner_profile_ms(learner / "fused.txt", ("triton_poi_fused_view_zeros",)) == 0
+    # checked at the end of the session: through the compiled layers fused-base gets no LoRA gradient at all
+    import json
+
+    agree = S28 / "agree-fused-base"
+    assert "NVIDIA H100 80GB HBM3" in (agree / "gpu.txt").read_text()
+    assert "torch 2.11.0+cu130" in (agree / "gpu.txt").read_text()
+    fused_row, base_row = json.loads((agree / "agreement.json").read_text())
+    assert (fused_row["path"], fused_row["compiled"], base_row["path"], base_row["compiled"]) == ("fused", True, "fused-base", True)
+    assert fused_row["no_gradient"] == 0 and fused_row["attention_backward_kernels"] == 448
+    assert base_row["no_gradient"] == 392 and base_row["min_cos"] == 0.0 and base_row["attention_backward_kernels"] == 0
+    assert "| fused-base | True |" in (agree / "agreement.txt").read_text()
+    assert "fused-base (compiled=True) disagrees with fused" in (agree / "agreement.log").read_text()
     # the 16-adapter step with both: 33.15 s (train 1.12 s an adapter), still over the 20 s goal
     both, lone = _adapters_row(table["bucket256-base-16"], 16), _adapters_row(table["bucket256-base-1"], 1)
     assert (both["train_s"], both["step_s"], lone["decode_ms"], lone["train_s"]) == pytest.approx((1.12, 33.15, 5.65, 0.93))
     # the table's config line did not name the LoRA path yet (it does since): each folder's command.txt does
     assert all("--learner-lora fused-base" in (S28 / f / "command.txt").read_text() for f in ("bucket256-base-16", "bucket256-base-1"))
     assert not any("fused-base" in (S28 / f / "command.txt").read_text() for f in ("defaults-1-16", "bucket256-16"))
-    # what the README made the default: the 256-position bucket (fused-base stays off until checked)
+    # what the README made the default: the 256-position bucket; fused stays the learner's path,
+    # and fused-base through compiled layers on CUDA is warned of
     from engine.generate import DECODE_LENGTH_BUCKET
-    from engine.settings import EngineSettings
+    from engine.settings import EngineSettings, learner_lora_caveat
 
     assert DECODE_LENGTH_BUCKET == 256 and EngineSettings.learner_lora == "fused"
+    assert "agree-fused-base" in learner_lora_caveat("fused-base", "cuda", True)
+    assert all(learner_lora_caveat(*case) is None for case in
+               (("fused-base", "cuda", False), ("fused-base", "cpu", True), ("fused", "cuda", True), ("peft", "cuda", True)))

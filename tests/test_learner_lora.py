@@ -496,3 +496,25 @@ def test_the_fused_base_path_reaches_the_addon_and_on_a_float32_base_is_the_fuse
         runs[path] = (out.metrics["loss:sum"], tc.lora_gradient())
     assert runs["fused"][0] == runs["fused-base"][0] and (runs["fused"][1] == runs["fused-base"][1]).all()
     assert abs(runs["fused"][1]).max() > 0
+
+
+def test_the_learner_warns_of_what_is_known_against_its_lora_path(tmp_path, tiny_model_dir, monkeypatch, caplog):
+    """A learner built with a LoRA path that `settings.learner_lora_caveat` knows a fault of (on
+    CUDA: compiled fused-base got no gradient) says so in a warning, with what it was asked for."""
+    from engine import learner as learner_module
+
+    asked = []
+
+    def fake_caveat(learner_lora, device_type, compiled):  # a fake: the CPU's fused-base has a caveat
+        asked.append((learner_lora, device_type, compiled))
+        return "a fake caveat" if learner_lora == "fused-base" else None
+
+    monkeypatch.setattr(learner_module, "learner_lora_caveat", fake_caveat)
+    with caplog.at_level("WARNING", logger="gs1.engine"):
+        _client(tmp_path / "base", tiny_model_dir, learner_lora="fused-base", compile_learner=True,
+                gradient_checkpointing=False)
+    assert "learner: a fake caveat" in caplog.text and ("fused-base", "cpu", True) in asked
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gs1.engine"):
+        _client(tmp_path / "fused", tiny_model_dir, gradient_checkpointing=False)
+    assert "fake caveat" not in caplog.text
