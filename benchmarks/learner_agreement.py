@@ -20,9 +20,9 @@ with the first row's (peft's own path, eager) tensor by tensor: the smallest cos
 relative error ||g - g_ref|| / ||g_ref||, and how many tensors got no gradient at all. With it the
 second call's seconds and peak memory, on CUDA the attention-backward kernels it launched
 (`--profile`), and what autograd saved for backward in a third call, by dtype and width (a
-tensor counted each time it is saved; where
-the peak's gigabytes should be). `--json PATH` writes the rows. Exit 1 when a row disagrees (min cosine below
-`--min-cos`) or a tensor got no gradient: the check can fail, and says which path and tensor.
+tensor counted each time it is saved; where the peak's gigabytes should be). `--json PATH`
+writes the rows. Exit 1 when a row disagrees (min cosine below `--min-cos`) or a tensor got no
+gradient: the check can fail, and says which path and tensor.
 """
 
 from __future__ import annotations
