@@ -184,6 +184,8 @@ def learner_lora_caveat(learner_lora: str, device_type: str, compiled: bool) -> 
         return ("learner_lora='fused-base' with compiled decoder layers on CUDA got no LoRA gradient on an "
                 "H100 with torch 2.11 (results/h200-engine/h100-s28/agree-fused-base): use 'fused'")
     return None
+
+
 # Without checkpointing a microbatch keeps, per decoder layer and token, about 8 hidden-sized and 4
 # intermediate-sized tensors in the model's dtype (a Qwen2-style layer through `LoraAddon`: the
 # norms' inputs and outputs, q, k, v, the attention output, the MLP's gate, up, activation and
