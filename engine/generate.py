@@ -524,20 +524,21 @@ def decode_step(model, ids_B, pos_B, mask_B, cache) -> torch.Tensor:
 # dynamo then guards on its type and shapes, not its identity, so every client of the process
 # (preflight, pilot, each arm, eval) reuses the graph of a shape compiled once by any of them.
 # Shapes are bucketed so that a run makes few graphs: GSM8K's prompts plus 512 new tokens fit
-# 768 positions (DECODE_LENGTH_BUCKET); a run's batches (the preflight's 16 rows, two arms' 128
+# 1024 positions (DECODE_LENGTH_BUCKET); a run's batches (the preflight's 16 rows, two arms' 128
 # rows of a step, six arms' 384, the 1024-row held-out and eval batches) take a multiple of 128
 # rows, a batch of 64 rows or fewer (a lone arm's step, the preflight's 16) 64; the adapter
 # bank's decode buffers follow the row count and a width that only grows (`lora_bank`), so a
 # run compiles about one shape per row count.
 _COMPILED_DECODE = None
 # Static caches hold a multiple of this many positions (`Generator.length_bucket`; an engine's
-# `decode_length_bucket`, GS1_DECODE_LENGTH_BUCKET). 256: a GSM8K batch (prompts <= 261 tokens
-# with the template, 1 in 7,473 over 256) and 512 new tokens is 768 positions, not 1,024. Measured
-# on the H100 at 16 adapters (results/h200-engine/h100-s28): 2.66 -> 2.22 GiB held an arm, peak
-# 73.5 -> 66.4 GiB, the decode step unchanged (21.59 / 21.52 ms: flex attention reads only the
-# live blocks either way). A batch whose prompts run longer takes the next bucket: another decode
-# shape (a capture, and a compile from its COMPILE_AFTER_BATCHES-th batch).
-DECODE_LENGTH_BUCKET = 256
+# `decode_length_bucket`, GS1_DECODE_LENGTH_BUCKET). 1024: every GSM8K batch is one shape.
+# GSM8K's prompts as the loop builds them (the cookbook's few-shot prefix) run 131-331 tokens, 43
+# of 7,473 train prompts over 256 (results/h200-engine/h100-s28/gsm8k_prompt_positions.txt,
+# benchmarks/prompt_positions.py): at 256, 31 % of 64-row batches and 99.7 % of 1,024-row ones
+# take 1,024 positions and the rest 768 -- two decode shapes, and no saving where many arms
+# share a batch. The 768-position KV measured on the H100 (random 160-token prompts, 16 adapters:
+# 2.66 -> 2.22 GiB an arm, the decode step unchanged) needs prompts that all fit.
+DECODE_LENGTH_BUCKET = 1024
 GRAPHED_ROWS_STEP = 128  # graphed batches of more than MIN_GRAPHED_ROWS hold a multiple of this many rows
 # ... and none fewer than this: a lone arm's 64 rows (one tile of the bank's tiled form). At 128
 # rows they read twice the KV and sample twice the rows a step (h100-s25: 9.29 ms a step at 128).

@@ -24,13 +24,14 @@ def _script():
     return mod
 
 
-ARGS = ["--config", "tiny", "--device", "cpu", "--dtype", "bfloat16", "--batch", "4", "--prompt-tokens", "8",
-        "--new-tokens", "8", "--rank", "8", "--compiled", "off"]
+ARGS = ["--config", "tiny", "--device", "cpu", "--dtype", "bfloat16", "--prompt-tokens", "8",
+        "--new-tokens", "8", "--rank", "8", "--compiled", "off", "--batch", "4"]
 
 
-def test_the_lora_paths_agree_at_bf16_and_the_rows_say_so(tmp_path, capsys):
+@pytest.mark.parametrize("batch", ["4", "64"], ids=["demo", "user_B64"])
+def test_the_lora_paths_agree_at_bf16_and_the_rows_say_so(batch, tmp_path, capsys):
     out = tmp_path / "rows.json"
-    assert _script().main(ARGS + ["--json", str(out)]) == 0
+    assert _script().main(ARGS + ["--batch", batch, "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
     assert [r["path"] for r in rows] == ["peft", "fused", "fused-base"]
     ref, fused, base = rows

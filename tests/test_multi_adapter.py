@@ -568,7 +568,7 @@ def test_a_smaller_decode_length_bucket_keeps_every_token_and_holds_fewer_positi
         n_prompts, max_tokens, tmp_path, tiny_model_dir, tiny_tokenizer):
     """`decode_length_bucket` sizes the static KV to the batch (a multiple of 16 positions, not
     1,024): every row of a two-adapter batch, at the demo's shape and the user's B = 64, gets the
-    tokens it gets under 1,024 positions (the default before session 28), logprobs within float32 rounding, from a cache
+    tokens it gets under the default 1,024 positions, logprobs within float32 rounding, from a cache
     of fewer positions."""
     from engine.generate import Generator, Row, row_key
 
@@ -584,7 +584,7 @@ def test_a_smaller_decode_length_bucket_keeps_every_token_and_holds_fewer_positi
     engine_gen = base.sampler.generator
     engine_gen.static_cache = True  # as on CUDA: the engine's own sampler, at its bucket of 16
     reference = Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank,
-                          length_bucket=1024)  # the default before session 28
+                          length_bucket=1024)  # the default, named
     for bucket, gen in ((1024, reference), (16, engine_gen)):
         if gen is engine_gen:
             runs[bucket] = base.sampler.generate(rows)
@@ -612,8 +612,8 @@ def test_the_decode_length_bucket_comes_from_the_service_or_the_environment_and_
     from schemas.errors import UserError
 
     monkeypatch.delenv("GS1_DECODE_LENGTH_BUCKET", raising=False)
-    assert _service(tmp_path / "a").settings.decode_length_bucket == DECODE_LENGTH_BUCKET == 256
-    assert _service(tmp_path / "b", decode_length_bucket=1024).settings.decode_length_bucket == 1024
+    assert _service(tmp_path / "a").settings.decode_length_bucket == DECODE_LENGTH_BUCKET == 1024
+    assert _service(tmp_path / "b", decode_length_bucket=256).settings.decode_length_bucket == 256
     monkeypatch.setenv("GS1_DECODE_LENGTH_BUCKET", "768")
     assert _service(tmp_path / "c").settings.decode_length_bucket == 768
     assert _service(tmp_path / "d", decode_length_bucket=512).settings.decode_length_bucket == 512  # the argument wins

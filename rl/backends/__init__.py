@@ -12,7 +12,7 @@ the loop uses (see docs/contracts.md, "Backend surface"):
   batch_across_clients None: on CUDA only (one decode batch across every client's queued requests;
   a flush waits for the arms still in their step at most gather_busy_s, 60 s by default);
   bank_decode None: GS1_BANK_DECODE, else `lora_bank.DEFAULT_DECODE_FORM`; decode_length_bucket None:
-  GS1_DECODE_LENGTH_BUCKET, else `engine.generate.DECODE_LENGTH_BUCKET` (256: a static decode cache's
+  GS1_DECODE_LENGTH_BUCKET, else `engine.generate.DECODE_LENGTH_BUCKET` (1,024: a static decode cache's
   positions are a multiple of it);
   decode_attention None: GS1_DECODE_ATTENTION, else "flex" (a static decode step reads only the
   cache's live blocks, `engine.generate.LiveKV`; "sdpa": every position through the mask); tf32
