@@ -591,6 +591,36 @@ def dynamo_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+@dataclass(frozen=True)
+class CacheReads:
+    """What torch.compile's on-disk caches answered in this process (`now()`), or between two
+    readings (`since`): AOTAutograd's graph cache (a hit skips tracing the forward and backward)
+    and inductor's FX graph cache (a hit skips generating the kernels). A compile's log line
+    carries them, so that a warm run says which cache it missed."""
+
+    autograd_hit: int = 0
+    autograd_miss: int = 0
+    autograd_bypass: int = 0
+    inductor_hit: int = 0
+    inductor_miss: int = 0
+    inductor_bypass: int = 0
+
+    @classmethod
+    def now(cls) -> "CacheReads":
+        from torch._dynamo.utils import counters
+
+        a, i = counters["aot_autograd"], counters["inductor"]
+        return cls(a["autograd_cache_hit"], a["autograd_cache_miss"], a["autograd_cache_bypass"],
+                   i["fxgraph_cache_hit"], i["fxgraph_cache_miss"], i["fxgraph_cache_bypass"])
+
+    def since(self, before: "CacheReads") -> "CacheReads":
+        return CacheReads(*(getattr(self, f) - getattr(before, f) for f in self.__dataclass_fields__))
+
+    def __str__(self) -> str:
+        return (f"autograd cache {self.autograd_hit} hit {self.autograd_miss} miss {self.autograd_bypass} bypass, "
+                f"inductor cache {self.inductor_hit} hit {self.inductor_miss} miss {self.inductor_bypass} bypass")
+
+
 def guard_failures() -> int:
     """The guard failures dynamo has recorded in this process so far (each made a recompile)."""
     from torch._dynamo.utils import guard_failures as failures
@@ -986,14 +1016,15 @@ class Generator:
                 dec.use_eager()
                 self.compile_decode = False
             try:
-                graphs, t0 = dynamo_graphs(), time.perf_counter()
+                graphs, reads, t0 = dynamo_graphs(), CacheReads.now(), time.perf_counter()
                 dec.capture(cur)
                 event = CompileEvent(dec.B, dec.max_len, time.perf_counter() - t0,
                                      dynamo_graphs() > graphs, str(self.device))
                 COMPILE_EVENTS.append(event)
                 _log.info(f"decode graph {dec.B} rows x {dec.max_len} positions on {event.device}: "
                           f"{'compiled and ' if event.compiled else ''}captured in {event.seconds:.1f} s "
-                          f"({sum(e.compiled for e in COMPILE_EVENTS)} shapes compiled in this process)")
+                          f"({sum(e.compiled for e in COMPILE_EVENTS)} shapes compiled in this process"
+                          + (f"; {CacheReads.now().since(reads)})" if event.compiled else ")"))
                 return
             except Exception:
                 self.stats.extra[f"{kind}_capture_error"] = traceback.format_exc()[-1500:]

@@ -17,11 +17,11 @@ import torch
 from tinker import types
 
 from engine.attention import LEARNER_ATTENTION_MASK
-from engine.generate import dynamo_graphs, guard_failures, guard_failures_since
+from engine.generate import CacheReads, dynamo_graphs, guard_failures, guard_failures_since
 from engine.lora_bank import AdapterBank
 from engine.sampler import Sampler
-from engine.settings import (LEARNER_LENGTH_MULTIPLE, EngineSettings, LearnerMemory, learner_lora_caveat,
-                             learner_memory)
+from engine.settings import (LEARNER_LENGTH_MULTIPLE, EngineSettings, LearnerMemory, cache_learner_graphs,
+                             learner_lora_caveat, learner_memory)
 from engine.token_logprobs import lm_head_fn, target_logprobs
 
 _log = logging.getLogger("gs1.engine")
@@ -161,6 +161,7 @@ class Learner:
             import torch._dynamo
 
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            cache_learner_graphs()  # a warm process loads the layers' forward and backward, not re-traces them
             self._compiled_forwards = [torch.compile(layer.forward, dynamic=True) for layer in layers]
         frozen = [p for layer in layers for n, p in layer.named_parameters()
                   if "lora_" in n and not p.requires_grad]
@@ -187,6 +188,7 @@ class Learner:
             return self._microbatch(adapter, data, mb, loss_fn, forward_only, outputs)
         grads = [None if p.grad is None else p.grad.clone() for p in adapter.params]
         first, graphs, failures = self._compiled_forwards is None, dynamo_graphs(), guard_failures()
+        reads = CacheReads.now()
         t0 = time.perf_counter()
         try:
             loss = self._microbatch(adapter, data, mb, loss_fn, forward_only, outputs, compiled=True)
@@ -206,7 +208,7 @@ class Learner:
             why = guard_failures_since(failures)
             _log.info(f"learner: decoder layers {'compiled' if first else 'recompiled'} on {self.device} in "
                       f"{time.perf_counter() - t0:.1f} s ({mb.size} datums x {mb.padded_length} positions; "
-                      f"{self._learner_graphs} graphs so far)"
+                      f"{self._learner_graphs} graphs so far; {CacheReads.now().since(reads)})"
                       + (f"; guard failed: {' | '.join(w.splitlines()[0][:300] for w in why)}" if why else ""))
         return loss
 

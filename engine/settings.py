@@ -57,6 +57,23 @@ def pin_compile_cache() -> Path:
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 
+def cache_learner_graphs() -> bool:
+    """Let AOTAutograd's on-disk cache keep graphs that hold a custom autograd.Function, as the
+    learner's compiled layers do (`lora_bank.LoraAddon`); returns whether this torch has the switch.
+    Without it every such graph bypasses that cache, and a warm process re-traces the layers'
+    joint forward and backward before inductor's cache finds its kernels: 36.7 s of a warm run's
+    learner compile on the H100 (results/h200-engine/h100-s29, e2e/warm.log). torch checks the
+    HOP of an autograd.Function pure in its inputs (pytorch#149751) but keeps the switch off by
+    default pending wider testing; `tests/test_compile_cache.py` shows a second process hit the
+    cache with the same gradients. Process-wide, as torch's config is."""
+    import torch._functorch.config as functorch_config
+
+    if not hasattr(functorch_config, "autograd_cache_allow_custom_autograd_functions"):
+        return False
+    functorch_config.autograd_cache_allow_custom_autograd_functions = True
+    return True
+
+
 def pick_device(device) -> torch.device:
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -125,3 +125,22 @@ def test_the_learner_compile_counts_in_its_stage_and_is_no_captured_graph():
     ])
     row = {r["stage"]: r for r in stage_timings.stage_table(log)}["train grpo_gs8-s0"]
     assert (row["compiled"], row["compile_seconds"], row["captured"]) == (1, 41.3, 1)
+
+
+def test_a_compile_line_with_its_cache_reads_still_counts():
+    """The engine's compile lines end with what the on-disk caches answered
+    (`engine.generate.CacheReads`): the table reads them as before."""
+    from engine.generate import CacheReads
+
+    reads = str(CacheReads(autograd_hit=1, autograd_miss=1, inductor_hit=2))
+    log = "\n".join([
+        _finished("10:00:00.000", "calibration gate"),
+        "10:00:20.000 | INFO    | gs1.engine - decode graph 64 rows x 1024 positions on cuda:0: compiled and "
+        f"captured in 13.1 s (5 shapes compiled in this process; {reads})",
+        "10:01:10.000 | INFO    | gs1.engine - learner: decoder layers compiled on cuda:0 in 36.7 s "
+        f"(15 datums x 704 positions; 1 graphs so far; {reads})",
+        _finished("10:02:00.000", "train grpo_gs8"),
+    ])
+    row = {r["stage"]: r for r in stage_timings.stage_table(log)}["train grpo_gs8"]
+    assert (row["compiled"], row["compile_seconds"], row["captured"]) == (2, pytest.approx(49.8), 1)
+    assert reads == "autograd cache 1 hit 1 miss 0 bypass, inductor cache 2 hit 0 miss 0 bypass"
