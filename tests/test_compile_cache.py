@@ -16,9 +16,7 @@ import pytest
 pytestmark = pytest.mark.slow  # each case starts a Python that imports torch and the engine (~10 s on 2 cores)
 
 PROBE = """
-import json
 import os
-import re
 import engine as local                       # imports torch: its first lookup happens here
 before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 pinned = local.pin_compile_cache()

@@ -296,20 +296,19 @@ def test_session_29_stage_tables_follow_from_their_logs_and_the_decisions_from_t
     """The user's spec end to end on the H100, cold then warm (h100-s29/e2e): each stage table is
     what benchmarks/stage_timings.py reads from the run's own log, and each run's decision is the
     paired difference of its two eval files, recomputed here from the Parquet."""
-    import importlib.util
     import io
     import json
     from contextlib import redirect_stdout
 
     import pyarrow.parquet as pq
 
+    from fixtures.benchmarks import load_benchmark
+
     e2e = S29 / "e2e"
     gpu = (e2e / "gpu.txt").read_text()
     assert "NVIDIA H100 80GB HBM3" in gpu and gpu.strip().splitlines()[-1].startswith("2e3a7d8")
     assert "none unpacked" in (e2e / "compile_from.txt").read_text()  # cold: no cache brought in
-    spec = importlib.util.spec_from_file_location("stage_timings", S24.parents[2] / "benchmarks" / "stage_timings.py")
-    stage_timings = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stage_timings)
+    stage_timings = load_benchmark("stage_timings")
     started = dict(line.split() for line in (e2e / "times.txt").read_text().splitlines())
     totals = {}
     for run in ("cold", "warm"):  # seconds from the process's start (the run script's --start)

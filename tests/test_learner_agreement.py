@@ -4,24 +4,15 @@ a fake backward that stops at each adapted projection: the check must catch that
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
+from fixtures.benchmarks import load_benchmark
 from fixtures.tiny_model import tiny_model_dir  # noqa: F401  (builds the tokenizer once per session)
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "learner_agreement.py"
-
-
 def _script():
-    spec = importlib.util.spec_from_file_location("learner_agreement", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclass looks its module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("learner_agreement")
 
 
 ARGS = ["--config", "tiny", "--device", "cpu", "--dtype", "bfloat16", "--prompt-tokens", "8",

@@ -276,14 +276,9 @@ def test_tf32_is_on_for_cuda_unless_turned_off_and_never_on_the_cpu(monkeypatch)
 
 
 def _stage_timings():
-    import importlib.util
-    from pathlib import Path
+    from fixtures.benchmarks import load_benchmark
 
-    spec = importlib.util.spec_from_file_location(
-        "stage_timings", Path(__file__).resolve().parents[1] / "benchmarks" / "stage_timings.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("stage_timings")
 
 
 def _calls(tc, batches) -> list[tuple[types.ForwardBackwardOutput, object]]:

@@ -21,6 +21,7 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from engine.models import load_causal_lm, load_tokenizer, resolve_model
 from engine import models
+from fixtures.benchmarks import load_benchmark
 
 pytestmark = pytest.mark.slow  # every test writes a GGUF model and loads it through transformers
 
@@ -474,10 +475,7 @@ def test_each_load_is_an_event_and_one_engine_line(tiny_gguf, cache, monkeypatch
     lines = [r.getMessage() for r in caplog.records if r.name == "gs1.engine"]
     assert lines == [f"model {e.spec} loaded ({e.how}) in {e.seconds:.1f} s on {e.device}" for e in events]
     # benchmarks/stage_timings.py reads each line back, the cached tokenizer's too
-    spec = importlib.util.spec_from_file_location(
-        "stage_timings", Path(__file__).resolve().parents[1] / "benchmarks" / "stage_timings.py")
-    stage_timings = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stage_timings)
+    stage_timings = load_benchmark("stage_timings")
     assert [m.group(2) for m in map(stage_timings.LOAD.search, (f"gs1.engine - {x}" for x in lines))] == [
         e.how for e in events]
 

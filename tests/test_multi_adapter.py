@@ -365,13 +365,9 @@ def test_on_a_bf16_base_the_bank_stays_float32_and_matches_peft(tmp_path, tiny_m
 def test_the_adapters_benchmark_runs_one_rl_step_of_every_arm_per_row(capsys):
     """`benchmarks/engine_speed.py --adapters` on the tiny model: one row per adapter count, every arm's
     step samples one batch."""
-    import importlib.util
-    from pathlib import Path
+    from fixtures.benchmarks import load_benchmark
 
-    spec = importlib.util.spec_from_file_location(
-        "engine_benchmark", Path(__file__).resolve().parents[1] / "benchmarks" / "engine_speed.py")
-    engine = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(engine)
+    engine = load_benchmark("engine_speed")
     assert engine.main(["--config", "tiny", "--batch", "2", "--new-tokens", "3", "--prompt-tokens", "6",
                         "--rank", "4", "--adapters", "1,3", "--repeats", "1", "--device", "cpu"]) == 0
     rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()

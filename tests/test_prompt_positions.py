@@ -3,19 +3,13 @@ number of positions, from prompt lengths (the engine's own bucketing)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "prompt_positions.py"
-
+from fixtures.benchmarks import load_benchmark
 
 def _positions_share():
-    spec = importlib.util.spec_from_file_location("prompt_positions", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.positions_share
+    return load_benchmark("prompt_positions").positions_share
 
 
 @pytest.mark.parametrize("rows", [1, 64, 1024])

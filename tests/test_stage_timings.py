@@ -5,20 +5,16 @@ checked against what the engine writes."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import logging
 import time
-from pathlib import Path
 
 import pytest
 
 from engine import models
+from fixtures.benchmarks import load_benchmark
 
-_spec = importlib.util.spec_from_file_location(
-    "stage_timings", Path(__file__).resolve().parents[1] / "benchmarks" / "stage_timings.py")
-stage_timings = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(stage_timings)
+stage_timings = load_benchmark("stage_timings")
 
 CONSOLE = logging.Formatter("%(asctime)s.%(msecs)03d | %(levelname)-7s | %(name)s - %(message)s", "%H:%M:%S")
 
