@@ -1,8 +1,9 @@
 #!/bin/bash
 # Issue 46 on the H200, started with `setsid nohup` from the device checkout's root once the wheels
 # are in /tmp/site and the model pieces (q.00..q.18) in /root/m (carry [".data", ".tree_commit"]):
-#   part "units":     the 24 units (3 arms x 8 seeds) of results/h200-engine/spec_24units.json, 4
-#                     steps each, in one `gs1 run` on one base, eval on 128 items;
+#   part "units":     the 24 units (3 arms x 8 seeds) of ${UNITS_SPEC:-results/h200-engine/spec_24units.json}, 4
+#                     steps each, in one `gs1 run` on one base, eval on 128 items (on an 80 GB H100:
+#                     UNITS_SPEC=results/h200-engine/spec_16units_h100.json, its 2 arms x 8 seeds);
 #   part "reproduce": the user's spec's two arms (results/h200-gsm8k/spec_revised.json) for 7 steps,
 #                     three runs in one process as they run by default, then one run in each of two
 #                     processes in the deterministic mode (GS1_DETERMINISTIC=1), each set compared
@@ -65,7 +66,7 @@ stamp() { echo "$1 $(date +%s.%N)" >> "$W/times.txt"; }
 
 if has_part units; then
   echo "running units" > "$W/status"; stamp units-start
-  $PY -m gs1 run results/h200-engine/spec_24units.json --run-dir "$W/units" --data-dir "$DATA/gsm8k" > "$W/units.log" 2>&1
+  $PY -m gs1 run "${UNITS_SPEC:-results/h200-engine/spec_24units.json}" --run-dir "$W/units" --data-dir "$DATA/gsm8k" > "$W/units.log" 2>&1
   echo "units-rc $?" >> "$W/times.txt"; stamp units-end
   echo units-done >> "$W/parts"  # the poll packs the part as soon as it sees this line
 fi
