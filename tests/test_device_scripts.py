@@ -565,3 +565,44 @@ def test_the_engine_runs_e2e_part_runs_the_spec_cold_then_warm_with_stage_tables
         names = set(packed.getnames())
     assert {"e2e/cold/train/a/final.json", "e2e/warm-stages.txt"} <= names
     assert not any(n.endswith(".safetensors") for n in names)
+
+
+@pytest.mark.parametrize("units_spec", [None, "results/h200-engine/spec_16units_h100.json"])
+def test_the_engine_runs_units_part_runs_the_named_units_spec(tmp_path, units_spec):
+    """The units part runs spec_24units.json unless UNITS_SPEC names another (an 80 GB card's)."""
+    work, models = tmp_path / "work", tmp_path / "m"
+    payload = bytes(range(256)) * 40
+    _pieces(models, "q", payload, 2)
+    sums = tmp_path / "model_pieces.sha256"
+    sums.write_text("".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in sorted(models.iterdir()))
+                    + f"{hashlib.sha256(payload).hexdigest()}  model.gguf\n")
+    fake_py = tmp_path / "python.sh"  # a stand-in Python that says what it was asked to run
+    fake_py.write_text('echo "args: $*"\n')
+    (tmp_path / "data").mkdir()
+    env = {**BASE_ENV, "PARTS": "units", "GS1_DEVICE_WORK": str(work), "GS1_DEVICE_MODELS": str(models),
+           "GS1_DEVICE_DATA": str(tmp_path / "data"), "GS1_DEVICE_PYTHON": f"bash {fake_py}",
+           "GS1_DEVICE_MODEL_SUMS": str(sums), **({"UNITS_SPEC": units_spec} if units_spec else {})}
+    done = subprocess.run(["bash", str(H200 / "engine_device_run.sh")], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    spec = units_spec or "results/h200-engine/spec_24units.json"
+    assert f"-m gs1 run {spec} --run-dir {work / 'units'} " in (work / "units.log").read_text()
+    assert "units-rc 0" in (work / "times.txt").read_text()
+
+
+def test_the_80gb_units_spec_is_the_24_unit_spec_less_its_batch_mean_arm():
+    """spec_16units_h100.json changes nothing of spec_24units.json but the batch_mean arm (and the
+    title and why that say so), and records that change; both load as specs."""
+    from design.spec import load_spec
+
+    engine = ROOT / "results" / "h200-engine"
+    whole, h100 = (json.loads((engine / f"spec_{n}.json").read_text()) for n in ("24units", "16units_h100"))
+    assert [a["name"] for a in h100["arms"]] == ["grpo_gs8", "gs1_kernel"]
+    assert h100["arms"] == [a for a in whole["arms"] if a["name"] != "batch_mean"]
+    assert h100["revision"]["changed"]["arms"] == [[a["name"] for a in whole["arms"]], ["grpo_gs8", "gs1_kernel"]]
+    assert h100["feasibility"]["effective_config"]["arms"] == ["grpo_gs8", "gs1_kernel"]
+    for key in set(whole) - {"arms", "title", "revision", "feasibility"}:
+        assert h100[key] == whole[key], key
+    for path in ("24units", "16units_h100"):
+        spec = load_spec(engine / f"spec_{path}.json")
+        assert len(spec.arms) * len(spec.decision_rule.seeds) == (24 if path == "24units" else 16)
