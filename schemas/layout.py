@@ -376,8 +376,13 @@ class RunLayout:
         return self.root / audit_stage(stage).folder
 
     # arms (an `arm` here is a unit name: `unit_name(arm, seed)`, the arm's name when single-seed)
+    @property
+    def train_dir(self) -> Path:
+        """Every trained unit's folder (`train_arm_dir`)."""
+        return self._folder("train")
+
     def train_arm_dir(self, arm: str) -> Path:
-        return self._folder("train") / arm
+        return self.train_dir / arm
 
     def final_json(self, arm: str) -> Path:
         """A trained unit's record (design.plan.TrainedArm), written when its training finished."""

@@ -1,0 +1,48 @@
+"""benchmarks/unit_steps.py: a step of many units in one process, read from their step metrics."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from fixtures.benchmarks import load_benchmark
+from schemas.layout import STEP_METRICS_FILE, RunLayout
+
+unit_steps = load_benchmark("unit_steps")
+
+
+def _unit(run: RunLayout, unit: str, ends: list[float], seconds: list[float]) -> None:
+    folder = run.train_arm_dir(unit)
+    folder.mkdir(parents=True)
+    n = len(ends)
+    pq.write_table(pa.table({"step": list(range(n)), "step_seconds": seconds, "wall_time": ends,
+                             "sample_seconds": [s / 2 for s in seconds], "train_seconds": [s / 4 for s in seconds],
+                             "reward_mean": [0.5] * n}), folder / STEP_METRICS_FILE)
+
+
+def test_a_step_spans_from_the_last_unit_of_the_step_before_to_its_own_last(tmp_path, capsys):
+    run = RunLayout(tmp_path)
+    # two units side by side; the second ends each step later. Steps 2 and 3 take 10 and 14 s of all units.
+    _unit(run, "grpo_gs8-s0", ends=[1030.0, 1060.0, 1068.0, 1085.0], seconds=[30.0, 29.0, 7.0, 16.0])
+    _unit(run, "gs1_kernel-s0", ends=[1040.0, 1065.0, 1075.0, 1089.0], seconds=[38.0, 24.0, 9.0, 13.0])
+    spans = unit_steps.step_spans(unit_steps.unit_steps(tmp_path))
+    assert [s.units for s in spans] == [2, 2, 2, 2]
+    # step 0 from the earliest start (1000 and 1002): 40 s; then 1040 -> 1065, 1065 -> 1075, 1075 -> 1089
+    assert [s.seconds for s in spans] == pytest.approx([40.0, 25.0, 10.0, 14.0])
+    assert spans[2].seconds_per_unit == pytest.approx(5.0)
+    assert spans[0].sample_seconds_mean == pytest.approx(17.0)
+    # 40 steps: the first two as measured, 38 at the median of 10 and 14
+    assert unit_steps.projected_seconds(spans, 40) == pytest.approx(65.0 + 38 * 12.0)
+    assert unit_steps.main([str(tmp_path), "--steps", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "| 2 | 2 | 10.0 | 5.00 |" in out and "40 steps of 2 units: 521 s" in out
+
+
+def test_two_steps_give_no_projection_and_an_empty_run_is_an_input_error(tmp_path, capsys):
+    run = RunLayout(tmp_path / "run")
+    _unit(run, "a-s0", ends=[10.0, 20.0], seconds=[10.0, 10.0])
+    spans = unit_steps.step_spans(unit_steps.unit_steps(run.root))
+    assert unit_steps.projected_seconds(spans, 40) is None
+    assert unit_steps.main([str(tmp_path / "empty")]) == 2
+    assert "no step_metrics.parquet" in capsys.readouterr().err
