@@ -344,7 +344,12 @@ def test_a_decode_shape_is_compiled_on_its_compile_after_th_batch_only(tmp_path,
 
 def test_on_a_bf16_base_the_bank_stays_float32_and_matches_peft(tmp_path, tiny_model_dir, tiny_tokenizer):
     """On a half-precision base (CUDA's) the stacks stay float32, as peft keeps the adapters:
-    a batch across adapters samples the logprobs peft's own path gives, to float32 rounding."""
+    a batch across adapters samples the logprobs peft's own path gives, to float32 rounding at
+    nearly every token. Not at all of them: peft's reference is one full forward, the engine a
+    prefill and decode steps, and where a bf16 hidden state lies near a rounding boundary the two
+    GEMM shapes round it apart (an AVX2 CPU's kernels do at 2 of 40 tokens, up to 0.03 nats; an
+    AVX-512 one's did at none). The other adapter's reference is off by nats: the bound still
+    tells the adapters apart."""
     service = _service(tmp_path, dtype="bfloat16")
     tcs = [_perturbed(service, tiny_model_dir, 4, 1, scale=0.03), _perturbed(service, tiny_model_dir, 8, 2, scale=0.03)]
     base = tcs[0]._engine.base
@@ -352,14 +357,19 @@ def test_on_a_bf16_base_the_bank_stays_float32_and_matches_peft(tmp_path, tiny_m
     futures = [_submit(sc, _requests(tiny_tokenizer, n_samples=1, max_tokens=5), 10 * k) for k, sc in enumerate(samplers)]
     mixed = [[f.result() for f in fs] for fs in futures]
     assert base.bank.dtype == torch.float32 and base.lm.get_input_embeddings().weight.dtype == torch.bfloat16
-    for tc, got_k in zip(tcs, mixed):
+    def off(tc, prompt, seq) -> list[float]:  # |sampled logprob - peft's| at each token, under tc's adapter
+        with torch.no_grad():
+            logits = tc._engine.model(input_ids=torch.tensor([prompt.to_ints() + seq.tokens])).logits[0].double()
+        lp = torch.log_softmax(logits, -1)
+        return [abs(x - float(lp[prompt.length - 1 + t, tok])) for t, (x, tok) in enumerate(zip(seq.logprobs, seq.tokens))]
+
+    own: list[float] = []
+    for k, (tc, got_k) in enumerate(zip(tcs, mixed)):
         for (prompt, _, _), resp in zip(_requests(tiny_tokenizer), got_k):
             seq = resp.sequences[0]
-            with torch.no_grad():
-                logits = tc._engine.model(input_ids=torch.tensor([prompt.to_ints() + seq.tokens])).logits[0].double()
-            lp = torch.log_softmax(logits, -1)
-            ref = [float(lp[prompt.length - 1 + t, tok]) for t, tok in enumerate(seq.tokens)]
-            assert max(abs(x - y) for x, y in zip(seq.logprobs, ref)) < 1e-3
+            own += off(tc, prompt, seq)
+            assert max(off(tcs[1 - k], prompt, seq)) > 1.0  # the other adapter's numbers are far off
+    assert max(own) < 0.1 and sum(d < 1e-3 for d in own) >= 0.9 * len(own), sorted(own)[-5:]
 
 
 def test_the_adapters_benchmark_runs_one_rl_step_of_every_arm_per_row(capsys):
@@ -448,6 +458,26 @@ def test_tile_layout_groups_rows_by_slot_in_whole_tiles():
     assert tile_layout([3, 3, 3, 3], 4) == [0, 1, 2, 3]
 
 
+def _same_draws(pairs, tol: float, max_forks: float = 0.02) -> None:
+    """Each (got, reference) row drew the same tokens with logprobs within `tol`, up to where the
+    two forked, if they did: a row's float sums differ in their last bits between a batch and the
+    same rows alone wherever the CPU's GEMM blocks the two shapes differently (an AVX2 machine's
+    kernels do; an AVX-512 one's gave bit-equal draws), and a draw that lands within that much
+    of a token boundary takes the neighbouring token. So at most `max_forks` of the rows (at
+    least one) may fork, each only after a shared prefix whose logprobs agree within `tol`;
+    every other row matches whole."""
+    forks = 0
+    for got, ref in pairs:
+        n = next((t for t, (a, b) in enumerate(zip(got.tokens, ref.tokens)) if a != b), None)
+        if n is None:
+            assert got.tokens == ref.tokens and got.stop_reason == ref.stop_reason
+            n = len(got.tokens)
+        else:
+            forks += 1
+        assert max((abs(x - y) for x, y in zip(got.logprobs[:n], ref.logprobs[:n])), default=0.0) < tol
+    assert forks <= max(1, int(max_forks * len(pairs))), f"{forks} of {len(pairs)} rows forked"
+
+
 @pytest.mark.parametrize("form", ["dense", "tiled"])
 def test_the_static_decode_at_the_users_shape_matches_each_adapter_alone(form, tmp_path, tiny_model_dir, tiny_tokenizer):
     """The CUDA decode path (a static KV cache and the bank's decode form: dense stacks, or rows
@@ -482,10 +512,7 @@ def test_the_static_decode_at_the_users_shape_matches_each_adapter_alone(form, t
                     for rows in rows_A]
     for refs, tol in ((alone, 1e-5), (per_slot, 5e-5)):
         want = {id(row): res for rows, results in zip(rows_A, refs) for row, res in zip(rows, results)}
-        for row, res in zip(queue, got):
-            ref = want[id(row)]
-            assert res.tokens == ref.tokens and res.stop_reason == ref.stop_reason
-            assert max(abs(x - y) for x, y in zip(res.logprobs, ref.logprobs)) < tol
+        _same_draws([(res, want[id(row)]) for row, res in zip(queue, got)], tol)
     # the adapters matter: one prompt's first sample differs across the three
     assert len({tuple(alone[k][0].tokens) + tuple(round(x, 4) for x in alone[k][0].logprobs) for k in range(3)}) == 3
 
