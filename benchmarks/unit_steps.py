@@ -8,8 +8,9 @@ span from the end of the step before (its last unit's `wall_time`) to this step'
 the first step from its earliest unit's start (`wall_time - step_seconds`). Each row: the units
 that logged the step, that span, the span per unit, and the units' mean sample and train seconds
 (each unit's own clock: they overlap, so they do not add up to the span). Below the table, the
-projection to `--steps` steps: the steps after the first two (the ones that compile the decode
-and learner graphs) at their median span, plus the first two as measured. A projection from
+projection to `--steps` steps: the steps after the first `--warmup` (3: they compile, the decode
+graphs on a shape's COMPILE_AFTER_BATCHES-th batch and the learner on its COMPILE_LEARNER_AFTER-th
+call) at their median span, plus the warm-up steps as measured. A projection from
 four steps is a rough guide: the rollouts' lengths, so the step's cost, change as the policy trains.
 """
 
@@ -25,7 +26,7 @@ import pyarrow.parquet as pq
 
 from schemas.layout import STEP_METRICS_FILE, RunLayout
 
-WARMUP_STEPS = 2  # the steps whose span includes compiling (decode graphs on a batch count, the learner on its 2nd call)
+WARMUP_STEPS = 3  # the steps whose span includes compiling (the learner compiles on its 3rd train call)
 
 
 @dataclass(frozen=True)
@@ -78,19 +79,20 @@ def step_spans(rows: list[UnitStep]) -> list[StepSpan]:
     return spans
 
 
-def projected_seconds(spans: list[StepSpan], steps: int) -> float | None:
-    """`steps` steps: the warm-up steps as measured, the rest at the median span after them (None
+def projected_seconds(spans: list[StepSpan], steps: int, warmup: int = WARMUP_STEPS) -> float | None:
+    """`steps` steps: the first `warmup` as measured, the rest at the median span after them (None
     when no step after the warm-up was logged)."""
-    later = [s.seconds for s in spans[WARMUP_STEPS:]]
+    later = [s.seconds for s in spans[warmup:]]
     if not later:
         return None
-    return sum(s.seconds for s in spans[:WARMUP_STEPS]) + (steps - WARMUP_STEPS) * statistics.median(later)
+    return sum(s.seconds for s in spans[:warmup]) + (steps - warmup) * statistics.median(later)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--steps", type=int, default=40, help="steps to project to")
+    ap.add_argument("--warmup", type=int, default=WARMUP_STEPS, help="first steps taken as measured (they compile)")
     args = ap.parse_args(argv)
     rows = unit_steps(args.run_dir)
     if not rows:
@@ -102,13 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     for s in spans:
         print(f"| {s.step} | {s.units} | {s.seconds:.1f} | {s.seconds_per_unit:.2f} | {s.sample_seconds_mean:.1f} "
               f"| {s.train_seconds_mean:.1f} |")
-    projected = projected_seconds(spans, args.steps)
+    projected = projected_seconds(spans, args.steps, args.warmup)
     if projected is None:
-        print(f"\nno step after the first {WARMUP_STEPS}: no projection")
+        print(f"\nno step after the first {args.warmup}: no projection")
     else:
         print(f"\n{args.steps} steps of {max(s.units for s in spans)} units: {projected:.0f} s "
-              f"({projected / 60:.1f} min; the first {WARMUP_STEPS} steps as measured, the rest at the median "
-              f"of steps {spans[WARMUP_STEPS].step}-{spans[-1].step})")
+              f"({projected / 60:.1f} min; the first {args.warmup} steps as measured, the rest at the median "
+              f"of steps {spans[args.warmup].step}-{spans[-1].step})")
     return 0
 
 

@@ -351,3 +351,60 @@ def test_session_29_the_default_learner_matches_peft_on_the_gpu_and_eager_fused_
     # eager fused-base gives every gradient (session 28's compiled one gave none), bf16-close to peft's
     assert rows["fused-base", False]["min_cos"] == pytest.approx(0.99719, abs=1e-5)
     assert rows["fused-base", False]["max_rel_err"] == pytest.approx(0.0749, abs=1e-4)
+
+
+S30 = S24.parent / "h100-s30"
+
+
+def test_session_30_sixteen_units_ran_in_one_process_and_their_tables_follow_from_the_run():
+    """Item 5 on the card that came (h100-s30/units): 2 arms x 8 seeds trained 4 steps together in
+    one process on one base; the eval ran out of memory in that process and the same command
+    resumed it. The step table is benchmarks/unit_steps.py's reading of the run's own step metrics,
+    the stage tables benchmarks/stage_timings.py's of each process's log, and the decision the
+    seed-t rule's mean of each seed's paired difference, recomputed here from the eval Parquet."""
+    import io
+    import json
+    import statistics
+    from contextlib import redirect_stdout
+
+    import pyarrow.parquet as pq
+
+    from fixtures.benchmarks import load_benchmark
+
+    units = S30 / "units"
+    gpu = (units / "gpu.txt").read_text()
+    assert "NVIDIA H100 80GB HBM3" in gpu and gpu.strip().splitlines()[-1].startswith("75db6df")
+    unit_steps = load_benchmark("unit_steps")
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert unit_steps.main([str(units / "run")]) == 0
+    assert out.getvalue().strip() == (units / "unit_steps.txt").read_text().strip()
+    spans = unit_steps.step_spans(unit_steps.unit_steps(units / "run"))
+    assert [s.units for s in spans] == [16] * 4
+    assert [round(s.seconds, 1) for s in spans] == [94.1, 52.7, 101.3, 43.5]
+    assert unit_steps.projected_seconds(spans, 40) == pytest.approx(1858, abs=0.5)
+    stage_timings = load_benchmark("stage_timings")
+    started = dict(line.split() for line in (units / "times.txt").read_text().splitlines())
+    assert started["units-rc"] == "1"  # the first process ended on the eval's out-of-memory
+    resumed = (units / "resume_times.txt").read_text().split()
+    assert resumed[:2] == ["resume-rc", "0"]
+    for log, start, table in (("units.log", started["units-start"], "units-stages.txt"),
+                              ("resume.log", resumed[3], "resume-stages.txt")):
+        out = io.StringIO()
+        with redirect_stdout(out):
+            assert stage_timings.main([str(units / log), "--start", start]) == 0
+        assert out.getvalue().strip() == (units / table).read_text().strip()
+    first = {r["stage"]: r for r in stage_timings.stage_table((units / "units.log").read_text(),
+                                                              float(started["units-start"]))}
+    assert sum(1 for s, r in first.items() if s.startswith("eval ") and r["state"] == "Failed") == 13
+    assert "out of memory" in (units / "units.log").read_text()
+    diffs = []
+    for seed in range(8):
+        treatment, baseline = (pq.read_table(units / "run" / "eval" / f"{a}-s{seed}" / "eval.parquet").to_pylist()
+                               for a in ("gs1_kernel", "grpo_gs8"))
+        by_item = {r["item_id"]: r["correct"] for r in baseline}
+        assert len(treatment) == len(by_item) == 128
+        diffs.append(sum(float(r["correct"]) - float(by_item[r["item_id"]]) for r in treatment) / 128)
+    decision = json.loads((units / "run" / "decision" / "decision.json").read_text())
+    assert decision["mean_diff"] == pytest.approx(statistics.fmean(diffs), abs=1e-12)
+    assert decision["comparisons"][0]["rule_details"]["seed_diffs"] == pytest.approx(diffs, abs=1e-12)

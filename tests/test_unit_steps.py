@@ -32,16 +32,17 @@ def test_a_step_spans_from_the_last_unit_of_the_step_before_to_its_own_last(tmp_
     assert [s.seconds for s in spans] == pytest.approx([40.0, 25.0, 10.0, 14.0])
     assert spans[2].seconds_per_unit == pytest.approx(5.0)
     assert spans[0].sample_seconds_mean == pytest.approx(17.0)
-    # 40 steps: the first two as measured, 38 at the median of 10 and 14
-    assert unit_steps.projected_seconds(spans, 40) == pytest.approx(65.0 + 38 * 12.0)
-    assert unit_steps.main([str(tmp_path), "--steps", "40"]) == 0
+    # 40 steps: the first two as measured, 38 at the median of 10 and 14; by default three, 37 at 14
+    assert unit_steps.projected_seconds(spans, 40, warmup=2) == pytest.approx(65.0 + 38 * 12.0)
+    assert unit_steps.projected_seconds(spans, 40) == pytest.approx(75.0 + 37 * 14.0)
+    assert unit_steps.main([str(tmp_path), "--steps", "40", "--warmup", "2"]) == 0
     out = capsys.readouterr().out
     assert "| 2 | 2 | 10.0 | 5.00 |" in out and "40 steps of 2 units: 521 s" in out
 
 
-def test_two_steps_give_no_projection_and_an_empty_run_is_an_input_error(tmp_path, capsys):
+def test_three_steps_give_no_projection_and_an_empty_run_is_an_input_error(tmp_path, capsys):
     run = RunLayout(tmp_path / "run")
-    _unit(run, "a-s0", ends=[10.0, 20.0], seconds=[10.0, 10.0])
+    _unit(run, "a-s0", ends=[10.0, 20.0, 30.0], seconds=[10.0, 10.0, 10.0])
     spans = unit_steps.step_spans(unit_steps.unit_steps(run.root))
     assert unit_steps.projected_seconds(spans, 40) is None
     assert unit_steps.main([str(tmp_path / "empty")]) == 2
