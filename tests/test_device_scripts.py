@@ -525,17 +525,24 @@ def test_the_engine_runs_agree_part_checks_the_lora_paths_and_the_poll_packs_it(
         assert {"agree/agreement.txt", "agree/agreement.log"} <= set(packed.getnames())
 
 
-def test_the_engine_runs_e2e_part_runs_the_spec_cold_then_warm_with_stage_tables(tmp_path):
-    """The e2e part (issue 46 item 3): the model assembled and checked, then two `gs1 run`s of the
-    spec in their own run directories, each followed by its stage table; the poll brings back
-    e2e.tgz.00 without weights."""
-    work = tmp_path / "work"
+def _policy_pieces(tmp_path) -> tuple[Path, Path, bytes]:
+    """A made-up policy GGUF in two pieces under tmp_path/m and the sums file that checks them
+    (engine_device_run.sh's start_run assembles and checks them before a model part)."""
     payload = bytes(range(256)) * 40
     models = tmp_path / "m"
     _pieces(models, "q", payload, 2)
     sums = tmp_path / "model_pieces.sha256"
     sums.write_text("".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in sorted(models.iterdir()))
                     + f"{hashlib.sha256(payload).hexdigest()}  model.gguf\n")
+    return models, sums, payload
+
+
+def test_the_engine_runs_e2e_part_runs_the_spec_cold_then_warm_with_stage_tables(tmp_path):
+    """The e2e part (issue 46 item 3): the model assembled and checked, then two `gs1 run`s of the
+    spec in their own run directories, each followed by its stage table; the poll brings back
+    e2e.tgz.00 without weights."""
+    work = tmp_path / "work"
+    models, sums, payload = _policy_pieces(tmp_path)
     fake_py = tmp_path / "python.sh"
     # a stand-in Python: `-m gs1 run SPEC --run-dir D ...` makes D with an adapter in it; the stage
     # table prints the log it was given
@@ -570,12 +577,8 @@ def test_the_engine_runs_e2e_part_runs_the_spec_cold_then_warm_with_stage_tables
 @pytest.mark.parametrize("units_spec", [None, "results/h200-engine/spec_16units_h100.json"])
 def test_the_engine_runs_units_part_runs_the_named_units_spec(tmp_path, units_spec):
     """The units part runs spec_24units.json unless UNITS_SPEC names another (an 80 GB card's)."""
-    work, models = tmp_path / "work", tmp_path / "m"
-    payload = bytes(range(256)) * 40
-    _pieces(models, "q", payload, 2)
-    sums = tmp_path / "model_pieces.sha256"
-    sums.write_text("".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in sorted(models.iterdir()))
-                    + f"{hashlib.sha256(payload).hexdigest()}  model.gguf\n")
+    work = tmp_path / "work"
+    models, sums, _ = _policy_pieces(tmp_path)
     fake_py = tmp_path / "python.sh"  # a stand-in Python that says what it was asked to run
     fake_py.write_text('echo "args: $*"\n')
     (tmp_path / "data").mkdir()
