@@ -8,8 +8,9 @@ decode step is captured once as a CUDA graph and replayed for every later token 
 the same shape). Rows that ask for `prompt_logprobs` get them from the same prefill.
 
 `Generator._generate` in steps, after gpt-fast's generate.py: `_pack` (prompts to the device),
-`_prefill`, `_decoder` (one interface, `step(tok_B, pos_B, cur) -> logits_B`: `_EagerDecoder`
-on a DynamicCache, or `_GraphedDecoder` on a static cache, replaying its CUDA graph), the loop
+the decoder (one interface, `step(tok_B, pos_B, cur) -> logits_B`: `_EagerDecoder` on a
+DynamicCache, or `_GraphedDecoder` on a static cache, replaying its CUDA graph) and `_prefill`
+(a static cache is made first and filled a chunk of prompts at a time: `PREFILL_POSITIONS`), the loop
 `_decode` (sample_step, `_Progress.record` -- the stop check --, decoder step), and
 `_Progress.results` (unpack). A static decoder whose rows still decoding fit in half of its rows
 hands them to a smaller one (`_compacted`): rows that stop early stop costing decode steps.
@@ -447,17 +448,23 @@ class _GraphedDecoder:
     def set_length(self, n: int) -> None:
         self.cache.set_length(n)
 
-    def start(self, cache, b: "_Packed") -> None:
-        """Copy a prefilled DynamicCache of the distinct prompts into every row (row b gets
-        prompt src_B[b]'s keys and values) and its prompt mask. In place, so a captured graph
-        stays valid."""
+    def fill(self, cache, b: "_Packed", u0: int, u1: int) -> None:
+        """Copy a DynamicCache prefilled with the batch's distinct prompts u0..u1-1 into every row
+        of theirs (row b gets prompt src_B[b]'s keys and values). In place, so a captured graph
+        stays valid; `start` once every prompt is in."""
         n = b.Lp
         assert len(cache.layers) == len(self.cache.k)
+        rows = ((b.src_B >= u0) & (b.src_B < u1)).nonzero().squeeze(1)
+        src = b.src_B.index_select(0, rows) - u0
         for layer, k, v in zip(cache.layers, self.cache.k, self.cache.v):
             if layer.keys.shape[2] != n:  # e.g. a sliding-window layer that dropped keys
                 raise RuntimeError(f"prefill cache holds {layer.keys.shape[2]} positions, expected {n}")
-            k[:, :, :n].copy_(layer.keys.index_select(0, b.src_B))
-            v[:, :, :n].copy_(layer.values.index_select(0, b.src_B))
+            k[:, :, :n].index_copy_(0, rows, layer.keys.index_select(0, src))
+            v[:, :, :n].index_copy_(0, rows, layer.values.index_select(0, src))
+
+    def start(self, b: "_Packed") -> None:
+        """The rows' prompts are in (`fill`): decoding starts at slot Lp, under their prompt masks."""
+        n = b.Lp
         self.set_length(n)
         self.mask.zero_()
         self.mask[:, 0, 0, :n] = b.pmask_B
@@ -553,6 +560,13 @@ MIN_GRAPHED_ROWS = 64
 # the user's spec compiled in its calibration pilot, 78.5 s before feasibility
 # (results/h200-multi-adapter/session5). On the 8th, a training loop's first step compiles it.
 COMPILE_AFTER_BATCHES = 8
+# The most prompt positions (distinct prompts x padded length) one prefill forward holds; a
+# batch's prompts beyond it prefill in chunks, each written straight into the static decoder's
+# cache. An eval batch of 1,024 GSM8K prompts is 1,024 x 247 positions: in one forward the bank's
+# float32 delta on a 1.5B model's MLP projections alone was an 8.44 GiB tensor, and the run ran out
+# of memory on an 80 GB H100 with 16 units' state held (results/h200-engine/h100-s30/units). At
+# 65,536 positions that tensor is 2.2 GiB and a chunk is still a full-width forward.
+PREFILL_POSITIONS = 1 << 16
 
 
 def compiled_decode_step():
@@ -814,8 +828,10 @@ class Generator:
                  static_cache: bool | None = None, share_prefill: bool = True,
                  max_logit_elems: int | None = None, compile_decode: bool = False, bank=None,
                  compile_after: int = COMPILE_AFTER_BATCHES, compact: bool | None = None,
-                 length_bucket: int = DECODE_LENGTH_BUCKET, decode_attention: str = DEFAULT_DECODE_ATTENTION):
+                 length_bucket: int = DECODE_LENGTH_BUCKET, decode_attention: str = DEFAULT_DECODE_ATTENTION,
+                 prefill_positions: int = PREFILL_POSITIONS):
         self.model = model
+        self.prefill_positions = prefill_positions  # a static-cache prefill's chunk: at most this many positions
         self.decode_attention = decode_attention  # a static decode step's attention (DECODE_ATTENTIONS)
         self.length_bucket = length_bucket  # a static cache's positions: a multiple of this
         self.share_prefill = share_prefill  # False: one prefill row per row (for comparisons)
@@ -861,7 +877,7 @@ class Generator:
 
     @torch.no_grad()
     def _generate(self, rows: list[Row]) -> list[RowResult]:
-        """pack -> prefill -> decode (sample, stop check, one decoder step) -> unpack."""
+        """pack -> decoder and prefill -> decode (sample, stop check, one decoder step) -> unpack."""
         from transformers import DynamicCache
 
         t_start = time.perf_counter()
@@ -876,15 +892,21 @@ class Generator:
                 rows[k] = Row(prompt=src.prompt, max_tokens=1, temperature=src.temperature, key=src.key,
                               adapter=src.adapter)
         b = _pack(rows, self.pad_id, self.share_prefill, self.device)
-        cache = DynamicCache(config=self.model.config)
-        self._use_rows(b.adapters_U)
-        logits_U, prompt_lps_U = self._prefill(b, cache)
-        if self.static_cache:  # the decode step reads the bank's decode buffers (a captured graph: by address)
-            self._use_rows([r.adapter for r in rows], decode=True)
+        adapters_B = [r.adapter for r in rows]
+        if self.static_cache:
+            # The decoder first (its static cache replaces any other shape's before the prefill
+            # needs memory), on the bank's decode buffers (a captured graph reads them by address,
+            # so their version is part of its shape); the prefill writes into it chunk by chunk.
+            self._use_rows(adapters_B, decode=True)
+            dec = self._decoder(b)
+            logits_U, prompt_lps_U = self._prefill(b, dec)
+            self._use_rows(adapters_B, decode=True)  # the prefill ran in the per-slot form
         else:
-            self._use_rows([r.adapter for r in rows])
-        dec = self._decoder(b, cache)
-        del cache
+            cache = DynamicCache(config=self.model.config)
+            logits_U, prompt_lps_U = self._prefill(b, cache)
+            self._use_rows(adapters_B)
+            dec = _EagerDecoder(self.model, cache, b)
+            del cache
         self._sync()
         t_decode = time.perf_counter()
         self.stats.prefill_s += t_decode - t_start
@@ -975,15 +997,12 @@ class Generator:
         return new, _Live(new_rows_K, write_K, new_rows_K.index_select(0, write_K), pick(b.temps_B),
                           pick(b.keys_B), pick(b.top_k_B), pick(b.top_p_B)), src_K
 
-    def _decoder(self, b: _Packed, cache) -> "_EagerDecoder | _GraphedDecoder":
-        """The batch's decoder, holding the prefill's keys and values: static-KV (graphed on
-        CUDA, one per shape kept between batches) or eager on the DynamicCache."""
-        if not self.static_cache:
-            return _EagerDecoder(self.model, cache, b)
+    def _decoder(self, b: _Packed) -> "_GraphedDecoder":
+        """The batch's static-KV decoder (graphed on CUDA, one per shape kept between batches),
+        its cache still to be filled by the prefill (`_prefill`)."""
         total = _bucket(b.Lp + b.max_new, self.length_bucket)
         self._batches_of[(b.B, total)] += 1
         dec = self._static_decoder(b.B, total)
-        dec.start(cache, b)
         dec.capture_with = self._capture if self.use_cuda_graphs else None
         return dec
 
@@ -1032,10 +1051,26 @@ class Generator:
                 dec.set_length(cur)
         self.use_cuda_graphs = False
 
-    def _prefill(self, b: _Packed, cache):
-        """One forward over the distinct prompts into `cache`: the last position's logits [U, V]
-        and, for prompts in want_lp_U, their own logprobs from the same forward's hidden states
-        (the final-norm output the LM head reads) -- the values `score_tokens` gives."""
+    def _prefill_chunks(self, b: _Packed, into) -> list[tuple[int, int]]:
+        """The distinct prompts' ranges [u0, u1) that prefill in one forward each: at most
+        `prefill_positions` positions (prompts x Lp) a chunk when `into` is a static decoder,
+        which takes each chunk's keys and values as it comes; one chunk into a DynamicCache (the
+        eager decoder reads it whole)."""
+        U = len(b.prompts_U)
+        if not isinstance(into, _GraphedDecoder):
+            return [(0, U)]
+        step = max(1, self.prefill_positions // max(b.Lp, 1))
+        return [(u0, min(u0 + step, U)) for u0 in range(0, U, step)]
+
+    def _prefill(self, b: _Packed, into):
+        """Forwards over the distinct prompts into `into` (a static decoder, filled chunk by
+        chunk, `_prefill_chunks`; or a DynamicCache): the last position's logits [U, V] and, for
+        prompts in want_lp_U, their own logprobs from the same forwards' hidden states (the
+        final-norm output the LM head reads) -- the values `score_tokens` gives. Each prompt's
+        forward is its own row's (attention never crosses rows), so the chunks change no value
+        but by the matmuls' rounding at another row count."""
+        from transformers import DynamicCache
+
         ids, pos, pmask, prompts_U, want_lp_U = b.ids_U, b.pos_U, b.pmask_U, b.prompts_U, b.want_lp_U
         Lp = ids.shape[1]
         hidden: list[torch.Tensor] = []
@@ -1045,20 +1080,30 @@ class Generator:
                 hidden.append(out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0])
 
             hook = self.model.get_decoder().register_forward_hook(keep)
+        logits: list[torch.Tensor] = []
         try:
-            out = self.model(
-                input_ids=ids, position_ids=pos, attention_mask=_prefill_mask(pmask, Lp),
-                past_key_values=cache, use_cache=True, logits_to_keep=1,
-            )
+            for u0, u1 in self._prefill_chunks(b, into):
+                cache = DynamicCache(config=self.model.config) if isinstance(into, _GraphedDecoder) else into
+                self._use_rows(b.adapters_U[u0:u1])
+                out = self.model(
+                    input_ids=ids[u0:u1], position_ids=pos[u0:u1], attention_mask=_prefill_mask(pmask[u0:u1], Lp),
+                    past_key_values=cache, use_cache=True, logits_to_keep=1,
+                )
+                logits.append(out.logits[:, -1].float())
+                if cache is not into:
+                    into.fill(cache, b, u0, u1)
+                del out, cache
         finally:
             if hook is not None:
                 hook.remove()
-        logits_U = out.logits[:, -1].float()
+        if isinstance(into, _GraphedDecoder):
+            into.start(b)
+        logits_U = torch.cat(logits) if len(logits) > 1 else logits[0]
         prompt_lps_U: list[list[float | None] | None] = [None] * len(prompts_U)
         if not hidden:
             return logits_U, prompt_lps_U
         head = self.model.get_output_embeddings()
-        h_U = hidden[0]
+        h_U = torch.cat(hidden) if len(hidden) > 1 else hidden[0]
         # The head alone must reproduce the model's own last logits (up to matmul rounding); a
         # model that does more (logit soft-capping, scaling) is scored with a separate forward.
         cfg = self.model.config

@@ -306,8 +306,6 @@ def test_a_decode_shape_is_compiled_on_its_compile_after_th_batch_only(tmp_path,
     batches) runs the eager step; its `compile_after`-th batch gets a compiled decoder, and later
     batches keep it. The engine's default is COMPILE_AFTER_BATCHES, a benchmark's 1. (Only which
     decoder is built is checked: nothing compiles on this CPU.)"""
-    from transformers import DynamicCache
-
     from engine.generate import COMPILE_AFTER_BATCHES, Generator, Row, _pack
 
     service = _service(tmp_path)
@@ -325,11 +323,10 @@ def test_a_decode_shape_is_compiled_on_its_compile_after_th_batch_only(tmp_path,
                 for k in range(n_rows)]
         with base.bank.serving():
             b = _pack(rows, base.pad_id, True, gen.device)
-            cache = DynamicCache(config=base.lm.config)
-            gen._use_rows(b.adapters_U)
-            gen._prefill(b, cache)
-            gen._use_rows([r.adapter for r in rows], decode=True)
-            return gen._decoder(b, cache)
+            gen._use_rows([r.adapter for r in rows], decode=True)  # as `_generate` does: buffers, decoder, prefill
+            dec = gen._decoder(b)
+            gen._prefill(b, dec)
+            return dec
 
     one_tile = base.bank.tile_rows  # the engine's tiled bank decodes whole tiles of one adapter
     first = decoder(one_tile)
@@ -515,6 +512,65 @@ def test_the_static_decode_at_the_users_shape_matches_each_adapter_alone(form, t
         _same_draws([(res, want[id(row)]) for row, res in zip(queue, got)], tol)
     # the adapters matter: one prompt's first sample differs across the three
     assert len({tuple(alone[k][0].tokens) + tuple(round(x, 4) for x in alone[k][0].logprobs) for k in range(3)}) == 3
+
+
+@pytest.mark.parametrize("form", ["dense", "tiled"])
+def test_a_static_prefill_in_chunks_gives_the_one_forward_tokens_and_never_exceeds_its_positions(
+        form, tmp_path, tiny_model_dir, tiny_tokenizer):
+    """A batch's prompts prefill in chunks of at most `prefill_positions` positions, each written
+    into the static decoder's cache as it comes (an eval's 1,024 prompts in one forward ran an 80 GB
+    H100 out of memory, results/h200-engine/h100-s30/units). At the user's shape (two arms of
+    different ranks and targets and the bare base, 8 prompts x 8 samples each, interleaved) with
+    chunks of a few prompts: every forward holds at most that many positions, the chunks cover
+    the 24 distinct prompts once, and every row's tokens, logprobs and prompt logprobs are those of
+    the same batch prefilled in one forward."""
+    from engine.generate import Generator, Row, row_key
+
+    service = _service(tmp_path, bank_decode=form)
+    tcs = [_perturbed(service, tiny_model_dir, 4, 1), _perturbed(service, tiny_model_dir, 8, 2, train_mlp=False)]
+    base = tcs[0]._engine.base
+    base.bank.split_cols = 16
+    snaps = [tc._engine.snapshot_live() for tc in tcs] + [None]
+    prompts = [tiny_tokenizer.encode("question %d " % i * (1 + i % 3)) for i in range(8)]
+    rows_A = [[Row(prompt=p, max_tokens=6, key=row_key(1000 * k + i, s), adapter=a, prompt_logprobs=s == 0)
+               for i, p in enumerate(prompts) for s in range(8)] for k, a in enumerate(snaps)]
+    queue = [row for i in range(8) for rows in rows_A for row in rows[8 * i:8 * i + 8]]
+    Lp = max(len(p) for p in prompts)
+    chunk_positions = 5 * Lp  # 5 prompts a forward: 24 distinct prompts in 5 chunks
+    gen = Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank,
+                    prefill_positions=chunk_positions)
+    prefill_inputs: list[tuple[int, int]] = []
+    caches_alive: list[list[int]] = []  # the chunked generator's static decoders' rows, at each prefill forward
+
+    def count(_module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and ids.shape[1] > 1:  # a prefill (a decode step feeds one position)
+            prefill_inputs.append(tuple(ids.shape))
+            caches_alive.append(sorted(d.B for d in gen._graphs.values()))
+
+    hook = base.lm.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        with base.bank.serving():
+            one = Generator(base.lm, base.pad_id, base.tokenizer, static_cache=True, bank=base.bank).generate(queue)
+            assert prefill_inputs == [(24, Lp)]
+            gen.generate(queue[:8])  # another shape first (one arm's prompt, a tile): its cache must go
+            small_rows = caches_alive[-1]
+            prefill_inputs.clear()
+            caches_alive.clear()
+            chunked = gen.generate(queue)
+    finally:
+        hook.remove()
+    assert prefill_inputs == [(5, Lp)] * 4 + [(4, Lp)]
+    assert all(rows * length <= chunk_positions for rows, length in prefill_inputs)
+    # while the batch prefills, its own decoder is the one static cache alive (the smaller shape's went first)
+    assert caches_alive == [[len(gen._layout(queue))]] * 5 and small_rows != caches_alive[0]
+    _same_draws(list(zip(chunked, one)), 1e-5)
+    for got, want in zip(chunked, one):
+        assert (got.prompt_logprobs is None) == (want.prompt_logprobs is None)
+        if want.prompt_logprobs is not None:
+            assert got.prompt_logprobs[0] is None and want.prompt_logprobs[0] is None
+            assert max(abs(x - y) for x, y in zip(got.prompt_logprobs[1:], want.prompt_logprobs[1:])) < 1e-5
+    assert sum(r.prompt_logprobs is not None for r in chunked) == 24  # each prompt's first sample asked
 
 
 @pytest.mark.parametrize("form", ["dense", "tiled"])
