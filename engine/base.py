@@ -159,6 +159,10 @@ class _Base:
             with warnings.catch_warnings():  # peft says which adapter it makes active instead: none is
                 warnings.simplefilter("ignore", UserWarning)
                 self.peft.delete_adapter(name)
+        if gone is not None:  # its sampling clients may live on (they hold it as owner): not its tensors
+            for p in gone.params:
+                p.grad = None
+            gone.params = []
 
     def activate(self, name: str) -> None:
         """Make adapter `name` the one peft trains (the others get no gradient)."""

@@ -190,7 +190,13 @@ class LocalTrainingClient:
         self._finalizer = weakref.finalize(self, _release_adapter, engine.base, engine.name)
 
     def release(self) -> None:
-        """Give the adapter's memory back to the base now (the client is not used after)."""
+        """Give the adapter's memory back now (the client is not used after): its weights and
+        gradients leave the base (a worker job, `_Base.remove_adapter`) and the optimizer lets go
+        of them and of its moments, whoever still holds this client or a sampling client of it
+        (a run's many units train, then evaluate in the same process)."""
+        self._opt.state.clear()
+        for group in self._opt.param_groups:
+            group["params"] = []
         self._finalizer()
 
     def _new_optimizer(self) -> torch.optim.Optimizer:

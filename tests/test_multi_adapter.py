@@ -143,6 +143,38 @@ def _datums(tokenizer, n=4):
     return data
 
 
+def test_a_released_client_gives_back_its_weights_gradients_and_moments_while_its_sampler_lives(
+        tmp_path, tiny_model_dir, tiny_tokenizer):
+    """A run's units train, then evaluate in the same process: a unit done training must not keep
+    its adapter's memory because something still holds its client or a sampling client taken from
+    it (the sampler names the adapter as its owner). After `release` (and the worker's removal
+    job) the adapter's parameters, their last gradients and AdamW's moments are all unreachable;
+    another client on the base still trains."""
+    import gc
+    import weakref
+
+    service = _service(tmp_path)
+    tc = service.create_lora_training_client(str(tiny_model_dir), rank=4, seed=3).result()
+    other = service.create_lora_training_client(str(tiny_model_dir), rank=4, seed=4).result()
+    data = _datums(tiny_tokenizer)
+    tc.forward_backward(data, "importance_sampling").result()
+    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    tc.forward_backward(data, "importance_sampling").result()  # gradients held again
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    params = list(tc._engine.params)
+    moments = [t for st in tc._opt.state.values() for t in st.values() if torch.is_tensor(t) and t.numel() > 1]
+    assert params and len(moments) == 2 * len(params) and all(p.grad is not None for p in params)
+    refs = [weakref.ref(t) for t in params + [p.grad for p in params] + moments]
+    del params, moments
+    tc.release()
+    base = other._engine.base
+    base.worker.submit(lambda: None).result()
+    gc.collect()
+    assert sampler._owner is tc._engine  # the sampler (and the client) live on ...
+    assert [r for r in refs if r() is not None] == []  # ... none of the adapter's tensors do
+    assert other.forward_backward(data, "importance_sampling").result().metrics["loss:sum"] != 0.0
+
+
 def test_training_stays_per_adapter_and_matches_an_adapter_alone(tmp_path, tiny_model_dir, tiny_tokenizer):
     data = _datums(tiny_tokenizer)
     adam = types.AdamParams(learning_rate=1e-2)
