@@ -1081,8 +1081,9 @@ class Generator:
 
             hook = self.model.get_decoder().register_forward_hook(keep)
         logits: list[torch.Tensor] = []
+        chunks = self._prefill_chunks(b, into)
         try:
-            for u0, u1 in self._prefill_chunks(b, into):
+            for u0, u1 in chunks:
                 cache = DynamicCache(config=self.model.config) if isinstance(into, _GraphedDecoder) else into
                 self._use_rows(b.adapters_U[u0:u1])
                 out = self.model(
@@ -1098,6 +1099,8 @@ class Generator:
                 hook.remove()
         if isinstance(into, _GraphedDecoder):
             into.start(b)
+        if len(chunks) > 1:  # the LM head below reads every prompt's row (an adapted head: each its own)
+            self._use_rows(b.adapters_U)
         logits_U = torch.cat(logits) if len(logits) > 1 else logits[0]
         prompt_lps_U: list[list[float | None] | None] = [None] * len(prompts_U)
         if not hidden:

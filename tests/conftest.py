@@ -1,8 +1,9 @@
 """Shared pytest setup: offline, telemetry off, the shared GSM8K copy, and the test tiers.
 
-Tiers (issue 22): `pytest -q` runs everything but the fault-injection suite; `pytest -m "not slow"`
-is the fast tier (library and schema tests, no model, no flow, no Prefect server, no `gs1 run`);
-`pytest -m faults tests/test_faults.py` the fault-injection suite.
+Tiers (issue 22): `pytest -q` runs everything but the fault-injection suite and the demo model's
+whole-spec runs; `pytest -m "not slow"` is the fast tier (library and schema tests, no model, no
+flow, no Prefect server, no `gs1 run`); `pytest -m faults tests/test_faults.py` the fault-injection
+suite; `pytest -m demo_e2e` the whole specs on the demo model (`OPT_IN_TIERS`).
 """
 
 from __future__ import annotations
@@ -61,18 +62,25 @@ def prefect_harness():
 SLOW_FIXTURES = frozenset({"tiny_model_dir", "tiny_tokenizer", "tiny_service_client", "prefect_harness"})
 
 
+# Tiers that run only when a `-m` names them: the fault-injection suite, and the whole specs run
+# on the SmolLM2 demo model (10-14 minutes each on the 2-core CI machine, which holds `pytest -q`
+# to 90 minutes). Their tests are slow too.
+OPT_IN_TIERS = ("faults", "demo_e2e")
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest's own `-m` filter reads the marks
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.get_closest_marker("faults") or SLOW_FIXTURES.intersection(item.fixturenames):
+        if any(item.get_closest_marker(t) for t in OPT_IN_TIERS) or SLOW_FIXTURES.intersection(item.fixturenames):
             item.add_marker(pytest.mark.slow)
-    # The fault-injection suite runs only when a `-m` names it: a `-m` on the command line replaces
-    # addopts' `-m 'not faults'`, and `pytest -m "not slow"` or `-m slow` must not bring it in.
-    if "faults" not in (config.getoption("markexpr") or ""):
-        faults = [item for item in items if item.get_closest_marker("faults")]
-        if faults:
-            config.hook.pytest_deselected(items=faults)
-            items[:] = [item for item in items if not item.get_closest_marker("faults")]
+    # An opt-in tier runs only when a `-m` names it: a `-m` on the command line replaces addopts'
+    # `-m 'not faults'`, and `pytest -m "not slow"` or `-m slow` must not bring it in.
+    for tier in OPT_IN_TIERS:
+        if tier not in (config.getoption("markexpr") or ""):
+            out = [item for item in items if item.get_closest_marker(tier)]
+            if out:
+                config.hook.pytest_deselected(items=out)
+                items[:] = [item for item in items if not item.get_closest_marker(tier)]
 
 
 class _SlowFixtureGuard:

@@ -116,6 +116,11 @@ def test_a_fault():
     pass
 
 
+@pytest.mark.demo_e2e
+def test_a_demo_run():
+    pass
+
+
 def test_reaches_the_model_dynamically(request):
     request.getfixturevalue("tiny_model_dir")
 '''
@@ -136,15 +141,16 @@ def _selected(pytester, *args: str) -> set[str]:
 
 
 ALL = {"test_pure", "test_uses_the_model", "test_uses_the_model_through_a_fixture", "test_uses_prefect",
-       "test_marked_slow", "test_a_fault", "test_reaches_the_model_dynamically"}
+       "test_marked_slow", "test_a_fault", "test_a_demo_run", "test_reaches_the_model_dynamically"}
 SLOW = {"test_uses_the_model", "test_uses_the_model_through_a_fixture", "test_uses_prefect", "test_marked_slow"}
 
 
-def test_model_and_prefect_fixtures_make_a_test_slow_and_the_faults_stay_out_unless_named(inner):
-    assert _selected(inner) == ALL - {"test_a_fault"}  # `pytest -q`: addopts' `-m 'not faults'`
+def test_model_and_prefect_fixtures_make_a_test_slow_and_the_opt_in_tiers_stay_out_unless_named(inner):
+    assert _selected(inner) == ALL - {"test_a_fault", "test_a_demo_run"}  # `pytest -q`
     assert _selected(inner, "-m", "not slow") == {"test_pure", "test_reaches_the_model_dynamically"}
-    assert _selected(inner, "-m", "slow") == SLOW  # a faults test is slow, yet only `-m faults` runs it
+    assert _selected(inner, "-m", "slow") == SLOW  # an opt-in tier's test is slow, yet only its own `-m` runs it
     assert _selected(inner, "-m", "faults") == {"test_a_fault"}
+    assert _selected(inner, "-m", "demo_e2e") == {"test_a_demo_run"}
 
 
 def test_a_fast_test_that_reaches_a_model_fixture_fails_naming_the_fix(inner):
@@ -165,3 +171,5 @@ def test_the_tiers_split_the_whole_suite_and_leave_out_the_faults():
     assert fast and slow and not fast & slow
     assert fast | slow == everything  # every test of `pytest -q` is in one tier
     assert not any(t.startswith("tests/test_faults.py::") for t in everything)
+    assert not any(t.startswith(("tests/test_reasoning_gym_run.py::test_a_reasoning_gym_family_trains_end_to_end",
+                                 "tests/test_multiarm.py::test_comparison_demo")) for t in everything)

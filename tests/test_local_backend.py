@@ -381,7 +381,7 @@ def test_static_cache_decoder_matches_dynamic_cache(tc, tiny_tokenizer):
 
 def test_the_decode_loop_steps_eager_static_and_graphed_decoders_through_one_interface(
         tc, tiny_tokenizer, monkeypatch):
-    """`Generator._decode` calls `step(tok, pos, cur)` on whichever decoder `_decoder` picked:
+    """`Generator._decode` calls `step(tok, pos, cur)` on whichever decoder `_generate` made:
     the DynamicCache one, the static-cache one run eagerly, and the graphed one give the same
     tokens. The graphed one is captured once, on its first step, then replayed for every later
     step and batch. (A stand-in graph: CUDA graphs do not exist on this machine; its replay

