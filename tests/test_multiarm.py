@@ -140,7 +140,8 @@ def test_comparison_demo_runs_end_to_end_on_the_demo_model(prefect_harness, tmp_
     recorded revision of the spec, as the UI makes). The piloted GS1 arm starts at bandwidth 1.0,
     the one its calibration picks (it failed the activation gate at 0.5 and a calibration pilot
     re-ran both pilots, 2-2.5 minutes of a 90-minute CI; tests/test_ui_path.py and
-    tests/test_flow.py exercise the calibration). About 10 minutes on two cores."""
+    tests/test_flow.py exercise the calibration). With the calibration pilot it took 805 s on the
+    2-core CI machine (session 30's CI); without it, not yet timed to its end."""
     from design.spec import SpecOverrides, apply_overrides
     from gs1.cli import main
 
