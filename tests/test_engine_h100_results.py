@@ -356,12 +356,11 @@ def test_session_29_the_default_learner_matches_peft_on_the_gpu_and_eager_fused_
 S30 = S24.parent / "h100-s30"
 
 
-def test_session_30_sixteen_units_ran_in_one_process_and_their_tables_follow_from_the_run():
-    """Item 5 on the card that came (h100-s30/units): 2 arms x 8 seeds trained 4 steps together in
-    one process on one base; the eval ran out of memory in that process and the same command
-    resumed it. The step table is benchmarks/unit_steps.py's reading of the run's own step metrics,
-    the stage tables benchmarks/stage_timings.py's of each process's log, and the decision the
-    seed-t rule's mean of each seed's paired difference, recomputed here from the eval Parquet."""
+def _units_run_reads_back(units: Path, tree: str, step_seconds: list[float], projection_s: float):
+    """A units folder (`PARTS=units` of scripts/h200/engine_device_run.sh): the card and tree, the
+    step table as benchmarks/unit_steps.py reads the run's own step metrics, and the decision as
+    the seed-t rule's mean of each seed's paired difference, recomputed here from the eval Parquet.
+    Returns stage_timings, the benchmark module, for the caller's stage tables."""
     import io
     import json
     import statistics
@@ -371,9 +370,8 @@ def test_session_30_sixteen_units_ran_in_one_process_and_their_tables_follow_fro
 
     from fixtures.benchmarks import load_benchmark
 
-    units = S30 / "units"
     gpu = (units / "gpu.txt").read_text()
-    assert "NVIDIA H100 80GB HBM3" in gpu and gpu.strip().splitlines()[-1].startswith("75db6df")
+    assert "NVIDIA H100 80GB HBM3" in gpu and gpu.strip().splitlines()[-1].startswith(tree)
     unit_steps = load_benchmark("unit_steps")
     out = io.StringIO()
     with redirect_stdout(out):
@@ -381,23 +379,8 @@ def test_session_30_sixteen_units_ran_in_one_process_and_their_tables_follow_fro
     assert out.getvalue().strip() == (units / "unit_steps.txt").read_text().strip()
     spans = unit_steps.step_spans(unit_steps.unit_steps(units / "run"))
     assert [s.units for s in spans] == [16] * 4
-    assert [round(s.seconds, 1) for s in spans] == [94.1, 52.7, 101.3, 43.5]
-    assert unit_steps.projected_seconds(spans, 40) == pytest.approx(1858, abs=0.5)
-    stage_timings = load_benchmark("stage_timings")
-    started = dict(line.split() for line in (units / "times.txt").read_text().splitlines())
-    assert started["units-rc"] == "1"  # the first process ended on the eval's out-of-memory
-    resumed = (units / "resume_times.txt").read_text().split()
-    assert resumed[:2] == ["resume-rc", "0"]
-    for log, start, table in (("units.log", started["units-start"], "units-stages.txt"),
-                              ("resume.log", resumed[3], "resume-stages.txt")):
-        out = io.StringIO()
-        with redirect_stdout(out):
-            assert stage_timings.main([str(units / log), "--start", start]) == 0
-        assert out.getvalue().strip() == (units / table).read_text().strip()
-    first = {r["stage"]: r for r in stage_timings.stage_table((units / "units.log").read_text(),
-                                                              float(started["units-start"]))}
-    assert sum(1 for s, r in first.items() if s.startswith("eval ") and r["state"] == "Failed") == 13
-    assert "out of memory" in (units / "units.log").read_text()
+    assert [round(s.seconds, 1) for s in spans] == step_seconds
+    assert unit_steps.projected_seconds(spans, 40) == pytest.approx(projection_s, abs=0.5)
     diffs = []
     for seed in range(8):
         treatment, baseline = (pq.read_table(units / "run" / "eval" / f"{a}-s{seed}" / "eval.parquet").to_pylist()
@@ -408,3 +391,52 @@ def test_session_30_sixteen_units_ran_in_one_process_and_their_tables_follow_fro
     decision = json.loads((units / "run" / "decision" / "decision.json").read_text())
     assert decision["mean_diff"] == pytest.approx(statistics.fmean(diffs), abs=1e-12)
     assert decision["comparisons"][0]["rule_details"]["seed_diffs"] == pytest.approx(diffs, abs=1e-12)
+    return load_benchmark("stage_timings")
+
+
+def _stage_table_follows(stage_timings, units: Path, log: str, start: str, table: str) -> dict[str, dict]:
+    """The committed stage table is stage_timings.py's of the log; returns its rows by stage."""
+    import io
+    from contextlib import redirect_stdout
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert stage_timings.main([str(units / log), "--start", start]) == 0
+    assert out.getvalue().strip() == (units / table).read_text().strip()
+    return {r["stage"]: r for r in stage_timings.stage_table((units / log).read_text(), float(start))}
+
+
+def test_session_30_sixteen_units_ran_in_one_process_and_their_tables_follow_from_the_run():
+    """Item 5 on the card that came (h100-s30/units): 2 arms x 8 seeds trained 4 steps together in
+    one process on one base; the eval ran out of memory in that process and the same command
+    resumed it."""
+    units = S30 / "units"
+    stage_timings = _units_run_reads_back(units, "75db6df", [94.1, 52.7, 101.3, 43.5], 1858)
+    started = dict(line.split() for line in (units / "times.txt").read_text().splitlines())
+    assert started["units-rc"] == "1"  # the first process ended on the eval's out-of-memory
+    resumed = (units / "resume_times.txt").read_text().split()
+    assert resumed[:2] == ["resume-rc", "0"]
+    first = _stage_table_follows(stage_timings, units, "units.log", started["units-start"], "units-stages.txt")
+    _stage_table_follows(stage_timings, units, "resume.log", resumed[3], "resume-stages.txt")
+    assert sum(1 for s, r in first.items() if s.startswith("eval ") and r["state"] == "Failed") == 13
+    assert "out of memory" in (units / "units.log").read_text()
+
+
+S32 = S24.parent / "h100-s32"
+
+
+def test_session_32_sixteen_units_trained_and_evaluated_in_one_process():
+    """Item 5 again on an H100 (h100-s32/units), after the chunked prefill and the released
+    client's memory: the same 16-unit spec ran end to end in one process, every eval in the
+    process that trained (rc 0, no resume, no out-of-memory), on the inductor cache session 30's
+    run brought back."""
+    units = S32 / "units"
+    stage_timings = _units_run_reads_back(units, "8e9dda4", [87.9, 53.5, 98.3, 47.0], 1978)
+    started = dict(line.split() for line in (units / "times.txt").read_text().splitlines())
+    assert started["units-rc"] == "0"
+    stages = _stage_table_follows(stage_timings, units, "units.log", started["units-start"], "units-stages.txt")
+    evals = [r for s, r in stages.items() if s.startswith("eval ")]
+    assert len(evals) == 16 and all(r["state"] == "Completed" for r in evals)
+    assert "out of memory" not in (units / "units.log").read_text()
+    assert sum(r["seconds"] for r in stages.values()) == pytest.approx(583.9, abs=0.1)
+    assert sum(r["seconds"] for r in evals) == pytest.approx(90.7, abs=0.1)
