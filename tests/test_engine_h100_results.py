@@ -1,7 +1,9 @@
-"""The H100 tables of sessions 24, 25 and 27 (results/h200-engine/h100-s24/, h100-s25/, h100-s27/) carry the
-README's numbers: the learner under each memory setting, the 16-adapter RL step before and after
-the learner's memory plan, and where a decode step goes (diagnostics and kernel profiles) are read
-back from the committed tables, and each folder names the card and tree that ran it."""
+"""The H100 folders of sessions 24-32 (results/h200-engine/h100-s*/) carry the README's numbers:
+the learner under each memory setting, the 16-adapter RL step before and after the learner's
+memory plan, where a decode step goes (diagnostics and kernel profiles), the user's spec cold and
+warm, and the 16 units run together (their step and stage tables, and a decision the pipeline's
+own collect re-derives from units that carry their proof) are read back from the committed files,
+and each folder names the card and tree that ran it."""
 
 from __future__ import annotations
 
@@ -356,10 +358,12 @@ def test_session_29_the_default_learner_matches_peft_on_the_gpu_and_eager_fused_
 S30 = S24.parent / "h100-s30"
 
 
-def _units_run_reads_back(units: Path, tree: str, step_seconds: list[float], projection_s: float):
+def _units_run_reads_back(units: Path, tree: str, step_seconds: list[float], projection_s: float,
+                          tmp_path: Path):
     """A units folder (`PARTS=units` of scripts/h200/engine_device_run.sh): the card and tree, the
     step table as benchmarks/unit_steps.py reads the run's own step metrics, and the decision as
-    the seed-t rule's mean of each seed's paired difference, recomputed here from the eval Parquet.
+    the seed-t rule's mean of each seed's paired difference, recomputed here from the eval Parquet
+    and by `gs1 decide --collect` (which takes only units that carry their proof) from the run.
     Returns stage_timings, the benchmark module, for the caller's stage tables."""
     import io
     import json
@@ -391,6 +395,15 @@ def _units_run_reads_back(units: Path, tree: str, step_seconds: list[float], pro
     decision = json.loads((units / "run" / "decision" / "decision.json").read_text())
     assert decision["mean_diff"] == pytest.approx(statistics.fmean(diffs), abs=1e-12)
     assert decision["comparisons"][0]["rule_details"]["seed_diffs"] == pytest.approx(diffs, abs=1e-12)
+    from gs1.cli import main
+
+    spec = units.parents[1] / "spec_16units_h100.json"
+    assert main(["decide", "--spec", str(spec), "--units", str(tmp_path / "units"), "--collect", str(units / "run")]) == 0
+    collected = json.loads((tmp_path / "units" / "decision" / "decision.json").read_text())
+    assert sorted(p.name for p in (tmp_path / "units").glob("*-s*")) == sorted(
+        f"{a}-s{seed}" for a in ("gs1_kernel", "grpo_gs8") for seed in range(8))
+    assert (collected["verdict"], collected["mean_diff"]) == (decision["verdict"], decision["mean_diff"])
+    assert collected["rule_details"]["seed_diffs"] == pytest.approx(diffs, abs=1e-12)
     return load_benchmark("stage_timings")
 
 
@@ -406,12 +419,12 @@ def _stage_table_follows(stage_timings, units: Path, log: str, start: str, table
     return {r["stage"]: r for r in stage_timings.stage_table((units / log).read_text(), float(start))}
 
 
-def test_session_30_sixteen_units_ran_in_one_process_and_their_tables_follow_from_the_run():
+def test_session_30_sixteen_units_ran_in_one_process_and_their_tables_follow_from_the_run(tmp_path):
     """Item 5 on the card that came (h100-s30/units): 2 arms x 8 seeds trained 4 steps together in
     one process on one base; the eval ran out of memory in that process and the same command
     resumed it."""
     units = S30 / "units"
-    stage_timings = _units_run_reads_back(units, "75db6df", [94.1, 52.7, 101.3, 43.5], 1858)
+    stage_timings = _units_run_reads_back(units, "75db6df", [94.1, 52.7, 101.3, 43.5], 1858, tmp_path)
     started = dict(line.split() for line in (units / "times.txt").read_text().splitlines())
     assert started["units-rc"] == "1"  # the first process ended on the eval's out-of-memory
     resumed = (units / "resume_times.txt").read_text().split()
@@ -425,13 +438,13 @@ def test_session_30_sixteen_units_ran_in_one_process_and_their_tables_follow_fro
 S32 = S24.parent / "h100-s32"
 
 
-def test_session_32_sixteen_units_trained_and_evaluated_in_one_process():
+def test_session_32_sixteen_units_trained_and_evaluated_in_one_process(tmp_path):
     """Item 5 again on an H100 (h100-s32/units), after the chunked prefill and the released
     client's memory: the same 16-unit spec ran end to end in one process, every eval in the
     process that trained (rc 0, no resume, no out-of-memory), on the inductor cache session 30's
     run brought back."""
     units = S32 / "units"
-    stage_timings = _units_run_reads_back(units, "8e9dda4", [87.9, 53.5, 98.3, 47.0], 1978)
+    stage_timings = _units_run_reads_back(units, "8e9dda4", [87.9, 53.5, 98.3, 47.0], 1978, tmp_path)
     started = dict(line.split() for line in (units / "times.txt").read_text().splitlines())
     assert started["units-rc"] == "0"
     stages = _stage_table_follows(stage_timings, units, "units.log", started["units-start"], "units-stages.txt")
@@ -440,3 +453,13 @@ def test_session_32_sixteen_units_trained_and_evaluated_in_one_process():
     assert "out of memory" not in (units / "units.log").read_text()
     assert sum(r["seconds"] for r in stages.values()) == pytest.approx(583.9, abs=0.1)
     assert sum(r["seconds"] for r in evals) == pytest.approx(90.7, abs=0.1)
+    # the README's peaks: nvidia-smi's samples (time, card, MiB used, util) before and after training ended
+    import csv
+
+    (train_end,) = [line.split()[0] for line in (units / "units.log").read_text().splitlines()
+                    if "Task run 'train audit' - Finished" in line]
+    samples = [(r[0].split()[1], float(r[2].split()[0])) for r in csv.reader((units / "gpu_samples.csv").open())
+               if len(r) > 2]
+    assert max(mib for _, mib in samples) == 80873  # in the eval
+    assert max(mib for t, mib in samples if t <= train_end) == 80369
+
