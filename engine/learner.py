@@ -156,10 +156,10 @@ class Learner:
         - every adapter's LoRA weights in the layers require grad, not the trained one's alone
           (peft's `set_adapter` turns the others off). Only the trained adapter's weights are
           in the graph, so the others get no gradient."""
+        import torch._dynamo
+
         layers = list(self.decoder.layers)
         if self._compiled_forwards is None:
-            import torch._dynamo
-
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             cache_learner_graphs()  # a warm process loads the layers' forward and backward, not re-traces them
             self._compiled_forwards = [torch.compile(layer.forward, dynamic=True) for layer in layers]
@@ -171,7 +171,12 @@ class Learner:
         for p in frozen:
             p.requires_grad_(True)
         try:
-            yield
+            # The layers' Python floats (the LoRA scaling, the norms' epsilon) as constants from the
+            # start: traced symbolic, inductor's pass specialises them anyway and restarts the whole
+            # analysis, so every process, warm or cold, threw away a trace and an AOTAutograd lookup
+            # that missed (~70 % of a warm compile on the CPU, `tests/test_compile_cache.py`).
+            with torch._dynamo.config.patch(specialize_float=True):
+                yield
         finally:
             embed.remove()
             for p in frozen:

@@ -97,9 +97,14 @@ def test_a_second_process_loads_the_learners_compiled_graph_with_the_same_gradie
     # the learner's compile line says what each cache answered (engine.generate.CacheReads)
     assert len(lines[0]) == len(lines[1]) == 1
     assert re.search(r"autograd cache 0 hit [1-9]\d* miss 0 bypass, inductor cache 0 hit [1-9]\d* miss", lines[0][0])
-    assert re.search(r"autograd cache [1-9]\d* hit \d+ miss 0 bypass, inductor cache [1-9]\d* hit 0 miss", lines[1][0])
-    assert cold.get("autograd_cache_saved", 0) >= 1 and not cold.get("autograd_cache_bypass")
+    # one lookup a process: no analysis restart whose trace and lookup are thrown away (the
+    # layers' floats specialised from the start, `Learner.compiled_layers`; before, every process
+    # looked up twice and the warm one missed once)
+    assert re.search(r"autograd cache [1-9]\d* hit 0 miss 0 bypass, inductor cache [1-9]\d* hit 0 miss", lines[1][0])
+    assert cold.get("autograd_cache_saved", 0) == cold.get("autograd_cache_miss", 0) >= 1
+    assert not cold.get("autograd_cache_bypass")
     assert warm.get("autograd_cache_hit", 0) >= 1 and not warm.get("autograd_cache_bypass")
+    assert not warm.get("autograd_cache_miss")
     import torch
 
     g_cold, g_warm = torch.load(tmp_path / "cold.pt"), torch.load(tmp_path / "warm.pt")
