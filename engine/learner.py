@@ -171,10 +171,10 @@ class Learner:
         for p in frozen:
             p.requires_grad_(True)
         try:
-            # The layers' Python floats (the LoRA scaling, the norms' epsilon) as constants from the
+            # The layers' Python floats (the LoRA scaling among them) as constants from the
             # start: traced symbolic, inductor's pass specialises them anyway and restarts the whole
             # analysis, so every process, warm or cold, threw away a trace and an AOTAutograd lookup
-            # that missed (~70 % of a warm compile on the CPU, `tests/test_compile_cache.py`).
+            # that missed (about half a warm compile on the CPU: `benchmarks/learner_compile.py`).
             with torch._dynamo.config.patch(specialize_float=True):
                 yield
         finally:

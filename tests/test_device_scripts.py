@@ -609,3 +609,31 @@ def test_the_80gb_units_spec_is_the_24_unit_spec_less_its_batch_mean_arm():
     for path in ("24units", "16units_h100"):
         spec = load_spec(engine / f"spec_{path}.json")
         assert len(spec.arms) * len(spec.decision_rule.seeds) == (24 if path == "24units" else 16)
+
+
+def test_the_short_e2e_spec_is_the_users_revised_spec_at_6_steps_and_128_items():
+    """spec_e2e_short.json (item 3 on a card with little time: a cold and a warm process in one
+    session) changes nothing of results/h200-gsm8k/spec_revised.json but the steps and the eval
+    items (and the feasibility record, title and why that follow them), records each change, and
+    loads as a spec whose learner compiles in training (the pilot's steps do not reach it)."""
+    from design.spec import load_spec
+    from engine.settings import COMPILE_LEARNER_AFTER
+
+    user = json.loads((ROOT / "results" / "h200-gsm8k" / "spec_revised.json").read_text())
+    short = json.loads((ROOT / "results" / "h200-engine" / "spec_e2e_short.json").read_text())
+    for key in set(user) | set(short):
+        if key not in ("steps", "eval", "feasibility", "title", "revision"):
+            assert short[key] == user[key], key
+    assert {k: v for k, v in short["eval"].items() if k != "n_examples"} == \
+        {k: v for k, v in user["eval"].items() if k != "n_examples"}
+    changed = short["revision"]["changed"]
+    assert short["revision"]["of"] == "results/h200-gsm8k/spec_revised.json"
+    assert changed["steps"] == [user["steps"], short["steps"]] == [40, 6]
+    assert changed["eval.n_examples"] == [user["eval"]["n_examples"], short["eval"]["n_examples"]] == [1319, 128]
+    assert changed["title"] == [user["title"], short["title"]]
+    effective = short["feasibility"]["effective_config"]
+    assert (effective["steps"], effective["n_eval"]) == (6, 128)
+    assert {k: v for k, v in effective.items() if k not in ("steps", "n_eval")} == \
+        {k: v for k, v in user["feasibility"]["effective_config"].items() if k not in ("steps", "n_eval")}
+    spec = load_spec(ROOT / "results" / "h200-engine" / "spec_e2e_short.json")
+    assert spec.steps == 6 and spec.eval.n_examples == 128 and spec.steps > COMPILE_LEARNER_AFTER
