@@ -137,14 +137,18 @@ def _die_with_parent() -> None:
 
 class TemporaryServer:
     """A Prefect API server for this run only (what Prefect's ephemeral mode starts, as our
-    child: it dies with us)."""
+    child: it dies with us). `launch` starts its process and returns at once, so that its start
+    (its imports, uvicorn, the database) runs while `gs1 run` checks the data and the model;
+    `start` waits until it answers."""
 
     def __init__(self):
         self.process: subprocess.Popen | None = None
         self.url = ""
 
-    def start(self) -> str:
-        import httpx
+    def launch(self) -> None:
+        """Start the server's process, once; `start` waits for it."""
+        if self.process is not None:
+            return
         import prefect
 
         with socket.socket() as s:
@@ -159,6 +163,12 @@ class TemporaryServer:
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             preexec_fn=_die_with_parent,
         )
+
+    def start(self) -> str:
+        """The server's API URL once it answers `/health` (launched here if it was not)."""
+        import httpx
+
+        self.launch()
         deadline = time.monotonic() + SERVER_START_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

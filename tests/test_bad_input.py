@@ -198,6 +198,50 @@ def test_a_hub_model_not_cached_is_one_line_before_the_run(tmp_path, capsys, mon
     assert not run_dir.exists()
 
 
+@pytest.mark.slow  # starts a Prefect server's process
+def test_the_temporary_server_starts_beside_the_checks_and_a_failed_check_stops_it(tmp_path, capsys, monkeypatch,
+                                                                                  gsm8k_dir):
+    """With no PREFECT_API_URL, `gs1 run` launches its temporary Prefect server before it checks the
+    model (and before the flow's imports), so that the server's start overlaps them; a check that
+    then fails is still one line, exit 2, and the server it launched is stopped, not left running."""
+    import huggingface_hub.constants
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from gs1 import run_control
+    from rl.backends import BACKENDS
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    order, servers, processes = [], [], []
+    launch = run_control.TemporaryServer.launch
+
+    def launch_seen(server):
+        order.append("launch")
+        servers.append(server)
+        launch(server)
+        processes.append(server.process)
+
+    check = type(BACKENDS["local"]).check_before_run
+
+    def check_seen(backend, model):
+        # the server's process is already running while the model is checked
+        order.append("check" if servers and servers[0].process is not None and servers[0].process.poll() is None
+                     else "check without a server running")
+        check(backend, model)
+
+    monkeypatch.setattr(run_control.TemporaryServer, "launch", launch_seen)
+    monkeypatch.setattr(type(BACKENDS["local"]), "check_before_run", check_seen)
+    # no API configured, also where the session's Prefect test harness set one in Prefect's settings
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        rc = main(["run", str(ROOT / "specs" / "gs1_vs_grpo_gsm8k.json"), "--run-dir", str(tmp_path / "run"),
+                   "--data-dir", str(gsm8k_dir)])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.splitlines()) == 1 and "is not in the local Hugging Face cache" in err, err
+    assert order == ["launch", "check"]
+    assert servers[0].process is None and processes[0].poll() is not None  # stopped by `run` on the way out
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_reasoning_gym_spec_without_reasoning_gym_is_one_line(tmp_path, capsys, monkeypatch):
     """reasoning-gym is a run dependency only where a spec names one of its families: without the
     package, `gs1 run` says which dataset needs it and how to install it, exit 2, before any run

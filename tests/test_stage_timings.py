@@ -140,3 +140,20 @@ def test_a_compile_line_with_its_cache_reads_still_counts():
     row = {r["stage"]: r for r in stage_timings.stage_table(log)}["train grpo_gs8"]
     assert (row["compiled"], row["compile_seconds"], row["captured"]) == (2, pytest.approx(49.8), 1)
     assert reads == "autograd cache 1 hit 1 miss 0 bypass, inductor cache 2 hit 0 miss 0 bypass"
+
+
+@pytest.mark.slow
+def test_start_to_flow_times_a_real_gs1_run_up_to_its_first_stage_and_stops_it(tmp_path, capsys):
+    """benchmarks/start_to_flow.py: a fresh `gs1 run` of the demo spec, on its own temporary
+    server, timed by stage_timings from the process's start to 'validate spec' finishing, then
+    stopped by SIGTERM as a user's Ctrl-C would: gs1 run's one stop line, and the stage's
+    cached result kept for a resume."""
+    start_to_flow = load_benchmark("start_to_flow")
+    assert start_to_flow.main(["--draws", "1", "--work", str(tmp_path)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    seconds = float(table[2].split("|")[2])
+    assert 0 < seconds < start_to_flow.WAIT_S and table[-1] == f"| median | {seconds:.1f} |"
+    log = (tmp_path / "draw0.log").read_text()
+    assert "Task run 'validate spec' - Finished in state Completed()" in log
+    assert "gs1: stopped by SIGTERM" in log and "Traceback" not in log
+    assert any((tmp_path / "draw0" / ".stage-results").iterdir())

@@ -80,6 +80,10 @@ def _run(args: argparse.Namespace, server) -> int:
     dispatch = getattr(args, "dispatch", None)
     if dispatch and not api_url:
         raise UserError("--dispatch needs the Prefect server the workers poll: set PREFECT_API_URL")
+    if not api_url:
+        # the temporary server starts while the data, the model and the flow's imports are checked
+        # and loaded below (a check that fails stops it: `run`'s finally)
+        server.launch()
     from rl.envs import get_env
 
     # its data files, read and checked now: a bad line is one line naming file and line, before the flow
@@ -94,6 +98,7 @@ def _run(args: argparse.Namespace, server) -> int:
     from tasks.spec import run_dir_for  # lazy: start-up time
 
     run_dir = Path(args.run_dir) if args.run_dir else run_dir_for(spec_path)
+    import flows.experiment  # noqa: F401 -- the flow's imports, while the server starts
     with run_dir_lock(run_dir):
         print(f"gs1: running {spec_path} on the {args.backend} backend; run directory {run_dir}", flush=True)
         if not api_url:
