@@ -294,10 +294,11 @@ def test_session_28_reads_as_the_readme_says_and_the_bucket_default_follows_it()
 S29 = S24.parent / "h100-s29"
 
 
-def test_session_29_stage_tables_follow_from_their_logs_and_the_decisions_from_their_evals():
-    """The user's spec end to end on the H100, cold then warm (h100-s29/e2e): each stage table is
+def _e2e_totals(e2e, items: int) -> dict[str, tuple[float, float, float]]:
+    """A cold-then-warm e2e folder (engine_device_run.sh's part "e2e"): each run's stage table is
     what benchmarks/stage_timings.py reads from the run's own log, and each run's decision is the
-    paired difference of its two eval files, recomputed here from the Parquet."""
+    paired difference of its two eval files over `items` test items, recomputed here from the
+    Parquet. Returns, a run, (stages' seconds, their compile seconds, seconds through feasibility)."""
     import io
     import json
     from contextlib import redirect_stdout
@@ -306,14 +307,11 @@ def test_session_29_stage_tables_follow_from_their_logs_and_the_decisions_from_t
 
     from fixtures.benchmarks import load_benchmark
 
-    e2e = S29 / "e2e"
-    gpu = (e2e / "gpu.txt").read_text()
-    assert "NVIDIA H100 80GB HBM3" in gpu and gpu.strip().splitlines()[-1].startswith("2e3a7d8")
-    assert "none unpacked" in (e2e / "compile_from.txt").read_text()  # cold: no cache brought in
     stage_timings = load_benchmark("stage_timings")
     started = dict(line.split() for line in (e2e / "times.txt").read_text().splitlines())
     totals = {}
     for run in ("cold", "warm"):  # seconds from the process's start (the run script's --start)
+        assert started[f"e2e-{run}-rc"] == "0"
         out, start = io.StringIO(), started[f"e2e-{run}-start"]
         with redirect_stdout(out):
             assert stage_timings.main([str(e2e / f"{run}.log"), "--start", start]) == 0
@@ -325,15 +323,52 @@ def test_session_29_stage_tables_follow_from_their_logs_and_the_decisions_from_t
         treatment, baseline = (pq.read_table(e2e / run / "eval" / a / "eval.parquet").to_pylist()
                                for a in ("gs1_kernel", "grpo_gs8"))
         by_item = {r["item_id"]: r["correct"] for r in baseline}
-        assert len(treatment) == len(by_item) == 1319
-        diff = sum(float(r["correct"]) - float(by_item[r["item_id"]]) for r in treatment) / 1319
+        assert len(treatment) == len(by_item) == items
+        diff = sum(float(r["correct"]) - float(by_item[r["item_id"]]) for r in treatment) / items
         decision = json.loads((e2e / run / "decision" / "decision.json").read_text())
         assert decision["mean_diff"] == pytest.approx(diff, abs=1e-12) and decision["verdict"] == "inconclusive"
+    return totals
+
+
+def test_session_29_stage_tables_follow_from_their_logs_and_the_decisions_from_their_evals():
+    """The user's spec end to end on the H100, cold then warm (h100-s29/e2e)."""
+    e2e = S29 / "e2e"
+    gpu = (e2e / "gpu.txt").read_text()
+    assert "NVIDIA H100 80GB HBM3" in gpu and gpu.strip().splitlines()[-1].startswith("2e3a7d8")
+    assert "none unpacked" in (e2e / "compile_from.txt").read_text()  # cold: no cache brought in
+    totals = _e2e_totals(e2e, 1319)
     assert totals["cold"] == pytest.approx((664.4, 174.2, 156.8), abs=0.06)
     assert totals["warm"] == pytest.approx((528.7, 69.2, 113.4), abs=0.06)
     # the warm run's learner compile, 36.7 s on a warm cache: AOTAutograd bypassed its graph
     # (settings.cache_learner_graphs, landed after this run, lets it keep it)
     assert "decoder layers compiled on cuda:0 in 36.7 s" in (e2e / "warm.log").read_text()
+
+
+S34 = S24.parent / "h100-s34"
+
+
+def test_session_34_short_spec_cold_then_warm_and_the_learner_compiles_once_a_process():
+    """spec_e2e_short.json (the user's spec at 6 steps, 128 eval items) cold then warm on the
+    H100 (h100-s34/e2e), on the tree with the learner's floats specialised (bb8121e): the stage
+    tables and decisions follow from the runs' own files, the spec that ran is the committed one,
+    and each learner compile line says one AOTAutograd lookup: a miss cold, a hit warm."""
+    import json
+
+    e2e = S34 / "e2e"
+    gpu = (e2e / "gpu.txt").read_text()
+    assert "NVIDIA H100 80GB HBM3" in gpu and gpu.strip().splitlines()[-1].startswith("98ed82b")
+    assert "none unpacked" in (e2e / "compile_from.txt").read_text()
+    short = json.loads((S24.parent / "spec_e2e_short.json").read_text())
+    for run in ("cold", "warm"):
+        assert json.loads((e2e / run / "spec" / "spec.json").read_text()) == short
+    totals = _e2e_totals(e2e, 128)
+    assert totals["cold"] == pytest.approx((322.0, 81.0, 171.5), abs=0.06)
+    assert totals["warm"] == pytest.approx((226.6, 25.3, 122.7), abs=0.06)
+    learner = {run: [line for line in (e2e / f"{run}.log").read_text().splitlines() if "learner: decoder layers" in line]
+               for run in ("cold", "warm")}
+    assert len(learner["cold"]) == len(learner["warm"]) == 1
+    assert "in 8.7 s (15 datums x 704 positions; 1 graphs so far; autograd cache 0 hit 1 miss" in learner["cold"][0]
+    assert "in 3.0 s (15 datums x 704 positions; 1 graphs so far; autograd cache 1 hit 0 miss" in learner["warm"][0]
 
 
 def test_session_29_the_default_learner_matches_peft_on_the_gpu_and_eager_fused_base_trains():
