@@ -371,6 +371,36 @@ def test_session_34_short_spec_cold_then_warm_and_the_learner_compiles_once_a_pr
     assert "in 3.0 s (15 datums x 704 positions; 1 graphs so far; autograd cache 1 hit 0 miss" in learner["warm"][0]
 
 
+S35 = S24.parent / "h100-s35"
+
+
+def test_session_35_a_cache_carried_from_another_machine_hits_for_every_shape():
+    """spec_e2e_short.json twice on an H100 (h100-s35/e2e), the first process on the inductor
+    cache session 34's run brought back from another machine (COMPILE_FROM=.compile), the second
+    on what the first left, on the tree where `gs1 run` launches its Prefect server first
+    (eadc9bf): the tables and decisions follow from the runs' own files, and every compile line of
+    both processes says that AOTAutograd's and inductor's caches hit, none missed."""
+    import json
+    import re
+
+    e2e = S35 / "e2e"
+    gpu = (e2e / "gpu.txt").read_text()
+    assert "NVIDIA H100 80GB HBM3" in gpu and gpu.strip().splitlines()[-1].startswith("2b18dbf")
+    assert "from .compile" in (e2e / "compile_from.txt").read_text()
+    short = json.loads((S24.parent / "spec_e2e_short.json").read_text())
+    for run in ("cold", "warm"):
+        assert json.loads((e2e / run / "spec" / "spec.json").read_text()) == short
+    totals = _e2e_totals(e2e, 128)
+    assert totals["cold"] == pytest.approx((277.6, 27.0, 169.9), abs=0.06)
+    assert totals["warm"] == pytest.approx((228.1, 25.6, 125.1), abs=0.06)
+    for run in ("cold", "warm"):
+        caches = re.findall(r"autograd cache (\d+) hit (\d+) miss .*inductor cache (\d+) hit (\d+) miss",
+                            (e2e / f"{run}.log").read_text())
+        assert len(caches) == 6  # five decode shapes' compiles and the learner's
+        assert all(int(a_hit) >= 1 and a_miss == "0" and int(i_hit) >= 1 and i_miss == "0"
+                   for a_hit, a_miss, i_hit, i_miss in caches)
+
+
 def test_session_29_the_default_learner_matches_peft_on_the_gpu_and_eager_fused_base_trains():
     import json
 
