@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import shutil
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -244,21 +245,44 @@ def _finished_pilot_arm(record: Path, inputs: str) -> PilotArmRun | None:
     return finished
 
 
+def _copied_from_the_pilot(arm: ArmConfig, inputs: str, layout: RunLayout, stage: PilotStage) -> PilotArmRun | None:
+    """A calibration pilot's arm that the pilot stage already ran with the same `inputs` (the
+    calibration changes only the treatment's kernel, so the baseline's step is the same run): the
+    pilot's logs copied into the calibration's folder, with their own record there (its measured
+    times the pilot's); None when the pilot stage holds no such finished, verified run."""
+    if stage == "pilot":
+        return None
+    ran = _finished_pilot_arm(layout.pilot_arm_record("pilot", arm.name), inputs)
+    if ran is None or ran.heldout is not None:  # the treatment's held-out samples belong to its stage
+        return None
+    source, arm_dir = layout.pilot_arm_dir("pilot", arm.name), layout.pilot_arm_dir(stage, arm.name)
+    shutil.rmtree(arm_dir, ignore_errors=True)
+    shutil.copytree(source, arm_dir)
+    rollouts = arm_dir / Path(ran.rollouts).relative_to(source)
+    copied = ran.model_copy(update={"rollouts": str(rollouts), "rollouts_digest": digest_paths(rollouts),
+                                    "steps_digest": digest_paths(steps_dir(arm_dir))})
+    write_json_atomic(layout.pilot_arm_record(stage, arm.name), copied.model_dump())
+    return copied
+
+
 def _pilot_arm(arm: ArmConfig, is_treatment: bool, pilot: Pilot, run: RunContext, layout: RunLayout, backend: str,
                data_dir: str | None, stage: PilotStage) -> PilotArmRun:
     """One arm's pilot steps on fresh clients (the treatment's `pilot.steps` with held-out
     samples, then a greedy eval of a few test items for its timing; the baseline's one step).
-    An arm that finished these steps in an earlier attempt of the stage is reused as it was."""
+    An arm that finished these steps in an earlier attempt of the stage is reused as it was; so is,
+    in a calibration pilot, an arm the pilot stage ran with the same inputs (the baseline)."""
     arm_dir = layout.pilot_arm_dir(stage, arm.name)
     record = layout.pilot_arm_record(stage, arm.name)
     inputs = _pilot_inputs(arm, is_treatment, pilot, run, backend, data_dir)
-    finished = _finished_pilot_arm(record, inputs)
+    finished, earlier = _finished_pilot_arm(record, inputs), "in an earlier attempt"
+    if finished is None:
+        finished, earlier = _copied_from_the_pilot(arm, inputs, layout, stage), "in the pilot stage, on the same inputs"
     if finished is not None:
         record_output(arm_dir)  # the stage's outputs, as if it had written them now
         if finished.heldout is not None:
             record_output(finished.heldout)
         _stage_logger().info(
-            f"{pilot_name(stage)} {arm.name}: {finished.steps} step(s) finished in an earlier attempt "
+            f"{pilot_name(stage)} {arm.name}: {finished.steps} step(s) finished {earlier} "
             f"({finished.wall_seconds:.0f}s): reused, not run again")
         return finished
     record.unlink(missing_ok=True)

@@ -424,7 +424,8 @@ S30 = S24.parent / "h100-s30"
 
 
 def _units_run_reads_back(units: Path, tree: str, step_seconds: list[float], projection_s: float,
-                          tmp_path: Path):
+                          tmp_path: Path, card: str = "NVIDIA H100 80GB HBM3", spec: str = "spec_16units_h100.json",
+                          compared: tuple[str, ...] = ("gs1_kernel",), seeds: int = 8):
     """A units folder (`PARTS=units` of scripts/h200/engine_device_run.sh): the card and tree, the
     step table as benchmarks/unit_steps.py reads the run's own step metrics, and the decision as
     the seed-t rule's mean of each seed's paired difference, recomputed here from the eval Parquet
@@ -440,35 +441,43 @@ def _units_run_reads_back(units: Path, tree: str, step_seconds: list[float], pro
     from fixtures.benchmarks import load_benchmark
 
     gpu = (units / "gpu.txt").read_text()
-    assert "NVIDIA H100 80GB HBM3" in gpu and gpu.strip().splitlines()[-1].startswith(tree)
+    assert card in gpu and gpu.strip().splitlines()[-1].startswith(tree)
     unit_steps = load_benchmark("unit_steps")
     out = io.StringIO()
     with redirect_stdout(out):
         assert unit_steps.main([str(units / "run")]) == 0
     assert out.getvalue().strip() == (units / "unit_steps.txt").read_text().strip()
     spans = unit_steps.step_spans(unit_steps.unit_steps(units / "run"))
-    assert [s.units for s in spans] == [16] * 4
+    arms = ("grpo_gs8", *compared)  # the baseline, then each arm the spec compares against it
+    assert [s.units for s in spans] == [len(arms) * seeds] * 4
     assert [round(s.seconds, 1) for s in spans] == step_seconds
     assert unit_steps.projected_seconds(spans, 40) == pytest.approx(projection_s, abs=0.5)
-    diffs = []
-    for seed in range(8):
-        treatment, baseline = (pq.read_table(units / "run" / "eval" / f"{a}-s{seed}" / "eval.parquet").to_pylist()
-                               for a in ("gs1_kernel", "grpo_gs8"))
+    diffs: dict[str, list[float]] = {arm: [] for arm in compared}  # each arm's paired difference, a seed's
+    for seed in range(seeds):
+        baseline = pq.read_table(units / "run" / "eval" / f"grpo_gs8-s{seed}" / "eval.parquet").to_pylist()
         by_item = {r["item_id"]: r["correct"] for r in baseline}
-        assert len(treatment) == len(by_item) == 128
-        diffs.append(sum(float(r["correct"]) - float(by_item[r["item_id"]]) for r in treatment) / 128)
+        assert len(by_item) == 128
+        for arm in compared:
+            treatment = pq.read_table(units / "run" / "eval" / f"{arm}-s{seed}" / "eval.parquet").to_pylist()
+            assert len(treatment) == 128
+            diffs[arm].append(sum(float(r["correct"]) - float(by_item[r["item_id"]]) for r in treatment) / 128)
     decision = json.loads((units / "run" / "decision" / "decision.json").read_text())
-    assert decision["mean_diff"] == pytest.approx(statistics.fmean(diffs), abs=1e-12)
-    assert decision["comparisons"][0]["rule_details"]["seed_diffs"] == pytest.approx(diffs, abs=1e-12)
+    assert decision["mean_diff"] == pytest.approx(statistics.fmean(diffs["gs1_kernel"]), abs=1e-12)
+    by_arm = {c["arm"]: c for c in decision["comparisons"]}
+    assert sorted(by_arm) == sorted(compared)
+    for arm in compared:
+        assert by_arm[arm]["mean_diff"] == pytest.approx(statistics.fmean(diffs[arm]), abs=1e-12)
+        assert by_arm[arm]["rule_details"]["seed_diffs"] == pytest.approx(diffs[arm], abs=1e-12)
     from gs1.cli import main
 
-    spec = units.parents[1] / "spec_16units_h100.json"
-    assert main(["decide", "--spec", str(spec), "--units", str(tmp_path / "units"), "--collect", str(units / "run")]) == 0
+    spec_path = units.parents[1] / spec
+    assert main(["decide", "--spec", str(spec_path), "--units", str(tmp_path / "units"), "--collect",
+                 str(units / "run")]) == 0
     collected = json.loads((tmp_path / "units" / "decision" / "decision.json").read_text())
     assert sorted(p.name for p in (tmp_path / "units").glob("*-s*")) == sorted(
-        f"{a}-s{seed}" for a in ("gs1_kernel", "grpo_gs8") for seed in range(8))
+        f"{a}-s{seed}" for a in arms for seed in range(seeds))
     assert (collected["verdict"], collected["mean_diff"]) == (decision["verdict"], decision["mean_diff"])
-    assert collected["rule_details"]["seed_diffs"] == pytest.approx(diffs, abs=1e-12)
+    assert collected["rule_details"]["seed_diffs"] == pytest.approx(diffs["gs1_kernel"], abs=1e-12)
     return load_benchmark("stage_timings")
 
 

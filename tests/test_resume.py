@@ -222,3 +222,58 @@ def damaged_outputs_rerun_their_stage(tmp_path: Path, spec: dict, run_dir: Path)
         assert warnings.lines == []
     finally:
         logging.getLogger("prefect").removeHandler(warnings)
+
+
+def _finished_pilot_baseline(layout, inputs: str):
+    """A pilot stage's finished baseline on disk (its merged log, one step's log, its record), as
+    `_pilot_arm` leaves it."""
+    from design.plan import PilotArmRun
+    from pipeline.cache import digest_paths
+    from schemas.io import write_json_atomic
+    from schemas.layout import steps_dir
+
+    arm_dir = layout.pilot_arm_dir("pilot", "grpo_gs8")
+    steps_dir(arm_dir).mkdir(parents=True)
+    pq.write_table(pa.table({"reward": [1.0, 0.0]}), steps_dir(arm_dir) / "step-00000.rollouts.parquet")
+    rollouts = arm_dir / "rollouts.parquet"
+    pq.write_table(pa.table({"reward": [1.0, 0.0]}), rollouts)
+    ran = PilotArmRun(inputs=inputs, steps=1, setup_seconds=1.5, step_seconds=9.0, wall_seconds=10.5,
+                      rollouts=str(rollouts), rollouts_digest=digest_paths(rollouts),
+                      steps_digest=digest_paths(steps_dir(arm_dir)))
+    write_json_atomic(layout.pilot_arm_record("pilot", "grpo_gs8"), ran.model_dump())
+    return ran
+
+
+def test_a_calibration_pilot_copies_the_pilots_baseline_only_when_it_ran_the_same_inputs(tmp_path):
+    """The calibration changes only the treatment's kernel, so its pilot takes the baseline's step
+    from the pilot stage: copied into its own folder with a record that verifies there (a Retry
+    reuses it as its own), the measured times the pilot's. Another input (a changed arm, say), a
+    damaged pilot log or the pilot stage itself copies nothing."""
+    from design.arm import ArmConfig
+    from schemas.layout import RunLayout, steps_dir
+    from tasks.arms import _copied_from_the_pilot, _finished_pilot_arm
+
+    layout = RunLayout(tmp_path / "run")
+    arm = ArmConfig(name="grpo_gs8", advantage="group_mean", group_size=8, groups_per_batch=8, lr=4e-5, seed=0,
+                    steps=40, lora_rank=32, base_model="a-model")
+    ran = _finished_pilot_baseline(layout, "inputs-a")
+    assert _copied_from_the_pilot(arm, "inputs-a", layout, "pilot") is None  # the pilot stage is the source
+    assert _copied_from_the_pilot(arm, "inputs-b", layout, "calibration") is None
+    assert not layout.pilot_arm_dir("calibration", "grpo_gs8").exists()
+
+    copied = _copied_from_the_pilot(arm, "inputs-a", layout, "calibration")
+    here = layout.pilot_arm_dir("calibration", "grpo_gs8")
+    assert copied is not None and copied.rollouts == str(here / "rollouts.parquet")
+    assert (copied.steps, copied.step_seconds, copied.wall_seconds) == (ran.steps, ran.step_seconds, ran.wall_seconds)
+    assert (steps_dir(here) / "step-00000.rollouts.parquet").read_bytes() == \
+        (steps_dir(layout.pilot_arm_dir("pilot", "grpo_gs8")) / "step-00000.rollouts.parquet").read_bytes()
+    assert _finished_pilot_arm(layout.pilot_arm_record("calibration", "grpo_gs8"), "inputs-a") == copied
+
+    # a pilot log changed after its record was written: nothing to copy, the calibration runs the arm
+    import shutil
+
+    shutil.rmtree(here)
+    pq.write_table(pa.table({"reward": [0.0, 0.0]}),
+                   steps_dir(layout.pilot_arm_dir("pilot", "grpo_gs8")) / "step-00000.rollouts.parquet")
+    assert _copied_from_the_pilot(arm, "inputs-a", layout, "calibration") is None
+    assert not here.exists()

@@ -260,6 +260,12 @@ def test_a_calibration_stop_names_the_users_metric_first_and_retries_reuse_its_f
     assert {"report-attempt-1", "activation-gate-attempt-1", "calibration-pilot-attempt-1"} <= set(shown), set(shown)
     steps = sorted((run_dir / "calibration").glob("*/steps/step-*.parquet"))
     assert steps
+    # the calibration re-piloted only the treatment: the baseline's step is the pilot's, copied
+    copied = [r.message for r in records if "in the pilot stage, on the same inputs" in r.message]
+    assert len(copied) == 1 and "calibration pilot grpo_gs8: 1 step(s)" in copied[0], copied
+    baseline_steps = sorted((run_dir / "pilot" / "grpo_gs8" / "steps").glob("step-*.parquet"))
+    assert baseline_steps and [f.read_bytes() for f in baseline_steps] == [
+        (run_dir / "calibration" / "grpo_gs8" / "steps" / f.name).read_bytes() for f in baseline_steps]
     written = {f: f.stat().st_mtime_ns for f in steps}
 
     # 2. The user's bound restored, Retry: the cached stages are Cached, the calibration pilot's
