@@ -538,7 +538,6 @@ def test_session_32_sixteen_units_trained_and_evaluated_in_one_process(tmp_path)
     assert max(mib for t, mib in samples if t <= train_end) == 80369
 
 
-
 S36 = S24.parent / "h200-s36"
 
 
