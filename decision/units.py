@@ -18,8 +18,8 @@ decision and reading folders are written whole. From that folder:
 Costs in the table are each arm's training over those common seeds divided by the baseline's over
 the same seeds (a ratio of unequal seed sets would mislead). Wall time depends on how many units
 shared the GPU, so its ratio is taken only over the seeds at which the arm's units trained side by
-side with the baseline's (their steps' wall-clock spans overlap, as units of one `gs1 run --units`
-do). Beside the pre-registered table: the treatment against each other arm (secondary, descriptive),
+side with the baseline's (their steps' wall-clock spans overlap on one device, as units of one
+`gs1 run --units` on one GPU do; each unit's cost record names its device). Beside the pre-registered table: the treatment against each other arm (secondary, descriptive),
 what the rule can tell at this number of items, and plots (`report.plots.UNITS_PLOT_SPECS`).
 """
 
@@ -250,7 +250,7 @@ def units_standing(plan: RunPlan, units: CheckedUnits) -> UnitsStanding:
 
     evals, costs, steps = units.evals, units.costs, units.steps
     admit = {unit: _admit_rates(rows) for unit, rows in steps.items()}
-    sharing = _gpu_sharing(steps)
+    sharing = _gpu_sharing(steps, {unit: cost.device for unit, cost in costs.items()})
 
     def units_at(arm: str) -> dict[int, str]:
         return {u.order_seed: u.unit for u in present if u.name == arm}
@@ -333,16 +333,24 @@ def _step_rows(step_metrics: Path) -> list[dict]:
     return sorted(read_rows("step_metrics", step_metrics), key=lambda r: r["step"])
 
 
-def _gpu_sharing(steps: dict[str, list[dict]]) -> dict[str, UnitSharing]:
+def _gpu_sharing(steps: dict[str, list[dict]], devices: dict[str, str | None]) -> dict[str, UnitSharing]:
     """Which units trained side by side: a unit's span runs from its first step's start to its last
     step's end (`wall_time` is when a step ended, `step_seconds` how long it took), and two units
-    whose spans overlap shared the GPU. Units without step metrics are left out (not known)."""
+    whose spans overlap on one device shared the GPU (`devices`: each unit's cost record's; where
+    either's is not known, overlapping is taken as sharing, as on one GPU). Units on two GPUs of one
+    run trained at once but shared nothing. Units without step metrics are left out (not known)."""
     spans = {unit: (rows[0]["wall_time"] - rows[0]["step_seconds"], rows[-1]["wall_time"])
              for unit, rows in steps.items() if rows}
+
+    def same_device(unit: str, other: str) -> bool:
+        mine, theirs = devices.get(unit), devices.get(other)
+        return mine is None or theirs is None or mine == theirs
+
     return {unit: UnitSharing(
         unit=unit, median_step_seconds=float(np.median([r["step_seconds"] for r in steps[unit]])),
         beside=tuple(other for other, (start, end) in spans.items()
-                     if other != unit and start < spans[unit][1] and spans[unit][0] < end))
+                     if other != unit and start < spans[unit][1] and spans[unit][0] < end and same_device(unit, other)),
+        device=devices.get(unit))
         for unit in spans}
 
 
@@ -622,13 +630,23 @@ def _sharing_table(standing: UnitsStanding) -> str:
     seconds (a unit's wall time holds its neighbours' load); nothing when no unit has step metrics."""
     if not standing.sharing:
         return ""
-    rows = [f"| {s.unit} | {', '.join(s.beside) or 'alone'} | {s.median_step_seconds:.1f} |" for s in standing.sharing]
+    known = sorted({s.device for s in standing.sharing if s.device is not None})
+    if not known:  # no unit says where it trained: the table as it always was (one GPU)
+        rows = [f"| {s.unit} | {', '.join(s.beside) or 'alone'} | {s.median_step_seconds:.1f} |"
+                for s in standing.sharing]
+        header, where = "| unit | trained beside | median step (s) |\n|---|---|---|\n", ""
+    else:  # the devices named GPU 1, 2, ... in their order, each one's full identity below the table
+        label = {device: f"{'GPU' if '/GPU-' in device else 'device'} {k + 1}" for k, device in enumerate(known)}
+        rows = [f"| {s.unit} | {label.get(s.device, 'not known')} | {', '.join(s.beside) or 'alone'} | "
+                f"{s.median_step_seconds:.1f} |" for s in standing.sharing]
+        header = "| unit | device | trained beside | median step (s) |\n|---|---|---|---|\n"
+        where = "".join(f"- {label[d]}: `{d}`\n" for d in known) + "\n"
     return (
         "### GPU sharing\n\n"
-        "Units whose training overlapped in wall-clock time shared one GPU (one `gs1 run --units` on a shared base); "
-        "a unit's wall time holds its neighbours' load, so wall times compare only between units that trained side "
-        "by side. The median step is barely moved by the few steps that compiled.\n\n"
-        "| unit | trained beside | median step (s) |\n|---|---|---|\n" + "\n".join(rows) + "\n\n"
+        "Units whose training overlapped in wall-clock time on one device shared its GPU (one `gs1 run --units` on a "
+        "shared base); a unit's wall time holds its neighbours' load, so wall times compare only between units that "
+        "trained side by side. Units on two GPUs of one run trained at once but shared nothing. The median step is "
+        "barely moved by the few steps that compiled.\n\n" + header + "\n".join(rows) + "\n\n" + where
     )
 
 

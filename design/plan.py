@@ -244,3 +244,23 @@ class EvalResult(_Plan):
     jsonl: str
     parquet: str
     accuracy: float
+
+
+def unit_groups(units: tuple[ArmConfig, ...], groups: int | None) -> tuple[tuple[ArmConfig, ...], ...]:
+    """`units` in `groups` groups for a dispatched sweep, one flow run (one process, one base, one
+    worker's GPU) a group: whole seeds dealt round-robin (seed k to group k mod groups, in the order
+    the seeds come), so that every arm of a seed trains on one GPU beside the others -- their samples
+    batch together and their wall times compare side by side -- and the groups differ by at most one
+    seed. More groups than seeds: the units themselves dealt round-robin. None: one unit a group (a
+    flow run a unit, as a sweep over machines of one unit each runs). Each group keeps plan order."""
+    if groups is None:
+        return tuple((u,) for u in units)
+    if groups < 1:
+        raise UserError(f"dispatch groups: {groups}: at least 1")
+    seeds = list(dict.fromkeys(u.order_seed for u in units))
+    if groups <= len(seeds):
+        group_of = {u.unit: seeds.index(u.order_seed) % groups for u in units}
+    else:
+        group_of = {u.unit: k % groups for k, u in enumerate(units)}
+    dealt = tuple(tuple(u for u in units if group_of[u.unit] == g) for g in range(groups))
+    return tuple(group for group in dealt if group)

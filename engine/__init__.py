@@ -42,7 +42,8 @@ whatever the other threads do. A loop that submits every request of a step befor
 (as the cookbook's does) gets one batch per step. `batch_window_s > 0` also waits that long
 after a flush is asked for (thread-per-rollout callers).
 
-Devices: with several GPUs and `device="cuda"`, each new client goes to the GPU holding the
+Devices: with several GPUs and `device="cuda"`, each new client goes to the GPU of the clients
+with its `user_metadata["placement"]` key (a run's units of one seed), else to the GPU holding the
 fewest live adapters (`LocalServiceClient.place`), one base on each GPU it uses. The compiled
 decode step is one per process (`engine.generate`), its kernels kept on disk between processes
 (`compile_cache_dir`).

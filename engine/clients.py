@@ -40,6 +40,7 @@ from engine.settings import (
     LEARNER_LORA,
     EngineSettings,
     LoraSpec,
+    device_identity,
     pick_device,
     pick_dtype,
     pin_compile_cache,
@@ -198,6 +199,10 @@ class LocalTrainingClient:
         for group in self._opt.param_groups:
             group["params"] = []
         self._finalizer()
+
+    def device_identity(self) -> str:
+        """The physical device the adapter's base is on (`engine.settings.device_identity`)."""
+        return device_identity(self._engine.base.device)
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self._engine.params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12,
@@ -496,6 +501,7 @@ class LocalServiceClient:
         self._ids = itertools.count()
         self._bases: dict[tuple, _Base] = {}  # (model path, gguf file, device) -> its base
         self._placing = threading.Lock()
+        self._placements: dict[str, torch.device] = {}  # a placement key -> the GPU its first client got
 
     @property
     def max_batch_rows(self) -> int:
@@ -509,26 +515,34 @@ class LocalServiceClient:
             cublas_workspace=os.environ.get("CUBLAS_WORKSPACE_CONFIG") if self.device.type == "cuda" else None,
             torch=torch.__version__, decode_attention=self.settings.decode_attention)
 
-    def place(self) -> torch.device:
+    def place(self, placement: str | None = None) -> torch.device:
         """The device of the next client. `device="cuda"` (or None) on a machine with several
-        GPUs: the GPU with the fewest live adapters (lowest index first), so arms created together
-        spread over the GPUs, one base on each; an explicit `cuda:N`, a single GPU, or the CPU:
-        that device."""
+        GPUs: the GPU of an earlier client with the same `placement` key (a run gives the units of
+        one seed one key, so that they share a base: their samples batch together and their wall
+        times compare), else the GPU with the fewest live adapters (lowest index first), so arms
+        created together spread over the GPUs, one base on each; an explicit `cuda:N`, a single
+        GPU, or the CPU: that device."""
         if self.device.type != "cuda" or self.device.index is not None:
             return self.device
         if torch.cuda.device_count() < 2:
             return torch.device("cuda", torch.cuda.current_device())  # an index: the worker sets it
+        if placement in self._placements:
+            return self._placements[placement]
         gc.collect()  # adapters of clients a stage is done with count no more
         live = Counter()
         for base in list(self._bases.values()):
             live[base.device.index] += len(base.adapters)
-        return torch.device("cuda", min(range(torch.cuda.device_count()), key=lambda i: (live[i], i)))
+        device = torch.device("cuda", min(range(torch.cuda.device_count()), key=lambda i: (live[i], i)))
+        if placement is not None:
+            self._placements[placement] = device
+        return device
 
-    def base(self, base_model: str, device: torch.device | None = None) -> _Base:
-        """The base of `base_model` on `device` (placed by `place` when None), loaded once."""
+    def base(self, base_model: str, device: torch.device | None = None, placement: str | None = None) -> _Base:
+        """The base of `base_model` on `device` (placed by `place`, with `placement`, when None),
+        loaded once."""
         src = resolve_model(base_model)
         with self._placing:  # one placement at a time: two arms creating theirs at once see each other's
-            device = device or self.place()
+            device = device or self.place(placement)
             key = (src.path, src.gguf_file, str(device))
             if key not in self._bases:
                 self._bases[key] = _Base(src, device, self.dtype, self.settings)
@@ -547,10 +561,11 @@ class LocalServiceClient:
                                     user_metadata: dict[str, str] | None = None, **_: Any
                                     ) -> LocalClientFuture[LocalTrainingClient]:
         """`base_model` names the model; weights load from `base_model_path` when given.
-        `user_metadata["unit"]` names the client's arm for the deterministic mode's batch order."""
+        `user_metadata["unit"]` names the client's arm for the deterministic mode's batch order;
+        `user_metadata["placement"]` keeps clients of one key on one GPU (`place`)."""
         lora = LoraSpec(int(rank), train_mlp, train_attn, train_unembed)
         lora.target_modules()  # a LoRA on nothing is refused here, not on the worker
-        base = self.base(base_model_path or base_model)
+        base = self.base(base_model_path or base_model, placement=(user_metadata or {}).get("placement"))
         adapter = base.worker.submit(base.add_adapter, lora, seed).result()
         adapter.unit = (user_metadata or {}).get("unit", "")
         model_id = f"local-{next(self._ids):04d}-{uuid.uuid4().hex[:8]}"
@@ -562,7 +577,8 @@ class LocalServiceClient:
         f.set_result(tc)
         return LocalClientFuture(f)
 
-    def _client_from_state(self, path: str, optimizer: bool) -> LocalClientFuture[LocalTrainingClient]:
+    def _client_from_state(self, path: str, optimizer: bool,
+                           user_metadata: dict[str, str] | None) -> LocalClientFuture[LocalTrainingClient]:
         d = _strip_scheme(path)
         meta_f = d / META_FILE
         if not meta_f.is_file():
@@ -571,17 +587,18 @@ class LocalServiceClient:
         tc = self.create_lora_training_client(
             meta["base_model"], meta["rank"], meta.get("seed"), meta["train_mlp"],
             meta["train_attn"], meta["train_unembed"],
-            base_model_path=meta.get("base_model_path")).result()
+            base_model_path=meta.get("base_model_path"), user_metadata=user_metadata).result()
         tc._submit(tc._load, path, optimizer).result()
         f: Future = Future()
         f.set_result(tc)
         return LocalClientFuture(f)
 
-    def create_training_client_from_state(self, path: str, **_: Any):
-        return self._client_from_state(path, optimizer=False)
+    def create_training_client_from_state(self, path: str, user_metadata: dict[str, str] | None = None, **_: Any):
+        return self._client_from_state(path, optimizer=False, user_metadata=user_metadata)
 
-    def create_training_client_from_state_with_optimizer(self, path: str, **_: Any):
-        return self._client_from_state(path, optimizer=True)
+    def create_training_client_from_state_with_optimizer(self, path: str, user_metadata: dict[str, str] | None = None,
+                                                        **_: Any):
+        return self._client_from_state(path, optimizer=True, user_metadata=user_metadata)
 
     def create_sampling_client(self, model_path: str | None = None, base_model: str | None = None,
                                **_: Any) -> LocalClientFuture[LocalSamplingClient]:

@@ -80,6 +80,19 @@ def pick_device(device) -> torch.device:
     return torch.device(device)
 
 
+def device_identity(device: torch.device) -> str:
+    """The physical device `device` is on this host, the same whichever process names it: a GPU by
+    its UUID (a worker started with `CUDA_VISIBLE_DEVICES=1` calls the host's second GPU `cuda:0`),
+    the CPU as the host's. Two units shared a GPU only where this is the same (`decision.units`)."""
+    import socket
+
+    host = socket.gethostname()
+    if device.type != "cuda":
+        return f"{host}/{device.type}"
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return f"{host}/GPU-{torch.cuda.get_device_properties(index).uuid}"
+
+
 def pick_dtype(dtype, device: torch.device) -> torch.dtype:
     if dtype is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32

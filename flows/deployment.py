@@ -44,13 +44,15 @@ def gs1_run(
     data_dir: str | None = None,
     dispatch: str | None = None,
     units: list[str] | None = None,
+    dispatch_groups: int | None = None,
 ) -> dict:
     """Run a pre-registered spec (a path on the serving machine) end to end.
 
     The experiment runs as a subflow (its stage results stored in its run directory); its
     decision, report and failed gate's table are published on this run too, and it ends as the
     experiment did, with its message (a gate stop without a traceback here either). `dispatch` names
-    a deployment of gs1-arm-unit whose workers run the arm x seed units; `units` runs only the named
+    a deployment of gs1-arm-unit whose workers run the arm x seed units (`dispatch_groups` flow runs of
+    whole seeds, one a worker and its GPU; by default one a unit); `units` runs only the named
     ones (`grpo_gs8-s0`), with no decision (`gs1 decide --units` gathers them).
 
     Bad input (the overrides, the spec, a model path that does not exist) ends the run Failed with
@@ -63,7 +65,8 @@ def gs1_run(
     spec = spec_with_overrides(request.spec_path, request.overrides.model_dump(exclude_none=True))
     run_dir = run_dir or spec["run_dir"]
     state = experiment_in(run_dir)(spec_path=spec["spec_path"], run_dir=run_dir, backend=request.backend,
-                                   data_dir=data_dir, dispatch=dispatch, units=units, return_state=True)
+                                   data_dir=data_dir, dispatch=dispatch, units=units,
+                                   dispatch_groups=dispatch_groups, return_state=True)
     if state.is_completed():
         return state.result()
     return Failed(message=state.message, data=state.result(raise_on_failure=False))

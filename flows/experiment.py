@@ -41,8 +41,12 @@ def _run_name() -> str:
 
 @flow(name="gs1-experiment", flow_run_name=_run_name)
 def experiment(spec_path: str, run_dir: str, backend: str = DEFAULT_BACKEND, data_dir: str | None = None,
-               dispatch: str | None = None, units: list[str] | None = None) -> dict:
+               dispatch: str | None = None, units: list[str] | None = None,
+               dispatch_groups: int | None = None) -> dict:
     """Run a pre-registered GS1-vs-baseline experiment end to end; returns the decision record.
+
+    `dispatch_groups`: the dispatched units as that many flow runs, whole seeds each
+    (`design.plan.unit_groups`: one a worker and its GPU); by default one flow run a unit.
 
     `units` (arm x seed names, `grpo_gs8-s0`): train and evaluate only these after the gates, and
     return {"units_done", "waiting_for"} instead of a decision; `gs1 decide --units` decides once
@@ -57,7 +61,7 @@ def experiment(spec_path: str, run_dir: str, backend: str = DEFAULT_BACKEND, dat
     layout = RunLayout(run_dir)
     layout.claim()  # a run started from the UI takes only a gs1 run directory too (`gs1 run` took it already)
     try:
-        decision = _stages(spec_path, layout, backend, data_dir, dispatch, units)
+        decision = _stages(spec_path, layout, backend, data_dir, dispatch, units, dispatch_groups)
     except GateFailed as failed:
         # The report renders whatever ran, so a run stopped at a gate still gets its page.
         run_report(layout, str(failed), return_state=True)
@@ -70,7 +74,7 @@ def experiment(spec_path: str, run_dir: str, backend: str = DEFAULT_BACKEND, dat
 
 
 def _stages(spec_path: str, layout: RunLayout, backend: str, data_dir: str | None, dispatch: str | None,
-            only: list[str] | None) -> dict:
+            only: list[str] | None, dispatch_groups: int | None) -> dict:
     plan = validated_plan(spec_path, layout)
     run = plan.run
     data_dir = env_data_dir(run.env, data_dir)  # none for an env that generates its problems: nor in its stages' keys
@@ -114,7 +118,8 @@ def _stages(spec_path: str, layout: RunLayout, backend: str, data_dir: str | Non
                 seeds=len(plan.seeds), **many)
 
     if dispatch:
-        trained, evals = dispatched_units(dispatch, units, run, plan.n_eval, layout, backend, data_dir)
+        trained, evals = dispatched_units(dispatch, units, run, plan.n_eval, layout, backend, data_dir,
+                                          groups=dispatch_groups)
         audit_gate(units, [trained[u.unit].rollouts for u in units], layout, stage="train")
     else:
         usage = engine_usage(backend)

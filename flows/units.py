@@ -1,11 +1,14 @@
-"""One arm at one seed as a flow of its own: what a sweep dispatches to a work pool.
+"""Units (arm x seed) as a flow of their own: what a sweep dispatches to a work pool.
 
-When a sweep outgrows one machine, the experiment flow (`dispatch=<deployment>`) hands each unit
-(arm x seed) to a deployment of `arm_unit` with Prefect's own `run_deployment`; workers of the
-deployment's pool, on many machines or one per GPU, pick the units up, and the experiment's
-decision waits for every one. A unit trains and evaluates its arm and leaves what it made in the
-run directory (`train/<unit>/final.json`, `eval/<unit>/eval.jsonl`), which workers and the
-experiment must therefore share (one filesystem, or a mount of it at the same path).
+When a sweep outgrows one machine, the experiment flow (`dispatch=<deployment>`) hands its units
+to a deployment of `arm_unit` with Prefect's own `run_deployment`, a group of units a flow run
+(`design.plan.unit_groups`: one unit each by default; `dispatch_groups=N`, whole seeds dealt over N
+flow runs, one a worker and its GPU, each training its units side by side on one base as a run in
+one process does); workers of the deployment's pool, on many machines or one per GPU
+(`CUDA_VISIBLE_DEVICES`), pick them up, and the experiment's decision waits for every one. A
+group trains and evaluates its units and leaves what they made in the run directory
+(`train/<unit>/final.json`, `eval/<unit>/eval.jsonl`), which workers and the experiment must
+therefore share (one filesystem, or a mount of it at the same path).
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ import time
 from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
+from prefect.futures import wait
 
 from design.arm import ArmConfig
-from design.plan import EvalResult, RunContext, TrainedArm
+from design.plan import EvalResult, RunContext, TrainedArm, unit_groups
 from rl.backends import DEFAULT_BACKEND
 from schemas.errors import UserError
 from schemas.layout import RunLayout
@@ -27,40 +31,50 @@ UNIT_FLOW = "gs1-arm-unit"
 
 
 @flow(name=UNIT_FLOW)
-def arm_unit(arm: ArmConfig, run: RunContext, n_eval: int, run_dir: str, backend: str = DEFAULT_BACKEND,
+def arm_unit(arms: list[ArmConfig], run: RunContext, n_eval: int, run_dir: str, backend: str = DEFAULT_BACKEND,
              data_dir: str | None = None) -> dict:
-    """Train one unit and evaluate its final weights; its stages cache in the run's store.
-    `run_dir` stays a path: the parameter a sweep's `run_deployment` sends as JSON."""
+    """Train a group of units side by side in this process, then evaluate each one's final
+    weights; their stages cache in the run's store. `run_dir` stays a path: the parameter a
+    sweep's `run_deployment` sends as JSON."""
     layout = RunLayout(run_dir)
     stages = _unit_stages.with_options(result_storage=layout.resolved().stage_results)
-    return stages(arm, run, n_eval, layout, backend, data_dir)
+    return stages(arms, run, n_eval, layout, backend, data_dir)
 
 
 @flow(name="gs1-arm-unit-stages")
-def _unit_stages(arm: ArmConfig, run: RunContext, n_eval: int, layout: RunLayout, backend: str,
+def _unit_stages(arms: list[ArmConfig], run: RunContext, n_eval: int, layout: RunLayout, backend: str,
                  data_dir: str | None) -> dict:
-    trained = trained_arm(arm, run, layout, backend, data_dir)
-    evaluated = eval_items(trained, arm, run, n_eval, layout, backend, data_dir)
-    return {"trained": trained.model_dump(), "eval": evaluated.model_dump()}
+    # as the experiment's own full runs: every unit's training at once (one base: their samples
+    # batch together), each finished and cached before a failed one ends the flow run
+    training = {a.unit: trained_arm.submit(a, run, layout, backend, data_dir) for a in arms}
+    wait(list(training.values()))
+    trained = {unit: future.result() for unit, future in training.items()}
+    evaluating = {a.unit: eval_items.submit(trained[a.unit], a, run, n_eval, layout, backend, data_dir) for a in arms}
+    wait(list(evaluating.values()))
+    return {unit: {"trained": trained[unit].model_dump(), "eval": future.result().model_dump()}
+            for unit, future in evaluating.items()}
 
 
 def dispatched_units(deployment: str, units: tuple[ArmConfig, ...], run: RunContext, n_eval: int, layout: RunLayout,
-                     backend: str, data_dir: str | None, poll_seconds: float = 2.0,
+                     backend: str, data_dir: str | None, groups: int | None = None, poll_seconds: float = 2.0,
                      timeout_seconds: float | None = None) -> tuple[dict[str, TrainedArm], dict[str, EvalResult]]:
-    """Start one flow run of `deployment` per unit, wait for all, and read what each left.
+    """Start one flow run of `deployment` per group of units (`unit_groups`), wait for all, and
+    read what each unit left.
 
-    A unit whose flow run did not complete is the error, named (after every unit has ended, so
-    none is left running unseen)."""
+    A group whose flow run did not complete is the error, its units named (after every flow run has
+    ended, so none is left running unseen)."""
     logger = get_run_logger()
     runs = {}
-    for unit in units:
+    for group in unit_groups(units, groups):
+        name = ",".join(u.unit for u in group)
         flow_run = run_deployment(
-            name=deployment, timeout=0, as_subflow=True, flow_run_name=f"{unit.unit} ({layout.root.name})",
-            parameters={"arm": unit.model_dump(mode="json"), "run": run.model_dump(mode="json"), "n_eval": n_eval,
-                        "run_dir": str(layout.root.resolve()), "backend": backend, "data_dir": data_dir},
+            name=deployment, timeout=0, as_subflow=True, flow_run_name=f"{name} ({layout.root.name})",
+            parameters={"arms": [u.model_dump(mode="json") for u in group], "run": run.model_dump(mode="json"),
+                        "n_eval": n_eval, "run_dir": str(layout.root.resolve()), "backend": backend,
+                        "data_dir": data_dir},
         )
-        runs[unit.unit] = flow_run.id
-        logger.info(f"dispatched {unit.unit} to {deployment}: flow run {flow_run.id}")
+        runs[name] = flow_run.id
+        logger.info(f"dispatched {name} to {deployment}: flow run {flow_run.id}")
     started, ended = time.time(), {}
     with get_client(sync_client=True) as client:
         while len(ended) < len(runs):
@@ -77,6 +91,7 @@ def dispatched_units(deployment: str, units: tuple[ArmConfig, ...], run: RunCont
                 time.sleep(poll_seconds)
     failed = {u: s for u, s in ended.items() if not s.is_completed()}
     if failed:
-        raise RuntimeError("; ".join(f"unit {u} ended {s.name}: {s.message or 'no message'}" for u, s in failed.items()))
+        raise RuntimeError("; ".join(f"{'units' if ',' in u else 'unit'} {u} ended {s.name}: {s.message or 'no message'}"
+                                     for u, s in failed.items()))
     results = {unit.unit: unit_results(unit, layout) for unit in units}
     return {u: r[0] for u, r in results.items()}, {u: r[1] for u, r in results.items()}

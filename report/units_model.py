@@ -37,12 +37,13 @@ class ArmStanding:
 @dataclass(frozen=True)
 class UnitSharing:
     """How one unit's training shared the GPU: the other units in the folder whose training
-    overlapped it in wall-clock time, and its steps' median seconds (a median, so the few steps
+    overlapped it in wall-clock time on the same device, and its steps' median seconds (a median, so the few steps
     that compiled barely move it)."""
 
     unit: str
     beside: tuple[str, ...]
     median_step_seconds: float
+    device: str | None = None  # where it trained (`schemas.cost.ArmCost.device`); None: not known
 
 
 @dataclass(frozen=True)

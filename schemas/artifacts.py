@@ -253,7 +253,10 @@ _COST_FIELDS = (
 STEP_COSTS = _schema("step_costs", _req("step", pa.int32()), *_COST_FIELDS)
 
 # One row: one unit's (arm x seed) training cost, its steps summed (schemas.cost.ArmCost).
-ARM_COSTS = _schema("arm_costs", _req("unit", pa.string()), _req("steps", pa.int32()), *_COST_FIELDS)
+# `device`: the physical device that trained it (`engine.settings.device_identity`; null: not known,
+# a hosted service or a unit from before it was kept).
+ARM_COSTS = _schema("arm_costs", _req("unit", pa.string()), _req("steps", pa.int32()), *_COST_FIELDS,
+                    _opt("device", pa.string()))
 
 # One row per arm compared with the baseline (a multi-arm or multi-seed decision, or a secondary reading).
 COMPARISONS = _schema(

@@ -48,9 +48,12 @@ class ArmCost(_Cost):
 
     unit: str  # its folder (schemas.layout.unit_name)
     steps: int
+    # the physical device that trained it (`engine.settings.device_identity`): units shared a GPU only
+    # where theirs is the same; None where not known (a hosted service, a unit from before it was kept)
+    device: str | None = None
 
     @classmethod
-    def from_steps(cls, unit: str, steps: Iterable[Mapping]) -> ArmCost:
+    def from_steps(cls, unit: str, steps: Iterable[Mapping], device: str | None = None) -> ArmCost:
         rows = list(steps)
         if not rows:
             raise ValueError(f"{unit}: no step costs to sum")
@@ -58,7 +61,7 @@ class ArmCost(_Cost):
         for c in CRITIC_COUNTS:
             values = [r[c] for r in rows if r.get(c) is not None]
             sums[c] = sum(values) if values else None
-        return cls(arm=rows[0]["arm"], seed=rows[0]["seed"], unit=unit, steps=len(rows), **sums)
+        return cls(arm=rows[0]["arm"], seed=rows[0]["seed"], unit=unit, steps=len(rows), device=device, **sums)
 
     @classmethod
     def summed(cls, name: str, costs: Iterable[ArmCost]) -> ArmCost:
@@ -71,7 +74,9 @@ class ArmCost(_Cost):
         for c in CRITIC_COUNTS:
             values = [r[c] for r in rows if r[c] is not None]
             sums[c] = sum(values) if values else None
-        return cls(arm=costs[0].arm, seed=costs[0].seed, unit=name, steps=sum(r["steps"] for r in rows), **sums)
+        devices = {c.device for c in costs}
+        return cls(arm=costs[0].arm, seed=costs[0].seed, unit=name, steps=sum(r["steps"] for r in rows),
+                   device=devices.pop() if len(devices) == 1 else None, **sums)
 
     def relative_to(self, baseline: ArmCost) -> dict[str, float | None]:
         """Each count divided by the baseline's (None where the baseline's is 0 or absent)."""

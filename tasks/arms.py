@@ -69,14 +69,17 @@ def _lora_client(arm: ArmConfig, backend: str, rank: int, state_path: str | None
     """A LoRA training client on `arm`'s base model: fresh (the arm's seed), or from a `save_state`
     checkpoint with its optimizer state."""
     service = service_client(backend)
+    # the unit's name: the local engine's deterministic mode orders a batch's rows by it; its seed's
+    # placement: on several GPUs the engine keeps a seed's units on one (they batch together, and
+    # their wall times compare side by side)
+    metadata = {"unit": arm.unit, "placement": f"seed {arm.order_seed}"}
     if state_path is None:
         kwargs = backend_named(backend).lora_options(arm.base_model_path)
-        # the unit's name: the local engine's deterministic mode orders a batch's rows by it
         future = service.create_lora_training_client(base_model=arm.base_model, rank=rank, seed=arm.seed,
-                                                     user_metadata={"unit": arm.unit}, **kwargs)
+                                                     user_metadata=metadata, **kwargs)
         call = "create_lora_training_client"
     else:
-        future = service.create_training_client_from_state_with_optimizer(state_path)
+        future = service.create_training_client_from_state_with_optimizer(state_path, user_metadata=metadata)
         call = "create_training_client_from_state_with_optimizer"
     return resolved(future, backend=backend, call=call, expected=TRAINING_CLIENT)
 
@@ -409,12 +412,13 @@ def train_with_checkpoints(arm: ArmConfig, run: RunContext, layout: RunLayout, b
         if critic_client is not None:
             critic_held.enter_context(given_back(critic_client))
         return _train_from(arm, layout, env, order, arm_dir, training_client, renderer, critic_client, checkpoints,
-                           checkpoints_path, first_step, window, checkpoint_every)
+                           checkpoints_path, first_step, window, checkpoint_every,
+                           device=backend_named(backend).unit_device(training_client))
 
 
 def _train_from(arm: ArmConfig, layout: RunLayout, env, order, arm_dir: Path, training_client, renderer, critic_client,
                 checkpoints: list[dict], checkpoints_path: Path, first_step: int, window,
-                checkpoint_every: int) -> TrainedArm:
+                checkpoint_every: int, device: str | None) -> TrainedArm:
     backend = backend_of(training_client)
     for f in steps_dir(arm_dir).glob("step-*.parquet"):  # logs of steps after the checkpoint are stale
         if step_of(f) >= first_step:
@@ -439,7 +443,7 @@ def _train_from(arm: ArmConfig, layout: RunLayout, env, order, arm_dir: Path, tr
               steps=range(first_step, arm.steps), window=window, on_step=on_step, critic_client=critic_client,
               nonfinite_dir=layout.nonfinite_dir(arm.unit))
     rollouts_path, metrics_path = merge_step_logs(arm_dir)
-    costs_path = record_costs(arm, arm_dir, layout.costs_path(arm.unit))
+    costs_path = record_costs(arm, arm_dir, layout.costs_path(arm.unit), device=device)
     sampler_path = resolved(training_client.save_weights_for_sampler(f"{layout.root.name}-{arm.unit}-final"),
                             backend=backend, call="save_weights_for_sampler", expected="a sampler weights path").path
     record_output(sampler_path)  # the local engine's adapter files: verified before a cache hit
@@ -451,10 +455,11 @@ def _train_from(arm: ArmConfig, layout: RunLayout, env, order, arm_dir: Path, tr
     return final
 
 
-def record_costs(arm: ArmConfig, arm_dir: Path, out: Path) -> Path:
-    """The unit's cost record: its step costs summed (a resumed run's earlier steps included)."""
+def record_costs(arm: ArmConfig, arm_dir: Path, out: Path, device: str | None = None) -> Path:
+    """The unit's cost record: its step costs summed (a resumed run's earlier steps included), and
+    the device that trained it (`Backend.unit_device`)."""
     steps = [row for table in read_step_logs(arm_dir, "costs") for row in table.to_pylist()]
-    cost = ArmCost.from_steps(arm.unit, steps)
+    cost = ArmCost.from_steps(arm.unit, steps, device=device)
     path = write_artifact("arm_costs", [cost.model_dump()], out)
     if TaskRunContext.get() is not None:
         create_table_artifact(

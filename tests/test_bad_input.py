@@ -198,6 +198,23 @@ def test_a_hub_model_not_cached_is_one_line_before_the_run(tmp_path, capsys, mon
     assert not run_dir.exists()
 
 
+def test_dispatch_groups_without_a_dispatch_is_one_line_before_the_run(tmp_path, capsys, monkeypatch):
+    """`--dispatch-groups` says how to split a dispatched sweep: without `--dispatch` it is bad input,
+    one line and exit 2 before any run directory, server or flow; fewer than 1 is argparse's line."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    run_dir = tmp_path / "run"
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):  # also where a harness set one
+        rc = main(["run", str(ROOT / "specs" / "demo_local.json"), "--run-dir", str(run_dir), "--dispatch-groups", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip() == "gs1: error: --dispatch-groups needs --dispatch: the deployment whose workers run the groups"
+    assert not run_dir.exists()
+    with pytest.raises(SystemExit) as stop:
+        main(["run", "--dispatch-groups", "0"])
+    assert stop.value.code == 2 and "must be >= 1" in capsys.readouterr().err
+
+
 @pytest.mark.slow  # starts a Prefect server's process
 def test_the_temporary_server_starts_beside_the_checks_and_a_failed_check_stops_it(tmp_path, capsys, monkeypatch,
                                                                                   gsm8k_dir):

@@ -637,3 +637,58 @@ def test_the_short_e2e_spec_is_the_users_revised_spec_at_6_steps_and_128_items()
         {k: v for k, v in user["feasibility"]["effective_config"].items() if k not in ("steps", "n_eval")}
     spec = load_spec(ROOT / "results" / "h200-engine" / "spec_e2e_short.json")
     assert spec.steps == 6 and spec.eval.n_examples == 128 and spec.steps > COMPILE_LEARNER_AFTER
+
+
+def test_the_multi_gpu_run_trains_in_one_process_then_through_one_worker_a_gpu(tmp_path):
+    """multi_gpu_device_run.sh (issue 52; not yet run on a host of several GPUs) with a stand-in
+    Python: the units spec in one `gs1 run`, then a loopback Prefect server, the units deployment,
+    one worker a GPU (CUDA_VISIBLE_DEVICES=k, NVLink multicast off in its environment) and the same
+    spec dispatched as one flow run a GPU (--dispatch-groups); the workers and the server stop at the
+    end, and the poll brings each part back once, without weights."""
+    work = tmp_path / "work"
+    models, sums, _ = _policy_pieces(tmp_path)
+    fake_py = tmp_path / "python.sh"
+    # `-m prefect worker start ...` says which GPU it sees and waits to be stopped; `-m gs1 run` makes
+    # its run directory with an adapter in it; everything else says what it was asked
+    fake_py.write_text(
+        'if [ "$2" = prefect ] && [ "$3" = worker ]; then echo "worker on GPU $CUDA_VISIBLE_DEVICES, '
+        'NVLS $NCCL_NVLS_ENABLE, multicast off $TORCH_SYMM_MEM_DISABLE_MULTICAST: $*"; '
+        'trap "echo stopped; exit 0" TERM; while :; do sleep 0.2; done; fi\n'
+        'if [ "$2" = gs1 ]; then d=$(echo "$*" | sed "s/.*--run-dir \\([^ ]*\\).*/\\1/"); mkdir -p "$d/train/a"; '
+        'echo w > "$d/train/a/adapter_model.safetensors"; echo "{}" > "$d/train/a/final.json"; fi\n'
+        'echo "args: $*"\n')
+    (tmp_path / "data").mkdir()
+    env = {**BASE_ENV, "GS1_DEVICE_WORK": str(work), "GS1_DEVICE_MODELS": str(models), "GPUS": "2",
+           "GS1_DEVICE_DATA": str(tmp_path / "data"), "GS1_DEVICE_PYTHON": f"bash {fake_py}",
+           "GS1_DEVICE_MODEL_SUMS": str(sums)}
+    done = subprocess.run(["bash", str(H200 / "multi_gpu_device_run.sh")], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    spec = "results/h200-engine/spec_24units.json"
+    assert f"-m gs1 run {spec} --run-dir {work / 'inprocess'} " in (work / "inprocess.log").read_text()
+    dispatched = (work / "dispatch.log").read_text()
+    assert (f"-m gs1 run {spec} --dispatch gs1-arm-unit/train-and-eval --dispatch-groups 2 "
+            f"--run-dir {work / 'dispatch' / 'run'} ") in dispatched
+    deployed = (work / "dispatch" / "deploy.log").read_text()
+    assert "work-pool create gs1-units --type process" in deployed
+    assert "deploy --prefect-file deployments/units.yaml --all" in deployed
+    for k in (0, 1):
+        log = (work / "dispatch" / f"worker-{k}.log").read_text()
+        assert f"worker on GPU {k}, NVLS 0, multicast off 1:" in log and f"--limit 1 --name gpu-{k}" in log
+        assert log.rstrip().endswith("stopped")  # the run's end stops its workers
+    times = (work / "times.txt").read_text()
+    assert "inprocess-rc 0" in times and "dispatch-rc 0" in times
+    assert times.index("inprocess-end") < times.index("dispatch-start") < times.index("dispatch-workers-up")
+    out = tmp_path / "out"
+    out.mkdir()
+    polled = subprocess.run(["bash", str(H200 / "multi_gpu_device_poll.sh")], cwd=ROOT, capture_output=True, text=True,
+                            env={**BASE_ENV, "GS1_DEVICE_WORK": str(work), "OUT": str(out), "WAIT": "0"}, timeout=60)
+    assert "status: all-done" in polled.stdout, polled.stdout + polled.stderr
+    with tarfile.open(out / "dispatch.tgz.00") as packed:
+        names = set(packed.getnames())
+    assert {"dispatch/run/train/a/final.json", "dispatch/worker-1.log", "dispatch.log"} <= names
+    assert not any(n.endswith(".safetensors") for n in names)
+    assert (out / "inprocess.tgz.00").is_file() and (out / "logs.tgz").is_file()
+    again = subprocess.run(["bash", str(H200 / "multi_gpu_device_poll.sh")], cwd=ROOT, capture_output=True, text=True,
+                           env={**BASE_ENV, "GS1_DEVICE_WORK": str(work), "OUT": str(tmp_path), "WAIT": "0"}, timeout=60)
+    assert not list(tmp_path.glob("dispatch.tgz.*")), again.stdout  # once

@@ -1,5 +1,7 @@
-"""Dispatch: each arm x seed runs as its own flow run of a deployment on a Prefect `process` work
-pool, picked up by two local workers; the experiment's audit and decision wait for every unit."""
+"""Dispatch: a sweep's units run as flow runs of a deployment on a Prefect `process` work pool, a
+seed's units in one flow run (`dispatch_groups`), picked up by two local workers, one a fake GPU
+(`CUDA_VISIBLE_DEVICES`, as on a host of two); the experiment's audit and decision wait for every
+unit. The grouping itself: `design.plan.unit_groups`, tested without Prefect."""
 
 from __future__ import annotations
 
@@ -37,9 +39,12 @@ def _deploy_units(repo_root: Path, pool: str) -> str:
     return f"{UNIT_FLOW}/units"
 
 
-def _start_worker(pool: str, name: str, api_url: str, log: Path) -> subprocess.Popen:
+def _start_worker(pool: str, name: str, api_url: str, log: Path, gpu: int) -> subprocess.Popen:
+    # one worker a GPU, as scripts/h200/multi_gpu_device_run.sh starts them (this machine has none:
+    # the variable is what each worker's flow runs inherit, and the CPU engine ignores it)
     env = {**os.environ, "PREFECT_API_URL": api_url, "PREFECT_WORKER_QUERY_SECONDS": "1",
-           "PREFECT_WORKER_PREFETCH_SECONDS": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
+           "PREFECT_WORKER_PREFETCH_SECONDS": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
+           "CUDA_VISIBLE_DEVICES": str(gpu)}
     return subprocess.Popen(
         [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process", "--limit", "1",
          "--name", name],
@@ -57,7 +62,7 @@ def test_units_run_on_two_process_workers_and_the_decision_waits_for_all(prefect
     pool = f"gs1-units-{uuid.uuid4().hex[:6]}"
     deployment = _deploy_units(repo_root, pool)
     api_url = PREFECT_API_URL.value()
-    workers = [_start_worker(pool, f"worker-{k}", api_url, tmp_path / f"worker-{k}.log") for k in range(2)]
+    workers = [_start_worker(pool, f"worker-{k}", api_url, tmp_path / f"worker-{k}.log", gpu=k) for k in range(2)]
     try:
         spec = multiarm_spec(repo_root, tiny_model_dir)
         spec["arms"] = spec["arms"][:2]  # grpo_gs8 (baseline) and gs1_kernel, at seeds 0 and 1: four units
@@ -65,7 +70,7 @@ def test_units_run_on_two_process_workers_and_the_decision_waits_for_all(prefect
         spec_path.write_text(json.dumps(spec))
         run_dir = tmp_path / "run"
         state = experiment_in(run_dir)(spec_path=str(spec_path), run_dir=str(run_dir), backend="local",
-                                       dispatch=deployment, return_state=True)
+                                       dispatch=deployment, dispatch_groups=2, return_state=True)
     finally:
         for worker in workers:
             worker.terminate()
@@ -78,23 +83,30 @@ def test_units_run_on_two_process_workers_and_the_decision_waits_for_all(prefect
     assert state.is_completed(), f"{state.message}\n{logs}"
 
     units = [f"{arm}-s{seed}" for arm in ("grpo_gs8", "gs1_kernel") for seed in (0, 1)]
+    groups = {f"grpo_gs8-s{seed},gs1_kernel-s{seed}" for seed in (0, 1)}
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs()
-    unit_runs = [r for r in runs if r.deployment_id is not None and r.name.split(" ")[0] in units]
-    # One flow run of the deployment per unit, every one completed, shared by the two workers.
-    assert sorted(r.name.split(" ")[0] for r in unit_runs) == sorted(units)
-    assert all(r.state.is_completed() for r in unit_runs)
-    assert {r.work_pool_name for r in unit_runs} == {pool}
-    for k in range(2):  # each worker (one unit at a time) ran some of them
-        log = (tmp_path / f"worker-{k}.log").read_text().lower()
-        assert sum(run.id.hex[:8] in log.replace("-", "") for run in unit_runs) >= 1, log[-2000:]
+    group_runs = [r for r in runs if r.deployment_id is not None and r.name.split(" ")[0] in groups]
+    # One flow run of the deployment per seed (its two units side by side), both completed, one a worker.
+    assert sorted(r.name.split(" ")[0] for r in group_runs) == sorted(groups)
+    assert all(r.state.is_completed() for r in group_runs)
+    assert {r.work_pool_name for r in group_runs} == {pool}
+    ran = [[run for run in group_runs if run.id.hex[:8] in (tmp_path / f"worker-{k}.log").read_text().lower().replace("-", "")]
+           for k in range(2)]
+    assert sorted(len(r) for r in ran) == [1, 1], logs  # each worker (one flow run at a time) ran one group
+    for unit in units:  # a seed's two units trained at once, in one process
+        steps = read_rows("step_metrics", run_dir / "train" / unit / "step_metrics.parquet")
+        other = unit.replace("grpo_gs8", "gs1_kernel") if unit.startswith("grpo") else unit.replace("gs1_kernel", "grpo_gs8")
+        theirs = read_rows("step_metrics", run_dir / "train" / other / "step_metrics.parquet")
+        assert steps[0]["wall_time"] - steps[0]["step_seconds"] < theirs[-1]["wall_time"]
     # The decision came after every unit: it read all four eval files the units wrote.
     decision = json.loads((run_dir / "decision" / "decision.json").read_text())
     assert decision["seeds"] == [0, 1] and [p["arm"] for p in decision["comparisons"]] == ["gs1_kernel"]
     decision_written = (run_dir / "decision" / "decision.json").stat().st_mtime
     for unit in units:
         assert (run_dir / "eval" / unit / "eval.jsonl").stat().st_mtime <= decision_written
-        assert read_rows("arm_costs", run_dir / "train" / unit / "costs.parquet")[0]["steps"] == 2
+        cost = read_rows("arm_costs", run_dir / "train" / unit / "costs.parquet")[0]
+        assert cost["steps"] == 2 and cost["device"].endswith("/cpu")
     base = {s: eval_map(run_dir / "eval" / f"grpo_gs8-s{s}" / "eval.jsonl") for s in (0, 1)}
     mine = {s: eval_map(run_dir / "eval" / f"gs1_kernel-s{s}" / "eval.jsonl") for s in (0, 1)}
     expected = sum(sum(mine[s][i] - base[s][i] for i in base[s]) / len(base[s]) for s in (0, 1)) / 2
@@ -102,3 +114,33 @@ def test_units_run_on_two_process_workers_and_the_decision_waits_for_all(prefect
     # The training audit read every unit's logs.
     audit = {r["metric"] for r in read_rows("gate_report", run_dir / "audit" / "train" / "gate_report.parquet")}
     assert audit == {f"{u}.max_abs_diff" for u in units}
+
+
+def test_unit_groups_deal_whole_seeds_over_the_groups(repo_root, tiny_model_dir):
+    """A sweep's dispatch groups (`design.plan.unit_groups`), on a plan's own units: whole seeds
+    dealt round-robin, so a seed's arms share a flow run (one process, one base, one GPU), in plan
+    order within a group; more groups than seeds deal the units; by default one unit a group; fewer
+    than 1 is refused."""
+    import pytest
+
+    from design.plan import plan_from_spec, unit_groups
+    from design.spec import parse_spec
+    from schemas.errors import UserError
+
+    spec = multiarm_spec(repo_root, tiny_model_dir, seeds=(0, 1, 2))
+    spec["arms"] = spec["arms"][:3]
+    units = plan_from_spec(parse_spec(spec)).units()
+    assert [u.unit for u in units][:4] == ["grpo_gs8-s0", "grpo_gs8-s1", "grpo_gs8-s2", "gs1_kernel-s0"]
+
+    def names(groups):
+        return [[u.unit for u in group] for group in groups]
+
+    assert names(unit_groups(units, 2)) == [
+        ["grpo_gs8-s0", "grpo_gs8-s2", "gs1_kernel-s0", "gs1_kernel-s2", "batch_mean-s0", "batch_mean-s2"],
+        ["grpo_gs8-s1", "gs1_kernel-s1", "batch_mean-s1"]]
+    assert names(unit_groups(units, 3))[1] == ["grpo_gs8-s1", "gs1_kernel-s1", "batch_mean-s1"]
+    assert names(unit_groups(units, 1)) == [[u.unit for u in units]]
+    assert [len(g) for g in unit_groups(units, 4)] == [3, 2, 2, 2]  # more groups than seeds: the units dealt
+    assert names(unit_groups(units, None)) == [[u.unit] for u in units]
+    with pytest.raises(UserError, match="at least 1"):
+        unit_groups(units, 0)

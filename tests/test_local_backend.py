@@ -739,6 +739,51 @@ def test_clients_go_to_the_gpu_with_the_fewest_live_adapters(tmp_path, monkeypat
     assert svc.place() == torch.device("cuda", 0)  # always an index: the engine's worker thread sets it
 
 
+def test_a_seeds_units_share_one_gpu_and_a_run_counts_every_gpu(tmp_path, monkeypatch):
+    """With two GPUs, clients of one placement key (a run's units of one seed, `tasks.arms`) go to
+    the GPU the key's first client got, whatever the others hold; a new key goes to the GPU with the
+    fewest live adapters. The local backend counts every GPU the engine spreads over (the
+    feasibility's GPU hours), and a unit's device is the GPU's UUID, not its index in the process.
+    (Stand-in bases and GPU properties: this machine has no GPU.)"""
+    from engine import LocalServiceClient
+    from engine.settings import device_identity
+    from rl.backends import backend_named
+
+    class BaseStandIn:
+        def __init__(self, device):
+            self.device, self.adapters = device, {}
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    svc = LocalServiceClient(device="cuda", cache_dir=tmp_path, compile_decode=False)
+    bases = {k: svc._bases.setdefault(("m", None, f"cuda:{k}"), BaseStandIn(torch.device("cuda", k))) for k in (0, 1)}
+
+    def create(placement: str) -> torch.device:
+        device = svc.place(placement)
+        bases[device.index].adapters[f"c{len(bases[0].adapters) + len(bases[1].adapters)}"] = object()
+        return device
+
+    assert [create(key) for key in ("seed 0", "seed 1", "seed 0", "seed 0", "seed 2", "seed 1")] == [
+        torch.device("cuda", k) for k in (0, 1, 0, 0, 1, 1)]
+    assert svc.place(None) == torch.device("cuda", 0)  # 3 live adapters each: the lowest index
+    bases[1].adapters.clear()
+    assert svc.place("seed 1") == torch.device("cuda", 1) and svc.place("seed 3") == torch.device("cuda", 1)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert backend_named("local").devices() == 2
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert backend_named("local").devices() == 4
+
+    class Properties:
+        def __init__(self, index):
+            self.uuid = f"uuid-of-{index}"
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", Properties)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert device_identity(torch.device("cuda", 1)).endswith("/GPU-uuid-of-1")
+    assert device_identity(torch.device("cuda")) == device_identity(torch.device("cuda", 1))
+    assert device_identity(torch.device("cpu")).endswith("/cpu")
+
+
 def test_the_engine_usage_lines_say_how_long_the_worker_was_busy_and_on_what(tmp_path, tiny_model_dir):
     """`LocalServiceClient.usage()` snapshots and `usage_lines`: per base, the worker's busy seconds
     of the interval by job, counted by the jobs that ran in it (none before the first snapshot)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +78,7 @@ def test_four_arms_two_seeds_reach_a_holm_decision_with_costs(prefect_harness, t
         steps = read_rows("step_metrics", run_dir / "train" / unit / "step_metrics.parquet")
         rollouts = read_rows("rollouts", run_dir / "train" / unit / "rollouts.parquet")
         assert cost["unit"] == unit and cost["steps"] == 2
+        assert cost["device"] == f"{socket.gethostname()}/cpu"  # where it trained: which units shared a device
         assert cost["wall_seconds"] == pytest.approx(sum(s["step_seconds"] for s in steps))
         # the sampler generated every response token, and prefilled each request's prompt
         generated = sum(r["num_tokens"] for r in rollouts)

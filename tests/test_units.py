@@ -358,6 +358,48 @@ def test_wall_time_compares_only_units_that_shared_the_gpu_alike(tmp_path, repo_
     assert "| ran apart |" in next(line for line in secondary if line.startswith("| batch_mean |"))
 
 
+def test_units_that_trained_at_once_on_two_gpus_shared_nothing(tmp_path, repo_root, tiny_model_dir):
+    """Made-up unit files (a fake units folder, no training) from one run on two fake GPUs: every
+    unit trained at once, seed 0's three units on one GPU and seed 1's on the other (as the engine
+    places a seed's units, `LocalServiceClient.place`), and one unit from before devices were kept.
+    Only units on one device shared a GPU (the unit with no device is taken to share, as on one GPU);
+    each wall-time ratio is over the seeds where the two shared one; the table names each unit's
+    device and each device's identity."""
+    from decision.units import standing_markdown
+    from design.plan import plan_from_spec
+    from schemas.cost import ArmCost
+    from schemas.layout import UnitsLayout
+
+    spec = _with_items(three_arm_spec(repo_root, tiny_model_dir), 10)
+    plan = plan_from_spec(spec)
+    gpu = {0: "host/GPU-aaaa", 1: "host/GPU-bbbb"}
+    step_seconds = {"grpo_gs8": 4.0, "gs1_kernel": 4.4, "batch_mean": 4.8}
+    for unit in plan.units():
+        device = None if unit.unit == "batch_mean-s1" else gpu[unit.order_seed]
+        seconds = step_seconds[unit.name] + unit.order_seed
+        cost = ArmCost(arm=unit.name, seed=unit.order_seed, unit=unit.unit, steps=2, wall_seconds=2 * seconds,
+                       sample_seconds=1.0, train_seconds=1.0, sampler_tokens=100, trainer_tokens=100, model_calls=8,
+                       device=device)
+        _write_fake_unit(tmp_path, unit, [i % 2 == 0 for i in range(10)], cost, None, 1.0e9, seconds)
+
+    standing = _fake_standing(spec, plan, tmp_path)
+    sharing = {s.unit: s for s in standing.sharing}
+    seed_0 = {"grpo_gs8-s0", "gs1_kernel-s0", "batch_mean-s0"}
+    assert {u: set(s.beside) for u, s in sharing.items()} == {
+        **{u: seed_0 - {u} | {"batch_mean-s1"} for u in seed_0},
+        "grpo_gs8-s1": {"gs1_kernel-s1", "batch_mean-s1"}, "gs1_kernel-s1": {"grpo_gs8-s1", "batch_mean-s1"},
+        "batch_mean-s1": seed_0 | {"grpo_gs8-s1", "gs1_kernel-s1"}}
+    assert sharing["grpo_gs8-s1"].device == "host/GPU-bbbb" and sharing["batch_mean-s1"].device is None
+    rows = {a.arm: a for a in standing.arms}
+    assert rows["gs1_kernel"].wall_seeds == (0, 1)
+    assert rows["gs1_kernel"].wall_ratio == pytest.approx((8.8 + 10.8) / (8.0 + 10.0))
+    lines = standing_markdown(plan, standing, UnitsLayout(tmp_path)).splitlines()
+    assert "| grpo_gs8-s0 | GPU 1 | gs1_kernel-s0, batch_mean-s0, batch_mean-s1 | 4.0 |" in lines
+    assert "| grpo_gs8-s1 | GPU 2 | gs1_kernel-s1, batch_mean-s1 | 5.0 |" in lines
+    assert next(line for line in lines if line.startswith("| batch_mean-s1 | not known |"))
+    assert "- GPU 1: `host/GPU-aaaa`" in lines and "- GPU 2: `host/GPU-bbbb`" in lines
+
+
 @pytest.mark.parametrize("missing", [(), ("gs1_kernel-s1",)])
 def test_the_treatment_against_each_other_arm_and_the_plots(tmp_path, repo_root, tiny_model_dir, missing):
     """Made-up unit files (a fake units folder, no training): the treatment minus each arm that is

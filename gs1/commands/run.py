@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from gs1.commands.argtypes import positive_int
 from rl.backends import BACKENDS, DEFAULT_BACKEND
 from schemas.errors import ArmFailed, UserError
 
@@ -32,6 +33,9 @@ def register(subparsers) -> None:
     p.add_argument("--dispatch", metavar="DEPLOYMENT",
                    help="run each arm x seed as a flow run of this deployment of gs1-arm-unit "
                         "(e.g. gs1-arm-unit/train-and-eval) on its work pool's workers; needs PREFECT_API_URL and a run directory the workers share")
+    p.add_argument("--dispatch-groups", type=positive_int, metavar="N",
+                   help="with --dispatch: the units as N flow runs, whole seeds each, every one training its units "
+                        "side by side on one base (one a worker and its GPU; default: one flow run a unit)")
     p.add_argument("--units", type=_unit_list, metavar="UNIT[,UNIT...]",
                    help="train and evaluate only these arm x seed units (e.g. grpo_gs8-s0,critic-s0) after the gates; "
                         "no decision: `gs1 decide --spec SPEC --units DIR --collect RUN_DIR` gathers units from runs "
@@ -74,10 +78,12 @@ def _run(args: argparse.Namespace, server) -> int:
 
     from gs1.run_control import check_prefect_api, run_dir_lock
 
+    dispatch, dispatch_groups = getattr(args, "dispatch", None), getattr(args, "dispatch_groups", None)
+    if dispatch_groups and not dispatch:
+        raise UserError("--dispatch-groups needs --dispatch: the deployment whose workers run the groups")
     api_url = PREFECT_API_URL.value()
     if api_url:
         check_prefect_api(api_url)  # down, or never answering: one line, exit 2, within seconds
-    dispatch = getattr(args, "dispatch", None)
     if dispatch and not api_url:
         raise UserError("--dispatch needs the Prefect server the workers poll: set PREFECT_API_URL")
     if not api_url:
@@ -105,7 +111,7 @@ def _run(args: argparse.Namespace, server) -> int:
             api_url = server.start()  # our child: it ends when gs1 run does, however that happens
         with temporary_settings({PREFECT_API_URL: api_url}):
             try:
-                return _run_flow(spec_path, run_dir, args.backend, data_dir, dispatch, units)
+                return _run_flow(spec_path, run_dir, args.backend, data_dir, dispatch, units, dispatch_groups)
             finally:
                 _send_pending_logs()  # while the server is still up: it stops when the run ends
 
@@ -138,7 +144,7 @@ def _send_pending_logs(timeout: float = 5.0) -> None:
 
 
 def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None, dispatch: str | None = None,
-              units: list[str] | None = None) -> int:
+              units: list[str] | None = None, dispatch_groups: int | None = None) -> int:
     from flows.experiment import experiment_in
     from schemas.errors import BackendError, GateFailed
     from schemas.layout import RunLayout
@@ -151,7 +157,7 @@ def _run_flow(spec_path: Path, run_dir: Path, backend: str, data_dir: str | None
     state = experiment_in(layout)(
         spec_path=str(spec_path.resolve()), run_dir=str(layout.resolved().root), backend=backend,
         data_dir=str(Path(data_dir).resolve()) if data_dir else None, dispatch=dispatch, units=units,
-        return_state=True,
+        dispatch_groups=dispatch_groups, return_state=True,
     )
     if state.is_completed():
         decision = state.result()

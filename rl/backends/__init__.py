@@ -64,6 +64,11 @@ class Backend:
         """Accelerators a run holds, for the feasibility's GPU-hours."""
         return 1  # hosted: count the run as holding one accelerator's worth of time
 
+    def unit_device(self, training_client: Any) -> str | None:
+        """The physical device that trains `training_client`'s adapter (a unit's cost record:
+        which units shared a GPU); None where the backend does not say (a hosted service)."""
+        return None
+
     def numerics(self, session: Callable[[], Any]) -> dict:
         """How the backend makes its numbers (`engine.determinism.Numerics.record`)."""
         from engine.determinism import Numerics  # lazy: the engine's package imports torch
@@ -102,7 +107,11 @@ class LocalBackend(Backend):
     def devices(self) -> int:
         import torch
 
-        return 1 if torch.cuda.is_available() else 0
+        # the engine spreads a run's clients over every GPU it sees (`LocalServiceClient.place`)
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+    def unit_device(self, training_client: Any) -> str | None:
+        return training_client.device_identity()
 
     def numerics(self, session: Callable[[], Any]) -> dict:
         return session().numerics().record()

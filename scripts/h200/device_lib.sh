@@ -2,11 +2,14 @@
 # by them; tests/test_device_scripts.py runs each on made-up folders.
 
 # device_env W: what every device run exports: imports from the wheels (/tmp/site) and the
-# checkout, no telemetry, no hub, the engine's caches under W, and inductor's cache named
+# checkout, no telemetry, no hub, no NVLink multicast, the engine's caches under W, and inductor's cache named
 # outright too (the engine pins GS1_COMPILE_CACHE for inductor itself, engine
 # pin_compile_cache; naming it here covers any torch process the scripts start)
 device_env() {
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false HF_HUB_OFFLINE=1
+  # NVLink multicast off in every process a script starts (a host of several GPUs sets these; a
+  # program that used it could put the host's shared GPUs out of service: the device notes)
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   export GS1_LOCAL_CACHE=$1/cache GS1_COMPILE_CACHE=$1/compile GS1_MODEL_CACHE=$1/models TORCHINDUCTOR_CACHE_DIR=$1/compile
 }
 
@@ -87,4 +90,13 @@ pack_compile_cache() {
   pieces=$(( ($(stat -c %s "$w/compile.tgz") + 14999999) / 15000000 )); left=$(( 8 - $(ls "$out" | wc -l) ))
   if [ "$pieces" -le "$left" ]; then split -b 15000000 -d -a 2 "$w/compile.tgz" "$out/compile.tgz."
   else echo "compile cache: $pieces pieces of 15 MB, $left files left to bring back: left on the machine"; fi
+}
+
+# pack_part W OUT PART: W/PART (and W/PART.log) without weights into OUT/PART.tgz.NN, 15 MB pieces
+# (a piece over 16 MiB would not come back; `cat PART.tgz.* | tar xz` joins them), once (W/PART.packed)
+pack_part() {
+  local w=$1 out=$2 part=$3
+  [ -f "$w/$part.packed" ] && return 0
+  tar czf - -C "$w" --exclude='*.safetensors' --exclude='*.pt' --ignore-failed-read "$part" "$part.log" 2>/dev/null \
+    | split -b 15000000 -d -a 2 - "$out/$part.tgz." && touch "$w/$part.packed"
 }

@@ -15,13 +15,7 @@ W=${GS1_DEVICE_WORK:-/root/work}  # the device run's folder (a test points it el
 BUSY="assembling|running"
 . "$(dirname "$0")/device_lib.sh"
 
-# pack PART: W/PART (and its log) without weights into $OUT/PART.tgz.NN, 15 MB pieces (a piece
-# over 16 MiB would not come back; `cat PART.tgz.* | tar xz` joins them), once
-pack() {
-  [ -f "$W/$1.packed" ] && return 0
-  tar czf - -C "$W" --exclude='*.safetensors' --exclude='*.pt' --ignore-failed-read "$1" "$1.log" 2>/dev/null \
-    | split -b 15000000 -d -a 2 - "$OUT/$1.tgz." && touch "$W/$1.packed"
-}
+pack() { pack_part "$W" "$OUT" "$1"; }
 
 pack_parts() {
   [ -n "${OUT:-}" ] || return 0
