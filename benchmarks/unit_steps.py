@@ -12,6 +12,10 @@ projection to `--steps` steps: the steps after the first `--warmup` (3: they com
 graphs on a shape's COMPILE_AFTER_BATCHES-th batch and the learner on its COMPILE_LEARNER_AFTER-th
 call) at their median span, plus the warm-up steps as measured. A projection from
 four steps is a rough guide: the rollouts' lengths, so the step's cost, change as the policy trains.
+
+Units of one run on several GPUs (issue 52) step on each GPU apart: where their cost records
+(`train/<unit>/costs.parquet`) name more than one device, a table and projection follow for each
+device's units alone, beside the one over all of them.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from schemas.artifacts import read_rows
 from schemas.layout import STEP_METRICS_FILE, RunLayout
 
 WARMUP_STEPS = 3  # the steps whose span includes compiling (the learner compiles on its 3rd train call)
@@ -38,6 +43,7 @@ class UnitStep:
     end: float
     sample_seconds: float
     train_seconds: float
+    device: str | None = None  # the unit's cost record's (`schemas.cost.ArmCost.device`); None: not known
 
 
 @dataclass(frozen=True)
@@ -56,13 +62,16 @@ class StepSpan:
 
 def unit_steps(run_dir: Path) -> list[UnitStep]:
     """Every unit's steps under the run directory's train folder."""
-    train = RunLayout(run_dir).train_dir
+    layout = RunLayout(run_dir)
     rows: list[UnitStep] = []
-    for path in sorted(train.glob(f"*/{STEP_METRICS_FILE}")):
+    for path in sorted(layout.train_dir.glob(f"*/{STEP_METRICS_FILE}")):
+        unit = path.parent.name
+        costs = layout.costs_path(unit)  # written when the unit's training ended
+        device = read_rows("arm_costs", costs)[0]["device"] if costs.is_file() else None
         table = pq.read_table(path, columns=["step", "step_seconds", "wall_time", "sample_seconds", "train_seconds"])
         for r in table.to_pylist():
-            rows.append(UnitStep(path.parent.name, r["step"], r["wall_time"] - r["step_seconds"], r["wall_time"],
-                                 r["sample_seconds"], r["train_seconds"]))
+            rows.append(UnitStep(unit, r["step"], r["wall_time"] - r["step_seconds"], r["wall_time"],
+                                 r["sample_seconds"], r["train_seconds"], device))
     return rows
 
 
@@ -98,20 +107,29 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         print(f"unit_steps: no {STEP_METRICS_FILE} under {args.run_dir}/train", file=sys.stderr)
         return 2
-    spans = step_spans(rows)
+    print_steps(step_spans(rows), args.steps, args.warmup)
+    devices = sorted({r.device for r in rows if r.device is not None})
+    if len(devices) > 1:
+        for device in devices:
+            print(f"\n### {device}: {len({r.unit for r in rows if r.device == device})} units\n")
+            print_steps(step_spans([r for r in rows if r.device == device]), args.steps, args.warmup)
+    return 0
+
+
+def print_steps(spans: list[StepSpan], steps: int, warmup: int) -> None:
+    """The step table and, after the warm-up, its projection to `steps` steps."""
     print("| step | units | s (all units) | s per unit | unit sample s (mean) | unit train s (mean) |")
     print("|---|---|---|---|---|---|")
     for s in spans:
         print(f"| {s.step} | {s.units} | {s.seconds:.1f} | {s.seconds_per_unit:.2f} | {s.sample_seconds_mean:.1f} "
               f"| {s.train_seconds_mean:.1f} |")
-    projected = projected_seconds(spans, args.steps, args.warmup)
+    projected = projected_seconds(spans, steps, warmup)
     if projected is None:
-        print(f"\nno step after the first {args.warmup}: no projection")
+        print(f"\nno step after the first {warmup}: no projection")
     else:
-        print(f"\n{args.steps} steps of {max(s.units for s in spans)} units: {projected:.0f} s "
-              f"({projected / 60:.1f} min; the first {args.warmup} steps as measured, the rest at the median "
-              f"of steps {spans[args.warmup].step}-{spans[-1].step})")
-    return 0
+        print(f"\n{steps} steps of {max(s.units for s in spans)} units: {projected:.0f} s "
+              f"({projected / 60:.1f} min; the first {warmup} steps as measured, the rest at the median "
+              f"of steps {spans[warmup].step}-{spans[-1].step})")
 
 
 if __name__ == "__main__":

@@ -94,3 +94,29 @@ def test_without_the_switch_the_learners_graph_bypasses_autograds_cache():
         assert autograd_function_apply.cacheable() is False
         assert cache_learner_graphs() is True
         assert autograd_function_apply.cacheable() is True
+
+
+def test_two_processes_compiling_into_one_cache_at_once_leave_it_whole(tmp_path):
+    """Two workers of one host (one a GPU, issue 52) share one compile cache: two fresh processes
+    compile the learner's layers into it at the same time, both cold, and both get the same LoRA
+    gradients; a third process then loads the graph they wrote (autograd and inductor caches hit,
+    nothing missed) with the same gradients. The learner's own compile, on the CPU, as
+    benchmarks/learner_compile.py runs it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from fixtures.benchmarks import load_benchmark
+
+    bench = load_benchmark("learner_compile")
+    load_benchmark("engine_speed").build_model("tiny", tmp_path / "model", None, "cpu")  # before either starts
+    with ThreadPoolExecutor(2) as pool:
+        at_once = list(pool.map(lambda run: bench.run_probe(tmp_path, run), ("gpu0", "gpu1")))
+    # each looked the graph up (the first to finish may have saved it before the other looked)
+    assert all(r.autograd_hit + r.autograd_miss >= 1 for r in at_once), [r.line for r in at_once]
+    assert sum(r.autograd_miss for r in at_once) >= 1  # the cache started empty
+    warm = bench.run_probe(tmp_path, "after")
+    assert warm.autograd_hit >= 1 and warm.autograd_miss == 0 and warm.inductor_miss == 0, warm.line
+    grads = [torch.load(tmp_path / f"{run}.pt") for run in ("gpu0", "gpu1", "after")]
+    assert len(grads[0]) > 0 and all(g.keys() == grads[0].keys() for g in grads)
+    assert all(torch.equal(g[k], grads[0][k]) for g in grads[1:] for k in grads[0])

@@ -20,9 +20,10 @@ from test_multiarm import eval_map, multiarm_spec
 TESTS = Path(__file__).resolve().parent
 
 
-def _deploy_units(repo_root: Path, pool: str) -> str:
+def _deploy_units(repo_root: Path, pool: str, env: dict[str, str] | None = None) -> str:
     """A `process` pool and a deployment of the unit flow on it; the flow runs the workers start
-    register the test env first (the job's command, a Prefect job variable)."""
+    register the test env first (the job's command, a Prefect job variable), and load the fake lost
+    GPU (`fixtures.lost_gpu`, idle unless `env` names its unit)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
 
@@ -30,11 +31,11 @@ def _deploy_units(repo_root: Path, pool: str) -> str:
 
     with get_client(sync_client=True) as client:
         client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
-    command = (f"{sys.executable} -c \"import fixtures.flow_env, runpy; "
+    command = (f"{sys.executable} -c \"import fixtures.flow_env, fixtures.lost_gpu, runpy; "
                "runpy.run_module('prefect.engine', run_name='__main__')\"")
     arm_unit.from_source(source=str(repo_root), entrypoint="flows/units.py:arm_unit").deploy(
         name="units", work_pool_name=pool, build=False, push=False, print_next_steps=False,
-        job_variables={"command": command, "env": {"PYTHONPATH": f"{TESTS}{os.pathsep}{repo_root}"}},
+        job_variables={"command": command, "env": {"PYTHONPATH": f"{TESTS}{os.pathsep}{repo_root}", **(env or {})}},
     )
     return f"{UNIT_FLOW}/units"
 
@@ -72,13 +73,7 @@ def test_units_run_on_two_process_workers_and_the_decision_waits_for_all(prefect
         state = experiment_in(run_dir)(spec_path=str(spec_path), run_dir=str(run_dir), backend="local",
                                        dispatch=deployment, dispatch_groups=2, return_state=True)
     finally:
-        for worker in workers:
-            worker.terminate()
-        for worker in workers:
-            try:
-                worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
+        _stop(workers)
     logs = "\n".join((tmp_path / f"worker-{k}.log").read_text()[-3000:] for k in range(2))
     assert state.is_completed(), f"{state.message}\n{logs}"
 
@@ -114,6 +109,60 @@ def test_units_run_on_two_process_workers_and_the_decision_waits_for_all(prefect
     # The training audit read every unit's logs.
     audit = {r["metric"] for r in read_rows("gate_report", run_dir / "audit" / "train" / "gate_report.parquet")}
     assert audit == {f"{u}.max_abs_diff" for u in units}
+
+
+def _stop(workers: list[subprocess.Popen]) -> None:
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+
+
+def test_a_group_whose_gpu_is_lost_is_named_and_the_same_run_resumes_it(prefect_harness, tmp_path, repo_root,
+                                                                       tiny_model_dir):
+    """A worker's GPU lost mid-sweep (`fixtures.lost_gpu`: seed 1's flow run dies at once, as a
+    process on a GPU that fell off the bus does): the other group finishes, and only then the
+    experiment fails, naming the lost group's units; nothing it finished is lost. The same run
+    started again re-dispatches both groups: seed 0's units come from their cached stages
+    (not trained again), seed 1's train, and the decision reads all four."""
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.experiment import experiment_in
+
+    pool = f"gs1-units-{uuid.uuid4().hex[:6]}"
+    deployment = _deploy_units(repo_root, pool, env={"GS1_TEST_LOSE_GPU_ONCE": str(tmp_path / "lost"),
+                                                     "GS1_TEST_LOSE_GPU_UNIT": "grpo_gs8-s1"})
+    api_url = PREFECT_API_URL.value()
+    spec = multiarm_spec(repo_root, tiny_model_dir)
+    spec["arms"] = spec["arms"][:2]
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    run_dir = tmp_path / "run"
+    states = []
+    for attempt in range(2):
+        workers = [_start_worker(pool, f"worker-{attempt}-{k}", api_url, tmp_path / f"worker-{attempt}-{k}.log", gpu=k)
+                   for k in range(2)]
+        try:
+            states.append(experiment_in(run_dir)(spec_path=str(spec_path), run_dir=str(run_dir), backend="local",
+                                                 dispatch=deployment, dispatch_groups=2, return_state=True))
+        finally:
+            _stop(workers)
+        if attempt == 0:
+            lost, done = states[0], {u: (run_dir / "train" / u / "final.json").stat().st_mtime
+                                     for u in ("grpo_gs8-s0", "gs1_kernel-s0")}
+    logs = "\n".join(p.read_text()[-2000:] for p in sorted(tmp_path.glob("worker-*.log")))
+    assert (tmp_path / "lost").is_file() and not lost.is_completed(), logs
+    assert "units grpo_gs8-s1,gs1_kernel-s1 ended Crashed" in lost.message, lost.message
+    assert "grpo_gs8-s0" not in lost.message  # the group that finished is not named
+    assert all((run_dir / "eval" / u / "eval.jsonl").is_file() for u in done)
+    assert states[1].is_completed(), f"{states[1].message}\n{logs}"
+    # seed 0's units were not trained again (their final records are the first attempt's)
+    assert {u: (run_dir / "train" / u / "final.json").stat().st_mtime for u in done} == done
+    decision = json.loads((run_dir / "decision" / "decision.json").read_text())
+    assert decision["seeds"] == [0, 1] and [p["arm"] for p in decision["comparisons"]] == ["gs1_kernel"]
 
 
 def test_unit_groups_deal_whole_seeds_over_the_groups(repo_root, tiny_model_dir):

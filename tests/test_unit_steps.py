@@ -47,3 +47,29 @@ def test_three_steps_give_no_projection_and_an_empty_run_is_an_input_error(tmp_p
     assert unit_steps.projected_seconds(spans, 40) is None
     assert unit_steps.main([str(tmp_path / "empty")]) == 2
     assert "no step_metrics.parquet" in capsys.readouterr().err
+
+
+def test_units_on_two_gpus_get_a_table_each_beside_the_whole(tmp_path, capsys):
+    """A run's units on two GPUs (their cost records name the devices; made up here) step on each GPU
+    apart: the table over all of them, then one a device, each with its own projection; units whose
+    records name one device, or none, get the one table alone."""
+    from schemas.artifacts import write_artifact
+    from schemas.cost import ArmCost
+
+    run = RunLayout(tmp_path)
+    _unit(run, "grpo_gs8-s0", ends=[1030.0, 1060.0, 1068.0, 1085.0], seconds=[30.0, 29.0, 7.0, 16.0])
+    _unit(run, "gs1_kernel-s0", ends=[1040.0, 1065.0, 1075.0, 1089.0], seconds=[38.0, 24.0, 9.0, 13.0])
+    _unit(run, "grpo_gs8-s1", ends=[1020.0, 1030.0, 1040.0, 1050.0], seconds=[20.0, 10.0, 10.0, 10.0])
+    assert unit_steps.main([str(tmp_path)]) == 0
+    assert "###" not in capsys.readouterr().out  # no cost records: one table
+    for unit, gpu in (("grpo_gs8-s0", "h/GPU-a"), ("gs1_kernel-s0", "h/GPU-a"), ("grpo_gs8-s1", "h/GPU-b")):
+        cost = ArmCost(arm=unit.split("-")[0], seed=0, unit=unit, steps=4, wall_seconds=1.0, sample_seconds=1.0,
+                       train_seconds=1.0, sampler_tokens=1, trainer_tokens=1, model_calls=1, device=gpu)
+        write_artifact("arm_costs", [cost.model_dump()], run.costs_path(unit))
+    assert unit_steps.main([str(tmp_path), "--warmup", "2"]) == 0
+    out = capsys.readouterr().out
+    whole, on_a = out.split("### h/GPU-a: 2 units")
+    on_a, on_b = on_a.split("### h/GPU-b: 1 units")
+    assert "| 0 | 3 | 40.0 | 13.33 |" in whole
+    assert "| 2 | 2 | 10.0 | 5.00 |" in on_a and "40 steps of 2 units: 521 s" in on_a  # as the two alone
+    assert "| 1 | 1 | 10.0 | 10.00 |" in on_b and "40 steps of 1 units: 410 s" in on_b
