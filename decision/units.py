@@ -19,8 +19,9 @@ Costs in the table are each arm's training over those common seeds divided by th
 the same seeds (a ratio of unequal seed sets would mislead). Wall time depends on how many units
 shared the GPU, so its ratio is taken only over the seeds at which the arm's units trained side by
 side with the baseline's (their steps' wall-clock spans overlap on one device, as units of one
-`gs1 run --units` on one GPU do; each unit's cost record names its device). Beside the pre-registered table: the treatment against each other arm (secondary, descriptive),
-what the rule can tell at this number of items, and plots (`report.plots.UNITS_PLOT_SPECS`).
+`gs1 run --units` on one GPU do; each unit's cost record names its device). Beside the
+pre-registered table: the treatment against each other arm (secondary, descriptive), what the rule
+can tell at this number of items, and plots (`report.plots.UNITS_PLOT_SPECS`).
 """
 
 from __future__ import annotations

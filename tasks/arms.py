@@ -69,10 +69,11 @@ def _lora_client(arm: ArmConfig, backend: str, rank: int, state_path: str | None
     """A LoRA training client on `arm`'s base model: fresh (the arm's seed), or from a `save_state`
     checkpoint with its optimizer state."""
     service = service_client(backend)
-    # the unit's name: the local engine's deterministic mode orders a batch's rows by it; its seed's
-    # placement: on several GPUs the engine keeps a seed's units on one (they batch together, and
-    # their wall times compare side by side)
-    metadata = {"unit": arm.unit, "placement": f"seed {arm.order_seed}"}
+    # the unit's name: the local engine's deterministic mode orders a batch's rows by it. In a spec of
+    # several seeds, its seed's placement: on several GPUs the engine keeps a seed's units on one
+    # (they batch together, and their wall times compare side by side); a single-seed spec's few
+    # arms spread one a GPU, as they always have
+    metadata = {"unit": arm.unit, **({"placement": f"seed {arm.run_seed}"} if arm.run_seed is not None else {})}
     if state_path is None:
         kwargs = backend_named(backend).lora_options(arm.base_model_path)
         future = service.create_lora_training_client(base_model=arm.base_model, rank=rank, seed=arm.seed,

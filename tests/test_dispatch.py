@@ -193,3 +193,37 @@ def test_unit_groups_deal_whole_seeds_over_the_groups(repo_root, tiny_model_dir)
     assert names(unit_groups(units, None)) == [[u.unit] for u in units]
     with pytest.raises(UserError, match="at least 1"):
         unit_groups(units, 0)
+
+
+def test_the_training_stage_asks_for_its_seeds_placement(monkeypatch, repo_root, tiny_model_dir):
+    """The training stage's client request (`tasks.arms._lora_client`, fresh or from a checkpoint)
+    names the unit and, in a spec of several seeds, the seed's placement, so that on several GPUs the
+    engine keeps a seed's units on one; a single-seed spec's arms ask for none (they spread). A fake
+    service client records what it was asked."""
+    from design.plan import plan_from_spec
+    from design.spec import parse_spec
+    from tasks import arms as arms_stage
+
+    asked = []
+
+    class FakeService:
+        def create_lora_training_client(self, **kwargs):
+            asked.append(kwargs["user_metadata"])
+            return _Done()
+
+        def create_training_client_from_state_with_optimizer(self, path, user_metadata=None):
+            asked.append(user_metadata)
+            return _Done()
+
+    class _Done:
+        def result(self, timeout=None):
+            return object()
+
+    monkeypatch.setattr(arms_stage, "service_client", lambda backend: FakeService())
+    many = plan_from_spec(parse_spec(multiarm_spec(repo_root, tiny_model_dir)))
+    one = plan_from_spec(parse_spec(multiarm_spec(repo_root, tiny_model_dir, seeds=(0,))))
+    unit = many.units_of("gs1_kernel")[1]
+    arms_stage._lora_client(unit, "local", 4, None)
+    arms_stage._lora_client(unit, "local", 4, "/checkpoint")
+    arms_stage._lora_client(one.arm("gs1_kernel"), "local", 4, None)
+    assert asked == [{"unit": "gs1_kernel-s1", "placement": "seed 1"}] * 2 + [{"unit": "gs1_kernel"}]
