@@ -5,6 +5,7 @@ dtype a service picks, and where torch.compile keeps its kernels between process
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,8 +85,6 @@ def device_identity(device: torch.device) -> str:
     """The physical device `device` is on this host, the same whichever process names it: a GPU by
     its UUID (a worker started with `CUDA_VISIBLE_DEVICES=1` calls the host's second GPU `cuda:0`),
     the CPU as the host's. Two units shared a GPU only where this is the same (`decision.units`)."""
-    import socket
-
     host = socket.gethostname()
     if device.type != "cuda":
         return f"{host}/{device.type}"

@@ -73,12 +73,12 @@ def dispatched_units(deployment: str, units: tuple[ArmConfig, ...], run: RunCont
                         "n_eval": n_eval, "run_dir": str(layout.root.resolve()), "backend": backend,
                         "data_dir": data_dir},
         )
-        runs[name] = flow_run.id
+        runs[name] = (flow_run.id, "unit" if len(group) == 1 else "units")
         logger.info(f"dispatched {name} to {deployment}: flow run {flow_run.id}")
     started, ended = time.time(), {}
     with get_client(sync_client=True) as client:
         while len(ended) < len(runs):
-            for unit, run_id in runs.items():
+            for unit, (run_id, _) in runs.items():
                 if unit not in ended:
                     state = client.read_flow_run(run_id).state
                     if state is not None and state.is_final():
@@ -91,7 +91,7 @@ def dispatched_units(deployment: str, units: tuple[ArmConfig, ...], run: RunCont
                 time.sleep(poll_seconds)
     failed = {u: s for u, s in ended.items() if not s.is_completed()}
     if failed:
-        raise RuntimeError("; ".join(f"{'units' if ',' in u else 'unit'} {u} ended {s.name}: {s.message or 'no message'}"
+        raise RuntimeError("; ".join(f"{runs[u][1]} {u} ended {s.name}: {s.message or 'no message'}"
                                      for u, s in failed.items()))
     results = {unit.unit: unit_results(unit, layout) for unit in units}
     return {u: r[0] for u, r in results.items()}, {u: r[1] for u, r in results.items()}
