@@ -580,3 +580,28 @@ def test_session_36_the_h200_table_at_1_8_16_and_24_adapters_follows_from_its_ro
     compiles = [line for line in (run / "speed" / "engine.log").read_text().splitlines() if "compiled" in line
                 and "cache" in line]
     assert len(compiles) == 5 and all("autograd cache 0 hit 1 miss" in line for line in compiles)
+
+
+def test_session_32_the_feasibility_projection_missed_what_16_units_sharing_a_gpu_took():
+    """What the README says of the feasibility stage's projection (session 37's reading of
+    h100-s32/units): taken from the pilot's two arms, it put 16 units' training at 4 steps of
+    the slowest piloted arm's step (55.4 s) where the units, sharing one GPU, trained for 306.0 s,
+    and their eval at 16 serial evals (658.9 s) where the batched evals took 90.7 s."""
+    import json
+
+    from fixtures.benchmarks import load_benchmark
+
+    units = S32 / "units"
+    record = json.loads((units / "run" / "feasibility" / "feasibility.json").read_text())
+    piloted = record["measurements"]["step_seconds"]
+    assert record["phases"]["train"] == pytest.approx(4 * max(piloted.values()))  # 4 steps of the slowest arm
+    assert record["phases"]["train"] == pytest.approx(55.4, abs=0.05)
+    assert record["phases"]["eval"] == pytest.approx(16 * 128 * record["measurements"]["eval_seconds_per_item"])
+    assert record["phases"]["eval"] == pytest.approx(658.9, abs=0.05)
+    stage_timings = load_benchmark("stage_timings")
+    started = dict(line.split() for line in (units / "times.txt").read_text().splitlines())
+    stages = stage_timings.stage_table((units / "units.log").read_text(), float(started["units-start"]))
+    train = sum(r["seconds"] for r in stages if r["stage"].startswith("train ") and r["stage"] != "train audit")
+    evals = sum(r["seconds"] for r in stages if r["stage"].startswith("eval "))
+    assert (round(train, 1), round(evals, 1)) == (306.0, 90.7)
+    assert train / record["phases"]["train"] > 5 and record["phases"]["eval"] / evals > 7
